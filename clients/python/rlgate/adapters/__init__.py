@@ -1,0 +1,1 @@
+"""Trainer adapters: SkyRL (rlgate.adapters.skyrl) and Tinker (rlgate.adapters.tinker)."""

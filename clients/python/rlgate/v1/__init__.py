@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf code for rlgate.v1 (make proto). Never edit by hand."""

@@ -1,0 +1,130 @@
+"""grpc.aio server bootstrap shared by the orchestrator and the toolgateway.
+
+`start_server` binds a listen address (port 0 picks a free port), registers the services plus
+`grpc.health.v1` and server reflection, and installs the interceptors. `RunningServer.shutdown` is the
+graceful path used on SIGTERM/SIGINT: health goes NOT_SERVING first (load balancers stop sending), the
+service's own drain hook runs, then in-flight RPCs get `grace` seconds before the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+# Message size, keepalive and concurrency defaults suited to thousands of small RPCs.
+DEFAULT_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.so_reuseport", 0),
+]
+
+
+@dataclass
+class RunningServer:
+    """A started grpc.aio server and its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: list[str]
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in [*self.service_names, ""]:
+            await self.health.set(name, status)
+
+    async def shutdown(self, grace: float = 5.0, drain: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Health NOT_SERVING, run `drain`, stop accepting, give in-flight RPCs `grace` seconds."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        await self.set_serving(False)
+        if drain is not None:
+            try:
+                await drain()
+            except Exception:
+                log.exception("drain hook failed")
+        await self.server.stop(grace)
+
+    async def wait_stopped(self) -> None:
+        await self.server.wait_for_termination()
+
+
+def server_credentials(tls_cert: str, tls_key: str) -> grpc.ServerCredentials | None:
+    """TLS credentials from PEM files, or None for plaintext."""
+    if not tls_cert and not tls_key:
+        return None
+    if not (tls_cert and tls_key):
+        raise ValueError("TLS needs both a certificate and a key")
+    return grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+
+
+async def start_server(
+    listen: str,
+    register: Callable[[grpc.aio.Server], Sequence[str]],
+    *,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    tls_cert: str = "",
+    tls_key: str = "",
+    options: Sequence[tuple[str, int | str]] = (),
+) -> RunningServer:
+    """Create, register and start a server. `register` adds servicers and returns their full names."""
+    server = grpc.aio.server(interceptors=list(interceptors), options=[*DEFAULT_OPTIONS, *options])
+    names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    creds = server_credentials(tls_cert, tls_key)
+    port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not bind {listen}")
+    await server.start()
+    running = RunningServer(server=server, port=port, health=health_servicer, service_names=names)
+    await running.set_serving(True)
+    log.info("listening on %s (port %d): %s", listen, port, ", ".join(names))
+    return running
+
+
+async def serve_until_signal(
+    running: RunningServer, *, grace: float, drain: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Block until SIGTERM/SIGINT, then shut down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.create_task(running.wait_stopped())
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            log.info("signal received: draining (grace %.1fs)", grace)
+            await running.shutdown(grace, drain)
+    finally:
+        for task in (waiter, stopper):
+            task.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,166 @@
+"""Cross-cutting concerns as grpc.aio server interceptors, so handlers hold only their RPC's logic.
+
+- `ContextInterceptor`: trace id from `x-rlgate-trace-id` into the logging context; unexpected exceptions
+  become INTERNAL with a generic message (details stay in the server log, never secrets in the reply).
+- `ApiKeyInterceptor`: `authorization: Bearer <key>` checked against configured keys (constant-time, by hash).
+- `MetricsInterceptor`: RPC counts by method and status code, latency histograms (Prometheus).
+
+Health and reflection are exempt from auth so probes and grpcurl `list` work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import grpc
+
+from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
+
+log = logging.getLogger(__name__)
+
+EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _metadata(details: grpc.HandlerCallDetails) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in details.invocation_metadata or ():
+        out[key.lower()] = value if isinstance(value, str) else value.decode("latin-1")
+    return out
+
+
+def _wrap_unary(
+    handler: grpc.RpcMethodHandler | None, wrap: Callable[[Handler], Handler]
+) -> grpc.RpcMethodHandler | None:
+    """Wrap the behaviour of a unary-unary handler (the only kind rlgate serves)."""
+    if handler is None or handler.unary_unary is None or handler.request_streaming or handler.response_streaming:
+        return handler
+    return grpc.unary_unary_rpc_method_handler(
+        wrap(handler.unary_unary),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of an `authorization: Bearer <token>` header, or None."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            text = value if isinstance(value, str) else value.decode("latin-1")
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+    return None
+
+
+def token_hash(token: str) -> str:
+    """How tokens and keys are stored and compared: SHA-256 hex. Never store or log the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ContextInterceptor(grpc.aio.ServerInterceptor):
+    """Sets the trace id for the RPC and turns unexpected exceptions into a clean INTERNAL."""
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method
+        trace = _metadata(details).get(TRACE_HEADER) or uuid.uuid4().hex[:16]
+
+        def wrap(inner: Handler) -> Handler:
+            async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                trace_id_var.set(trace[:64])
+                session_id_var.set("-")
+                try:
+                    return await inner(request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception:
+                    log.exception("unhandled error in %s", method)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace[:64]})")
+
+            return behaviour
+
+        return _wrap_unary(handler, wrap)  # type: ignore[return-value]
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <api key>` on every non-exempt RPC when keys are configured."""
+
+    def __init__(self, api_keys: Iterable[str]) -> None:
+        self._hashes = [token_hash(k) for k in api_keys if k]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._hashes)
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if not self._hashes or details.method.startswith(EXEMPT_PREFIXES):
+            return handler
+        token = bearer_token(details.invocation_metadata)
+        ok = token is not None and any(hmac.compare_digest(token_hash(token), h) for h in self._hashes)
+        if ok:
+            return handler
+        reason = "missing API key (authorization: Bearer <key>)" if token is None else "invalid API key"
+
+        def wrap(_inner: Handler) -> Handler:
+            async def deny(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+            return deny
+
+        return _wrap_unary(handler, wrap)  # type: ignore[return-value]
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts RPCs by method and status code and observes their latency."""
+
+    def __init__(self, service: str) -> None:
+        from rlgate.runtime import metrics
+
+        self._calls = metrics.counter("rlgate_grpc_requests_total", "gRPC requests", ["service", "method", "code"])
+        self._latency = metrics.histogram(
+            "rlgate_grpc_request_seconds", "gRPC request latency", ["service", "method"]
+        )
+        self._service = service
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method.rsplit("/", 1)[-1]
+
+        def wrap(inner: Handler) -> Handler:
+            async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                start = time.perf_counter()
+                code = "OK"
+                try:
+                    return await inner(request, context)
+                except grpc.aio.AbortError:
+                    c = context.code()
+                    code = c.name if isinstance(c, grpc.StatusCode) else "UNKNOWN"
+                    raise
+                except BaseException:
+                    code = "INTERNAL"
+                    raise
+                finally:
+                    self._calls.labels(self._service, method, code).inc()
+                    self._latency.labels(self._service, method).observe(time.perf_counter() - start)
+
+            return behaviour
+
+        return _wrap_unary(handler, wrap)  # type: ignore[return-value]

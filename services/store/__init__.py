@@ -1,0 +1,34 @@
+"""The session store: the one piece of state the orchestration and agent planes share.
+
+`open_store(url)` picks the backend: `sqlite:///path/to/file.db` (default; WAL, one machine) or
+`redis://host:port/db` (several replicas). Both implement `SessionStore` and pass the same test suite.
+"""
+
+from rlgate.store.base import SessionStore, open_store
+from rlgate.store.models import (
+    OPEN_STATUSES,
+    ConflictError,
+    Intent,
+    IntentState,
+    RequestRecord,
+    RequestState,
+    Session,
+    SessionStatus,
+    StoreError,
+    ToolCallEntry,
+)
+
+__all__ = [
+    "OPEN_STATUSES",
+    "ConflictError",
+    "Intent",
+    "IntentState",
+    "RequestRecord",
+    "RequestState",
+    "Session",
+    "SessionStatus",
+    "SessionStore",
+    "StoreError",
+    "ToolCallEntry",
+    "open_store",
+]

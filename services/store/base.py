@@ -1,0 +1,153 @@
+"""The `SessionStore` interface. Every method is async and safe to call from many tasks and processes.
+
+Concurrency model: sessions are updated by compare-and-set on `Session.version` (`update_session` raises
+`ConflictError` when the stored version moved on); request records are claimed atomically
+(`claim_request`); leases are exclusive with a TTL (`acquire_lease`). Nothing relies on process memory,
+so any replica can serve any session.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+
+from rlgate.store.models import Intent, RequestRecord, Session, ToolCallEntry
+
+
+class SessionStore(abc.ABC):
+    """Sessions, tool-call logs, request records, provisioning intents and leases."""
+
+    # -- sessions ---------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def create_session(self, session: Session) -> Session:
+        """Insert a new session (version 1). `ConflictError` if the id exists."""
+
+    @abc.abstractmethod
+    async def get_session(self, session_id: str) -> Session | None:
+        """The session, or None."""
+
+    @abc.abstractmethod
+    async def update_session(self, session: Session) -> Session:
+        """Write `session` if the stored version equals `session.version`; returns it with version + 1 and
+        `updated_at` set. Keeps the token index in step with `token_hash`. `ConflictError` otherwise."""
+
+    @abc.abstractmethod
+    async def session_by_token(self, token_hash: str) -> Session | None:
+        """The session whose *current* agent token hashes to `token_hash` (revoked tokens match nothing)."""
+
+    @abc.abstractmethod
+    async def touch_session(self, session_id: str, now: float) -> None:
+        """Record activity (last_active_at) without a version bump; for idle reaping."""
+
+    @abc.abstractmethod
+    async def list_sessions(
+        self,
+        *,
+        statuses: frozenset[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        limit: int = 100,
+        cursor: str = "",
+    ) -> tuple[list[Session], str]:
+        """Sessions newest first (created_at, then id), filtered; returns (page, next_cursor or "")."""
+
+    @abc.abstractmethod
+    async def delete_session(self, session_id: str) -> None:
+        """Remove a session with its tool-call log and token index entry (retention)."""
+
+    # -- tool-call log ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def append_tool_call(self, entry: ToolCallEntry) -> int:
+        """Append to the session's log; returns the number of entries for that episode."""
+
+    @abc.abstractmethod
+    async def list_tool_calls(self, session_id: str, episode: int | None = None) -> list[ToolCallEntry]:
+        """The session's log, oldest first (one episode, or all)."""
+
+    @abc.abstractmethod
+    async def count_tool_calls(self, session_id: str, episode: int) -> int:
+        """Entries logged for one episode (call budgets)."""
+
+    # -- request records (idempotency) ------------------------------------------------------------------
+    @abc.abstractmethod
+    async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
+        """Atomically create a PENDING record owned by `owner`, or return the existing one.
+        Returns (record, created)."""
+
+    @abc.abstractmethod
+    async def complete_request(self, scope: str, request_id: str, result: str) -> None:
+        """Mark DONE with its recorded result."""
+
+    @abc.abstractmethod
+    async def release_request(self, scope: str, request_id: str) -> None:
+        """Delete a PENDING record whose work provably never started, so a retry may run it."""
+
+    @abc.abstractmethod
+    async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
+        """The record, or None."""
+
+    @abc.abstractmethod
+    async def heartbeat_owner(self, owner: str, ttl_s: float) -> None:
+        """Declare process `owner` alive for `ttl_s` seconds (called periodically by its owner)."""
+
+    @abc.abstractmethod
+    async def owner_alive(self, owner: str) -> bool:
+        """Whether `owner` heartbeated within its TTL. A SIGKILLed process stops being alive after its TTL."""
+
+    # -- provisioning intents ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def put_intent(self, intent: Intent) -> None:
+        """Insert or overwrite an intent (updated_at set by the caller)."""
+
+    @abc.abstractmethod
+    async def get_intent(self, intent_id: str) -> Intent | None:
+        """The intent, or None."""
+
+    @abc.abstractmethod
+    async def list_intents(self, run_id: str = "") -> list[Intent]:
+        """All intents (of one orchestrator run), oldest first."""
+
+    @abc.abstractmethod
+    async def delete_intent(self, intent_id: str) -> None:
+        """Remove an intent (its instance is gone)."""
+
+    # -- leases -----------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take or renew the named lease. True if `holder` now holds it; only one holder at a time."""
+
+    @abc.abstractmethod
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up if `holder` holds it."""
+
+    # -- maintenance ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def prune(self, closed_before: float, requests_before: float) -> int:
+        """Retention: delete closed/expired/failed sessions closed before `closed_before` (with their logs)
+        and DONE request records finished before `requests_before`. Returns records removed."""
+
+    @abc.abstractmethod
+    async def check_invariants(self) -> list[str]:
+        """Consistency problems (token index pointing at the wrong session, open sessions without a
+        token hash while ACTIVE, ...); empty when healthy. Used by the reliability suite."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Raise StoreError if the backend is unreachable."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections."""
+
+
+async def open_store(url: str) -> SessionStore:
+    """Open a store from its URL: `sqlite:///abs/or/rel/path.db` or `redis://host:port/db`."""
+    if url.startswith("sqlite:///"):  # sqlite:///relative.db, sqlite:////absolute.db
+        from rlgate.store.sqlite import SqliteStore
+
+        return await SqliteStore.open(url[len("sqlite:///"):])
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from rlgate.store.redis import RedisStore
+
+        return await RedisStore.open(url)
+    raise ValueError(f"unsupported store URL {url!r} (use sqlite:///path or redis://host:port/db)")

@@ -1,0 +1,26 @@
+"""Toolgateway configuration: every flag of `rlgate toolgateway` and its environment variable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlgate.runtime.config import setting
+
+
+@dataclass
+class GatewayConfig:
+    listen: str = setting("127.0.0.1:50052", "RLGATE_TOOLGATEWAY_LISTEN", "gRPC listen address HOST:PORT")
+    store_url: str = setting("", "RLGATE_STORE_URL", "Session store URL: sqlite:///path.db or redis://host:port/db "
+                             "(empty: SQLite under the data dir)")
+    data_dir: str = setting(".rlgate", "RLGATE_DATA_DIR", "Directory for the default SQLite store")
+    tls_cert: str = setting("", "RLGATE_TLS_CERT", "PEM certificate for TLS (with --tls-key)")
+    tls_key: str = setting("", "RLGATE_TLS_KEY", "PEM private key for TLS")
+    call_timeout_s: float = setting(60.0, "RLGATE_CALL_TIMEOUT_S",
+                                    "Upstream call timeout when the caller sets no gRPC deadline")
+    max_output_bytes: int = setting(262144, "RLGATE_MAX_OUTPUT_BYTES", "Tool output above this is truncated")
+    client_idle_s: float = setting(300.0, "RLGATE_CLIENT_IDLE_S", "Close upstream MCP clients idle this long")
+    tools_refresh_s: float = setting(300.0, "RLGATE_TOOLS_REFRESH_S", "Refresh cached tool lists this often")
+    metrics_listen: str = setting("", "RLGATE_TOOLGATEWAY_METRICS", "Prometheus /metrics HOST:PORT (empty: off)")
+    drain_s: float = setting(10.0, "RLGATE_DRAIN_S", "Shutdown: time to finish in-flight calls")
+    log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
+    log_json: bool = setting(False, "RLGATE_LOG_JSON", "Log as JSON lines")
