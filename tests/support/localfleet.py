@@ -1,0 +1,1 @@
+"""Fixtures for localfleet (filled in by its component)."""

@@ -1,0 +1,43 @@
+"""Loopback helpers shared by all tests: free ports, waiting for a port, CI detection."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for subprocesses that need a port up front)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
+    """Block until something accepts TCP connections on host:port, or raise TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def require_binary(name: str) -> str:
+    """Path of a system binary; skip the test without it, but fail under CI=true."""
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (.ci/run installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

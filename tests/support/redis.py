@@ -1,0 +1,1 @@
+"""Fixtures for redis (filled in by its component)."""

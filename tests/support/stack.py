@@ -1,0 +1,1 @@
+"""Fixtures for stack (filled in by its component)."""
