@@ -44,7 +44,40 @@ def _service_commands() -> None:
         run(config)
 
 
+    @cli.command("up")
+    @click.option("--data-dir", default=".rlgate", envvar="RLGATE_DATA_DIR", show_default=True,
+                  help="Store, instance databases and logs [env: RLGATE_DATA_DIR]")
+    @click.option("--orchestrator-port", default=50051, show_default=True, help="Orchestrator port (0 = free)")
+    @click.option("--gateway-port", default=50052, show_default=True, help="Toolgateway port (0 = free)")
+    @click.option("--localfleet-port", default=8765, show_default=True, help="localfleet port (0 = free)")
+    def up(data_dir: str, orchestrator_port: int, gateway_port: int, localfleet_port: int) -> None:
+        """Run localfleet + orchestrator + toolgateway locally on loopback (embedded defaults)."""
+        from pathlib import Path
+
+        from rlgate.runtime.stack import StackSettings, run_foreground
+
+        raise SystemExit(run_foreground(StackSettings(
+            data_dir=Path(data_dir), localfleet_port=localfleet_port,
+            orchestrator_port=orchestrator_port, gateway_port=gateway_port,
+        )))
+
+
 _service_commands()
+
+
+@cli.command("healthcheck")
+@click.argument("target", required=False, default="")
+@click.option("--service", default="", help="gRPC health service name ('' = the whole server)")
+@click.option("--timeout", type=float, default=3.0, show_default=True, help="Seconds before giving up")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing")
+def healthcheck(target: str, service: str, timeout: float, quiet: bool) -> None:
+    """Exit 0 when TARGET (HOST:PORT, grpc.health.v1; or http://HOST:PORT/health) is serving.
+
+    Without TARGET: $RLGATE_HEALTHCHECK_TARGET, else the service this container runs. Exit 1: not serving;
+    2: unreachable."""
+    from rlgate.runtime.healthcheck import healthcheck as run_healthcheck
+
+    raise SystemExit(run_healthcheck(target, service, timeout, quiet))
 
 
 def main() -> None:

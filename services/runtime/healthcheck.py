@@ -1,0 +1,155 @@
+"""Health-check entry point for containers and scripts.
+
+    python -m rlgate.runtime.healthcheck HOST:PORT [--service NAME] [--timeout S]   # grpc.health.v1
+    python -m rlgate.runtime.healthcheck http://HOST:PORT/health [--timeout S]      # localfleet (HTTP)
+    python -m rlgate.runtime.healthcheck                                            # target from the environment
+
+Exit status: 0 when the target reports SERVING (HTTP: 2xx), 1 when it answers anything else, 2 when it
+cannot be reached in time. Without a target, `RLGATE_HEALTHCHECK_TARGET` is used, else the target is derived
+from the service this container runs (PID 1's `rlgate <service>` command line and that service's config,
+read from the environment like the service itself reads it), so one image `HEALTHCHECK` fits all three
+commands. A check process is short-lived and alone: blocking I/O is fine here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+EXIT_SERVING = 0
+EXIT_NOT_SERVING = 1
+EXIT_UNREACHABLE = 2
+
+TARGET_ENV = "RLGATE_HEALTHCHECK_TARGET"
+_SERVICES = ("orchestrator", "toolgateway", "localfleet")
+
+
+def check_grpc(target: str, service: str = "", timeout: float = 3.0) -> tuple[int, str]:
+    """Ask grpc.health.v1 Check on a plaintext channel; (exit code, message)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            detail = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
+            if code == grpc.StatusCode.NOT_FOUND:  # the server answered: it does not know that service
+                return EXIT_NOT_SERVING, detail
+            return EXIT_UNREACHABLE, detail
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    ok = reply.status == health_pb2.HealthCheckResponse.SERVING
+    return (EXIT_SERVING if ok else EXIT_NOT_SERVING), status
+
+
+def check_http(url: str, timeout: float = 3.0) -> tuple[int, str]:
+    """GET the URL; 2xx is healthy."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http(s) URL checked by caller)
+            return EXIT_SERVING, f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return EXIT_NOT_SERVING, f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return EXIT_UNREACHABLE, f"unreachable: {exc}"
+
+
+def _local_target(listen: str) -> str:
+    """The loopback address for a listen address (0.0.0.0 / [::] are not dialable)."""
+    from rlgate.runtime.config import split_host_port
+
+    host, port = split_host_port(listen)
+    if host in {"", "0.0.0.0", "::"}:
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def target_for_command(argv: list[str], environ: dict[str, str]) -> str:
+    """Health target of a `rlgate <service> ...` command line, given the environment it runs with."""
+    from rlgate.runtime.config import from_env
+
+    service = next((a for a in argv if a in _SERVICES), None)
+    if service is None:
+        raise ValueError(f"no rlgate service in command line {argv!r}")
+    if service == "orchestrator":
+        from rlgate.orchestrator.config import OrchestratorConfig
+
+        cfg: object = from_env(OrchestratorConfig, environ)
+    elif service == "toolgateway":
+        from rlgate.toolgateway.config import GatewayConfig
+
+        cfg = from_env(GatewayConfig, environ)
+    else:
+        from rlgate.localfleet.config import LocalfleetConfig
+
+        cfg = from_env(LocalfleetConfig, environ)
+    listen = _flag_value(argv, "--listen") or str(cfg.listen)  # type: ignore[attr-defined]
+    address = _local_target(listen)
+    return f"http://{address}/health" if service == "localfleet" else address
+
+
+def default_target() -> str:
+    """RLGATE_HEALTHCHECK_TARGET, else the target of the service PID 1 runs (the container's command)."""
+    if os.environ.get(TARGET_ENV):
+        return os.environ[TARGET_ENV]
+    argv = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
+    return target_for_command([a for a in argv if a], dict(os.environ))
+
+
+def run_check(target: str, service: str = "", timeout: float = 3.0) -> tuple[int, str]:
+    if target.startswith(("http://", "https://")):
+        return check_http(target, timeout)
+    return check_grpc(target, service, timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlgate healthcheck",
+        description="Exit 0 when a gRPC server reports SERVING (grpc.health.v1) or an HTTP URL answers 2xx.",
+    )
+    parser.add_argument("target", nargs="?", default="",
+                        help=f"HOST:PORT (gRPC) or http://HOST:PORT/health; default ${TARGET_ENV} or the "
+                             "service this container runs")
+    parser.add_argument("--service", default="", help="gRPC health service name ('' = the whole server)")
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds before giving up (default 3)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing")
+    return parser
+
+
+def healthcheck(target: str = "", service: str = "", timeout: float = 3.0, quiet: bool = False) -> int:
+    """Run one check and report it; returns the exit status (see the module docstring)."""
+    if timeout <= 0:
+        print("--timeout must be positive", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        target = target or default_target()
+    except Exception as exc:  # any failure to find a target means "not healthy", never a traceback
+        print(f"no health-check target: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    code, message = run_check(target, service, timeout)
+    if not quiet:
+        print(f"{target}: {message}", file=sys.stdout if code == EXIT_SERVING else sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return healthcheck(args.target, args.service, args.timeout, args.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

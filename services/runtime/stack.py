@@ -1,0 +1,242 @@
+"""The local stack: localfleet + orchestrator + toolgateway as three processes on loopback.
+
+One implementation serves `rlgate up` (foreground, until Ctrl-C), the end-to-end test fixture and the
+benchmarks. Each service runs as `python -m rlgate.cli <service> ...` with its own log file under
+`<data_dir>/logs/`, so tests can SIGKILL and restart one service, and scan what the servers wrote.
+Shutdown order matters: the orchestrator first (it closes its sessions and deletes their instances while
+localfleet is still up), then the gateway, then localfleet.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def grpc_serving(address: str, timeout: float = 2.0, service: str = "") -> bool:
+    """True when `address` answers grpc.health.v1 Check with SERVING."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when `url` answers 2xx (loopback only)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 (loopback URL we built)
+            return 200 <= reply.status < 300
+    except OSError:
+        return False
+
+
+@dataclass
+class StackSettings:
+    data_dir: Path
+    localfleet_port: int = 0  # 0 = pick a free port
+    orchestrator_port: int = 0
+    gateway_port: int = 0
+    store_url: str = ""  # empty: SQLite under data_dir
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for all three (RLGATE_*, FLEET_*)
+    localfleet_args: list[str] = field(default_factory=list)
+    orchestrator_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
+
+
+class LocalStack:
+    """Starts, watches and stops the three services. Use as a context manager."""
+
+    def __init__(self, settings: StackSettings) -> None:
+        self.settings = settings
+        s = settings
+        s.data_dir = Path(s.data_dir).resolve()
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        (s.data_dir / "logs").mkdir(exist_ok=True)
+        self.ports = {
+            "localfleet": s.localfleet_port or free_port(),
+            "orchestrator": s.orchestrator_port or free_port(),
+            "toolgateway": s.gateway_port or free_port(),
+        }
+        self.store_url = s.store_url or f"sqlite:///{s.data_dir / 'store.db'}"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- addresses --------------------------------------------------------------------------------------
+    @property
+    def localfleet_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['localfleet']}"
+
+    @property
+    def orchestrator_address(self) -> str:
+        return f"127.0.0.1:{self.ports['orchestrator']}"
+
+    @property
+    def gateway_address(self) -> str:
+        return f"127.0.0.1:{self.ports['toolgateway']}"
+
+    def log_path(self, name: str) -> Path:
+        return self.settings.data_dir / "logs" / f"{name}.log"
+
+    # -- processes --------------------------------------------------------------------------------------
+    def _command(self, name: str) -> list[str]:
+        s = self.settings
+        base = [sys.executable, "-m", "rlgate.cli", name]
+        if name == "localfleet":
+            return [*base, "--listen", f"127.0.0.1:{self.ports[name]}",
+                    "--data-dir", str(s.data_dir / "localfleet"), *s.localfleet_args]
+        if name == "toolgateway":
+            return [*base, "--listen", self.gateway_address, "--store-url", self.store_url, *s.gateway_args]
+        return [*base, "--listen", self.orchestrator_address, "--store-url", self.store_url,
+                "--fleet-base-url", self.localfleet_url, "--gateway-address", self.gateway_address,
+                *s.orchestrator_args]
+
+    def _environ(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RLGATE_", "FLEET_"))}
+        env.setdefault("FLEET_API_KEY", "localfleet")
+        env.update(self.settings.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start_service(self, name: str, timeout: float = 60.0) -> None:
+        log = self.log_path(name).open("ab")
+        try:
+            self.procs[name] = subprocess.Popen(
+                self._command(name), stdout=log, stderr=subprocess.STDOUT, env=self._environ(),
+                start_new_session=True,  # Ctrl-C in `rlgate up` reaches us; we stop children in order
+            )
+        finally:
+            log.close()
+        self.wait_ready(name, timeout)
+
+    def ready(self, name: str) -> bool:
+        if name == "localfleet":
+            return http_ok(f"{self.localfleet_url}/health")
+        return grpc_serving(f"127.0.0.1:{self.ports[name]}")
+
+    def wait_ready(self, name: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        proc = self.procs[name]
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}; log:\n{self.tail(name)}")
+            if self.ready(name):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{name} not ready after {timeout}s; log:\n{self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path(name).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 60.0) -> LocalStack:
+        try:
+            for name in SERVICES:
+                self.start_service(name, timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (crash tests)."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self, name: str, timeout: float = 60.0) -> None:
+        self.kill(name)
+        self.start_service(name, timeout)
+
+    def stop_service(self, name: str, timeout: float = 30.0) -> int | None:
+        proc = self.procs.get(name)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        return proc.returncode
+
+    def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
+        """SIGTERM in reverse start order (orchestrator first), SIGKILL after `timeout`."""
+        return {name: self.stop_service(name, timeout) for name in reversed(SERVICES)}
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def banner(self) -> str:
+        return "\n".join([
+            "rlgate local stack is up",
+            f"  localfleet    {self.localfleet_url}   (Fleet API; FLEET_BASE_URL)",
+            f"  orchestrator  {self.orchestrator_address}   (Reset/Step/State/Close)",
+            f"  toolgateway   {self.gateway_address}   (ListTools/CallTool, agent token)",
+            f"  store         {self.store_url}",
+            f"  logs          {self.settings.data_dir / 'logs'}",
+            "try:",
+            f"  grpcurl -plaintext {self.orchestrator_address} list",
+            f"  grpcurl -plaintext -d '{{\"page_size\": 3}}' {self.orchestrator_address} "
+            "rlgate.v1.OrchestratorService/ListTasks",
+            f"  rlgate rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30",
+            "Ctrl-C stops everything (sessions are closed, instances deleted).",
+        ])
+
+
+def run_foreground(settings: StackSettings) -> int:
+    """`rlgate up`: start, print the banner, wait for Ctrl-C/SIGTERM or a crashed service, stop in order."""
+    stack = LocalStack(settings)
+    stopping = False
+
+    def _stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"rlgate up failed: {exc}", file=sys.stderr)
+        return 1
+    print(stack.banner(), flush=True)
+    code = 0
+    try:
+        while not stopping:
+            for name, proc in stack.procs.items():
+                if proc.poll() is not None:
+                    print(f"{name} exited with {proc.returncode}; stopping. Log:\n{stack.tail(name)}",
+                          file=sys.stderr)
+                    stopping, code = True, 1
+            time.sleep(0.5)
+    finally:
+        print("stopping...", flush=True)
+        stack.stop()
+    return code

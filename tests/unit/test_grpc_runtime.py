@@ -1,0 +1,108 @@
+"""The shared gRPC bootstrap: health, reflection, API keys, trace ids, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from rlgate.runtime.grpc_server import start_server
+from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor
+from rlgate.runtime.logs import trace_id_var
+from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
+
+
+class _Servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer):
+    """ListTools logs the trace id; CallTool raises (an unexpected bug) to exercise the INTERNAL path."""
+
+    async def ListTools(self, request, context):  # type: ignore[no-untyped-def]
+        logging.getLogger("test.servicer").info("listing for %s", trace_id_var.get())
+        return toolgateway_pb2.ListToolsResponse()
+
+    async def CallTool(self, request, context):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom with a secret detail")
+
+
+def _register(server: grpc.aio.Server) -> list[str]:
+    toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(_Servicer(), server)
+    return ["rlgate.v1.ToolGatewayService"]
+
+
+async def _health(channel: grpc.aio.Channel) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    return int(reply.status)
+
+
+async def test_health_serving_then_not_serving_during_drain() -> None:
+    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    seen_during_drain: list[int] = []
+    async with grpc.aio.insecure_channel(running.address) as channel:
+        assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
+
+        async def drain() -> None:
+            seen_during_drain.append(await _health(channel))
+
+        await running.shutdown(grace=1.0, drain=drain)
+    assert seen_during_drain == [health_pb2.HealthCheckResponse.NOT_SERVING]
+
+
+async def test_reflection_lists_services() -> None:
+    running = await start_server("127.0.0.1:0", _register)
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+            async def requests():  # type: ignore[no-untyped-def]
+                yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+            names: list[str] = []
+            async for reply in stub.ServerReflectionInfo(requests(), timeout=5):
+                names = [s.name for s in reply.list_services_response.service]
+        assert "rlgate.v1.ToolGatewayService" in names and "grpc.health.v1.Health" in names
+    finally:
+        await running.shutdown(grace=0)
+
+
+async def test_api_keys_and_trace_ids(caplog: pytest.LogCaptureFixture) -> None:
+    running = await start_server(
+        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(["k-123"])]
+    )
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5)
+            assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as wrong:
+                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5,
+                                     metadata=[("authorization", "Bearer nope")])
+            assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "nope" not in (wrong.value.details() or "")
+            with caplog.at_level(logging.INFO):
+                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5, metadata=[
+                    ("authorization", "Bearer k-123"), ("x-rlgate-trace-id", "trace-abc")])
+            assert any("trace-abc" in r.getMessage() for r in caplog.records)
+            # health stays reachable without a key (probes)
+            assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as bug:
+                await stub.CallTool(toolgateway_pb2.CallToolRequest(name="x"), timeout=5,
+                                    metadata=[("authorization", "Bearer k-123")])
+            assert bug.value.code() == grpc.StatusCode.INTERNAL
+            assert "secret detail" not in (bug.value.details() or "")
+    finally:
+        await running.shutdown(grace=0)
+
+
+async def test_unbindable_address_is_an_error() -> None:
+    running = await start_server("127.0.0.1:0", _register)
+    try:
+        with pytest.raises((OSError, RuntimeError)):
+            await start_server(f"127.0.0.1:{running.port}", _register)
+    finally:
+        await running.shutdown(grace=0)
+        await asyncio.sleep(0)
