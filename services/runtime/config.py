@@ -95,7 +95,8 @@ def click_options(cls: type[C]) -> Callable[[Callable[..., Any]], Callable[..., 
                 )
             elif kind == list[str]:
                 opt = click.option(
-                    _flag_name(f), f.name, default=None, envvar=f.metadata["env"], help=help_text + " (comma-separated)",
+                    _flag_name(f), f.name, default=None, envvar=f.metadata["env"],
+                    help=help_text + " (comma-separated)",
                     callback=lambda _c, _p, v: None if v is None else _parse(list[str], v),
                 )
             else:

@@ -51,7 +51,7 @@ def check_grpc(target: str, service: str = "", timeout: float = 3.0) -> tuple[in
 def check_http(url: str, timeout: float = 3.0) -> tuple[int, str]:
     """GET the URL; 2xx is healthy."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http(s) URL checked by caller)
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return EXIT_SERVING, f"HTTP {resp.status}"
     except urllib.error.HTTPError as exc:
         return EXIT_NOT_SERVING, f"HTTP {exc.code}"
