@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+
 from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 from click.testing import CliRunner
+
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.runtime.config import click_options, env_vars, from_env, redacted, split_host_port
 

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from rlgate.runtime import protogen
 
+from rlgate.runtime import protogen
 from tests.support.ports import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from rlgate.runtime.grpc_server import start_server
 from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor
 from rlgate.runtime.logs import trace_id_var
