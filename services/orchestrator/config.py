@@ -21,8 +21,8 @@ class OrchestratorConfig:
                               "Task JSON file in Fleet's format (empty: load tasks from the provider)")
     gateway_address: str = setting("127.0.0.1:50052", "RLGATE_GATEWAY_ADDRESS",
                                    "Toolgateway address handed to clients in Reset")
-    api_keys: list[str] = setting([], "RLGATE_API_KEYS", "API keys accepted as 'authorization: Bearer'",
-                                  secret=True)
+    api_keys: list[str] = setting([], "RLGATE_API_KEYS",  # noqa: RUF009
+                                  "API keys accepted as 'authorization: Bearer'", secret=True)
     insecure: bool = setting(False, "RLGATE_INSECURE",
                              "Allow listening on a non-loopback address without API keys")
     tls_cert: str = setting("", "RLGATE_TLS_CERT", "PEM certificate for TLS (with --tls-key)")
@@ -47,6 +47,22 @@ class OrchestratorConfig:
                                           "How often to reconcile the store with the provider")
     retention_s: float = setting(86400.0, "RLGATE_RETENTION_S", "Keep closed sessions and records this long")
     drain_s: float = setting(20.0, "RLGATE_DRAIN_S", "Shutdown: time to close sessions and finish RPCs")
+    mcp_envs: str = setting("", "RLGATE_MCP_ENVS",
+                            "mcp provider: MCP endpoints per env, e.g. 'calc:v1=http://127.0.0.1:9000/mcp|URL2'")
+    pool_on_close: bool = setting(False, "RLGATE_POOL_ON_CLOSE",
+                                  "Close resets an instance back into its warm pool (when below target)")
+    capacity_wait_s: float = setting(30.0, "RLGATE_CAPACITY_WAIT_S",
+                                     "At the instance limit, a Reset without a deadline waits this long")
+    provider_timeout_s: float = setting(15.0, "RLGATE_PROVIDER_TIMEOUT_S",
+                                        "Timeout of one control-plane call (delete, list, heartbeat)")
+    health_timeout_s: float = setting(5.0, "RLGATE_HEALTH_TIMEOUT_S", "Warm-pool hand-out health check timeout")
+    tools_timeout_s: float = setting(20.0, "RLGATE_TOOLS_TIMEOUT_S", "Tool discovery (MCP tools/list) timeout")
+    reap_interval_s: float = setting(5.0, "RLGATE_REAP_INTERVAL_S", "How often TTL/idle reaping runs")
+    owner_ttl_s: float = setting(15.0, "RLGATE_OWNER_TTL_S",
+                                 "This process counts as dead in the store this long after its last beat")
+    shutdown_mode: str = setting("close", "RLGATE_SHUTDOWN_MODE",
+                                 "On SIGTERM: 'close' every open session of this run (instances deleted) or "
+                                 "'handoff' (leave sessions to other replicas of the same run_id)")
     metrics_listen: str = setting("", "RLGATE_ORCHESTRATOR_METRICS", "Prometheus /metrics HOST:PORT (empty: off)")
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
     log_json: bool = setting(False, "RLGATE_LOG_JSON", "Log as JSON lines")

@@ -20,7 +20,8 @@ class SessionStore(abc.ABC):
     # -- sessions ---------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def create_session(self, session: Session) -> Session:
-        """Insert a new session (version 1). `ConflictError` if the id exists."""
+        """Insert a new session; returns it with version 1. `ConflictError` if the id exists or its
+        `token_hash` is the current token of another session."""
 
     @abc.abstractmethod
     async def get_session(self, session_id: str) -> Session | None:
@@ -29,7 +30,9 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def update_session(self, session: Session) -> Session:
         """Write `session` if the stored version equals `session.version`; returns it with version + 1 and
-        `updated_at` set. Keeps the token index in step with `token_hash`. `ConflictError` otherwise."""
+        `updated_at` set. Keeps the token index in step with `token_hash`. `ConflictError` otherwise: the
+        version moved on, the session does not exist, or `token_hash` is another session's current token.
+        `last_active_at` never moves backwards (the stored value wins if a touch was newer)."""
 
     @abc.abstractmethod
     async def session_by_token(self, token_hash: str) -> Session | None:
@@ -37,7 +40,8 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def touch_session(self, session_id: str, now: float) -> None:
-        """Record activity (last_active_at) without a version bump; for idle reaping."""
+        """Record activity (last_active_at) without a version bump; for idle reaping. Never moves it
+        backwards; a no-op for an unknown session."""
 
     @abc.abstractmethod
     async def list_sessions(
@@ -49,7 +53,9 @@ class SessionStore(abc.ABC):
         limit: int = 100,
         cursor: str = "",
     ) -> tuple[list[Session], str]:
-        """Sessions newest first (created_at, then id), filtered; returns (page, next_cursor or "")."""
+        """Sessions newest first (created_at, then id), filtered; returns (page, next_cursor or "").
+        `labels` must all match; `limit` is clamped to 1..1000 (0 or less means 100). ValueError for a
+        cursor the store did not produce."""
 
     @abc.abstractmethod
     async def delete_session(self, session_id: str) -> None:
@@ -58,7 +64,8 @@ class SessionStore(abc.ABC):
     # -- tool-call log ----------------------------------------------------------------------------------
     @abc.abstractmethod
     async def append_tool_call(self, entry: ToolCallEntry) -> int:
-        """Append to the session's log; returns the number of entries for that episode."""
+        """Append to the session's log; returns the number of entries for that episode. Idempotent per
+        (session, episode, request_id) when request_id is not "": a repeated append is not logged twice."""
 
     @abc.abstractmethod
     async def list_tool_calls(self, session_id: str, episode: int | None = None) -> list[ToolCallEntry]:
@@ -76,7 +83,8 @@ class SessionStore(abc.ABC):
 
     @abc.abstractmethod
     async def complete_request(self, scope: str, request_id: str, result: str) -> None:
-        """Mark DONE with its recorded result."""
+        """Mark DONE with its recorded result (creating the record if it is missing: a result is never
+        dropped)."""
 
     @abc.abstractmethod
     async def release_request(self, scope: str, request_id: str) -> None:
@@ -123,13 +131,15 @@ class SessionStore(abc.ABC):
     # -- maintenance ------------------------------------------------------------------------------------
     @abc.abstractmethod
     async def prune(self, closed_before: float, requests_before: float) -> int:
-        """Retention: delete closed/expired/failed sessions closed before `closed_before` (with their logs)
-        and DONE request records finished before `requests_before`. Returns records removed."""
+        """Retention: delete closed/expired/failed sessions closed before `closed_before` (closed_at, or
+        updated_at when closed_at is 0; with their logs) and DONE request records finished before
+        `requests_before`. Returns the number of sessions plus request records removed."""
 
     @abc.abstractmethod
     async def check_invariants(self) -> list[str]:
-        """Consistency problems (token index pointing at the wrong session, open sessions without a
-        token hash while ACTIVE, ...); empty when healthy. Used by the reliability suite."""
+        """Consistency problems (token index pointing at the wrong session, ACTIVE sessions without a
+        token hash, closed/expired/failed sessions whose token is not revoked, secondary indexes out of
+        step with the records, ...); empty when healthy. Used by the reliability suite."""
 
     @abc.abstractmethod
     async def ping(self) -> None:

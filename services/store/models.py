@@ -71,7 +71,8 @@ class Session(_Json):
     max_turns: int = 0
     done_reason: str = ""  # "", "final_answer", "agent_done", "max_turns"
     reward: float | None = None
-    verification: dict[str, Any] = field(default_factory=dict)  # status, message, stdout, attempts, elapsed_ms
+    # status, message, stdout, attempts, elapsed_ms
+    verification: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     provider: str = "fleet"
     instance_id: str = ""

@@ -20,6 +20,16 @@ class GatewayConfig:
     max_output_bytes: int = setting(262144, "RLGATE_MAX_OUTPUT_BYTES", "Tool output above this is truncated")
     client_idle_s: float = setting(300.0, "RLGATE_CLIENT_IDLE_S", "Close upstream MCP clients idle this long")
     tools_refresh_s: float = setting(300.0, "RLGATE_TOOLS_REFRESH_S", "Refresh cached tool lists this often")
+    upstream_timeout_s: float = setting(30.0, "RLGATE_UPSTREAM_TIMEOUT_S",
+                                        "MCP handshake and tools/list timeout per upstream endpoint")
+    connect_timeout_s: float = setting(10.0, "RLGATE_UPSTREAM_CONNECT_TIMEOUT_S", "TCP/TLS connect timeout upstream")
+    upstream_max_connections: int = setting(
+        8, "RLGATE_UPSTREAM_MAX_CONNECTIONS",
+        "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)")
+    janitor_interval_s: float = setting(5.0, "RLGATE_JANITOR_INTERVAL_S",
+                                        "How often idle or closed sessions' upstream clients are looked for")
+    owner_ttl_s: float = setting(6.0, "RLGATE_OWNER_TTL_S",
+                                 "Liveness lease of this process for in-flight request records (heartbeat: TTL/3)")
     metrics_listen: str = setting("", "RLGATE_TOOLGATEWAY_METRICS", "Prometheus /metrics HOST:PORT (empty: off)")
     drain_s: float = setting(10.0, "RLGATE_DRAIN_S", "Shutdown: time to finish in-flight calls")
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from rlgate.rollout import rollout_command
 from rlgate.runtime.config import click_options
 
 
@@ -63,6 +64,7 @@ def _service_commands() -> None:
 
 
 _service_commands()
+cli.add_command(rollout_command)
 
 
 @cli.command("healthcheck")

@@ -10,6 +10,7 @@ import random
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -64,6 +65,15 @@ def meta(conn: sqlite3.Connection, key: str) -> str:
     if value is None:
         raise ToolError(f"environment is missing its '{key}' setting")
     return str(value)
+
+
+def app_clock(conn: sqlite3.Connection, latest_sql: str) -> str:
+    """The app's clock for a write: a minute after the newest timestamp `latest_sql` returns, never before
+    the environment's 'today' at 09:00. Deterministic, so replaying the same calls gives the same rows."""
+    start = datetime.fromisoformat(meta(conn, "today") + "T09:00:00")
+    latest = scalar(conn, latest_sql)
+    now = max(start, datetime.fromisoformat(str(latest)) + timedelta(minutes=1)) if latest else start
+    return now.strftime("%Y-%m-%dT%H:%M:00")
 
 
 def like_pattern(text: str) -> str:

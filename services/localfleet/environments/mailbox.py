@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from rlgate.localfleet.environments._support import (
     COMPANIES,
+    app_clock,
     create_schema,
     like_pattern,
     meta,
@@ -40,13 +41,13 @@ CUSTOM_FOLDERS = ("Projects", "Receipts", "Travel")
 NO_MOVE_INTO = ("Sent", "Drafts")
 
 SCHEMA = """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE folders (
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS folders (
     id INTEGER PRIMARY KEY,
     name TEXT NOT NULL UNIQUE COLLATE NOCASE,
     is_system INTEGER NOT NULL DEFAULT 0
 );
-CREATE TABLE contacts (
+CREATE TABLE IF NOT EXISTS contacts (
     id INTEGER PRIMARY KEY,
     name TEXT NOT NULL,
     email TEXT NOT NULL UNIQUE,
@@ -54,7 +55,7 @@ CREATE TABLE contacts (
     phone TEXT NOT NULL,
     is_favorite INTEGER NOT NULL DEFAULT 0
 );
-CREATE TABLE messages (
+CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY,
     folder_id INTEGER NOT NULL REFERENCES folders(id),
     thread_id INTEGER NOT NULL,
@@ -70,8 +71,8 @@ CREATE TABLE messages (
     is_flagged INTEGER NOT NULL DEFAULT 0,
     has_attachment INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX messages_folder ON messages(folder_id, sent_at);
-CREATE INDEX messages_from ON messages(from_addr);
+CREATE INDEX IF NOT EXISTS messages_folder ON messages(folder_id, sent_at);
+CREATE INDEX IF NOT EXISTS messages_from ON messages(from_addr);
 """
 
 # (subject template, body template, folder) — {n}, {q}, {day}, {project}, {city}, {code} are filled in.
@@ -83,7 +84,7 @@ _TEMPLATES: tuple[tuple[str, str, str], ...] = (
     ("{project} status update", "Quick update on {project}: the milestone slipped by a week because of the "
      "vendor API. Details in the tracker.", "Inbox"),
     ("Invoice #{n}", "Please find invoice #{n} attached. Payment is due within 30 days.", "Receipts"),
-    ("Your receipt from {company}", "Thank you for your purchase. Order {code} total: ${n}.00.", "Receipts"),
+    ("Your receipt from {company}", "Thank you for your purchase. Order {code} total: ${pct}.00.", "Receipts"),
     ("Flight confirmation {code}", "Your flight to {city} is confirmed. Booking reference {code}.", "Travel"),
     ("Hotel reservation in {city}", "Your stay in {city} is booked. Check-in from 15:00.", "Travel"),
     ("{project} design review notes", "Notes from today's design review of {project} are in the shared doc. "
@@ -95,9 +96,9 @@ _TEMPLATES: tuple[tuple[str, str, str], ...] = (
      "renegotiate the support tier?", "Inbox"),
     ("Interview feedback", "Please submit your feedback for Thursday's candidate by end of day {day}.",
      "Inbox"),
-    ("Weekly metrics", "Active users up {n}% week over week. Full dashboard linked.", "Archive"),
+    ("Weekly metrics", "Active users up {pct}% week over week. Full dashboard linked.", "Archive"),
     ("Team photo from {city}", "Here are the photos from the trip to {city}!", "Archive"),
-    ("You have won a prize!!!", "Click here to claim your reward of ${n},000 now.", "Spam"),
+    ("You have won a prize!!!", "Click here to claim your reward of ${pct},000 now.", "Spam"),
     ("Security alert for your account", "Unusual sign-in from {city}. If this wasn't you, reset your password.",
      "Inbox"),
 )
@@ -134,12 +135,12 @@ def seed(conn: sqlite3.Connection) -> None:
 
     today = datetime.fromisoformat(TODAY + "T09:00:00")
 
-    def fill(template: str) -> str:
-        return template.format(
-            n=rng.randint(1000, 9999) if "#{n}" in template else rng.randint(3, 99), q=rng.randint(1, 4),
-            day=rng.choice(_DAYS), project=rng.choice(_PROJECTS), city=rng.choice(_CITIES),
-            company=rng.choice(COMPANIES)[0], code="".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789")
-                                                           for _ in range(6)))
+    def values() -> dict[str, Any]:
+        """One message's placeholder values, so its subject and body agree."""
+        return {"n": rng.randint(1000, 9999), "pct": rng.randint(3, 40), "q": rng.randint(1, 4),
+                "day": rng.choice(_DAYS), "project": rng.choice(_PROJECTS), "city": rng.choice(_CITIES),
+                "company": rng.choice(COMPANIES)[0],
+                "code": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))}
 
     msgs: list[tuple[Any, ...]] = []
     for _ in range(370):
@@ -150,14 +151,16 @@ def seed(conn: sqlite3.Connection) -> None:
         sent_at = today - timedelta(days=rng.randint(0, 90), minutes=rng.randint(0, 600))
         unread = folder in ("Inbox", "Spam", "Projects") and rng.random() < 0.35
         cc = rng.choice(contacts)[1] if rng.random() < 0.2 else ""
-        msgs.append((folder_ids[folder], name, email, USER_EMAIL, cc, fill(subj_t), fill(body_t),
+        v = values()
+        msgs.append((folder_ids[folder], name, email, USER_EMAIL, cc, subj_t.format(**v), body_t.format(**v),
                      sent_at.strftime("%Y-%m-%dT%H:%M:00"), int(not unread),
                      int(folder != "Spam" and rng.random() < 0.08), int(rng.random() < 0.25)))
     for _ in range(60):
         subj_t, body_t = rng.choice(_SENT_TEMPLATES)
         to = rng.choice(contacts)[1]
         sent_at = today - timedelta(days=rng.randint(0, 90), minutes=rng.randint(0, 600))
-        msgs.append((folder_ids["Sent"], USER_NAME, USER_EMAIL, to, "", fill(subj_t), fill(body_t),
+        v = values()
+        msgs.append((folder_ids["Sent"], USER_NAME, USER_EMAIL, to, "", subj_t.format(**v), body_t.format(**v),
                      sent_at.strftime("%Y-%m-%dT%H:%M:00"), 1, 0, 0))
     msgs.sort(key=lambda m: m[7])  # ids in time order, like a real mailbox
     for i, m in enumerate(msgs, start=1):
@@ -283,7 +286,7 @@ def _insert_sent(conn: sqlite3.Connection, *, to: list[str], cc: list[str], subj
         " subject, body, sent_at, is_read, is_flagged, has_attachment) VALUES (?,?,?,?,?,?,?,?,?,?,?,1,0,0)",
         (next_id, sent_folder, thread_id or next_id, in_reply_to, meta(conn, "user_name"),
          meta(conn, "user_email"), ",".join(to), ",".join(cc), subject, body,
-         datetime.now().strftime("%Y-%m-%dT%H:%M:%S")))
+         app_clock(conn, "SELECT MAX(sent_at) FROM messages")))
     return next_id
 
 
@@ -380,7 +383,7 @@ def register_tools(server: Any) -> None:
         to: Annotated[list[Email], Field(min_length=1, max_length=20, description="Recipient addresses")],
         subject: Annotated[str, Field(min_length=1, max_length=200)],
         body: Annotated[str, Field(min_length=1, max_length=10000)],
-        cc: Annotated[list[Email], Field(max_length=20, description="Carbon-copy addresses")] | None = None,
+        cc: Annotated[list[Email] | None, Field(max_length=20, description="Carbon-copy addresses")] = None,
     ) -> Message:
         """Send a new email from the logged-in user. A copy is stored in Sent and returned."""
         conn = instance_db(ctx)
@@ -502,9 +505,9 @@ def render_screen(conn: sqlite3.Connection) -> bytes:
     unread = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id"
                           " WHERE f.name = 'Inbox' AND m.is_read = 0")
     return render(Screen(
-        title=f"Mail — {USER_NAME} <{USER_EMAIL}> — Inbox",
+        title=f"Mail - {USER_NAME} <{USER_EMAIL}> - Inbox",
         columns=(Column("", 2), Column("From", 22), Column("Subject", 50), Column("Date", 16)),
-        rows=[("⚑" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
+        rows=[("F" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
               for r in inbox],
         bold_rows=frozenset(i for i, r in enumerate(inbox) if not r["is_read"]),
         status=f"{unread} unread in Inbox",

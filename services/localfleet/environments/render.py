@@ -33,7 +33,7 @@ class Screen:
 
 def _fit(value: object, width: int) -> str:
     text = "" if value is None else str(value)
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
 
 
 def render(screen: Screen) -> bytes:

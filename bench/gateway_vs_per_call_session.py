@@ -1,0 +1,59 @@
+"""gateway_vs_per_call_session: the gateway vs a fresh legacy-era MCP session per call.
+
+The baseline is the reference Fleet integration's pattern (OpenEnv's FleetMCPClient): for every tool call
+open a streamable-HTTP client, `initialize`, call, close (DELETE). Its SSL context is built once and
+shared, so it is not inflated by TLS setup. The gateway side is one session's CallTool. Both call the same
+read-only tool on the same legacy-era instance (tracker:v1), sequentially and 16-way, alternating in
+rounds. Headline: calls/s gateway / baseline, sequential. Goal >= 3.
+"""
+
+from __future__ import annotations
+
+import httpx2
+
+from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, per_call_session
+from bench.harness import Entry, Goal, alternate, closed_loop, stats_table
+
+NAME = "gateway_vs_per_call_session"
+CONCURRENT = 16
+BASELINE = "fresh legacy-era MCP session per call (initialize, call, close), shared SSL context"
+GOALS = (Goal("ratio", ">=", 3.0),)
+
+
+async def run(ctx: BenchContext) -> list[Entry]:
+    env_key = ERA_ENV["legacy"]
+    call = BENCH_TOOLS[env_key]
+    rounds = ctx.size(2, 3)
+    gateway_total, baseline_total = ctx.size(400, 2000), ctx.size(160, 800)
+    ssl_context = httpx2.create_ssl_context()
+    stack = await ctx.stack()
+    async with Rlgate(stack) as rl:
+        session = await rl.reset(env_key)
+        try:
+            url = await rl.mcp_url(session)
+
+            async def gateway_op(_slot: int) -> None:
+                await rl.call_tool(session, call)
+
+            async def baseline_op(_slot: int) -> None:
+                await per_call_session(url, call, ssl_context)
+
+            stats = await alternate(rounds, {
+                "gateway seq": lambda: closed_loop(gateway_op, gateway_total // rounds, 1, warmup=20),
+                "per-call session seq": lambda: closed_loop(baseline_op, baseline_total // rounds, 1, warmup=5),
+                "gateway c16": lambda: closed_loop(gateway_op, gateway_total // rounds, CONCURRENT, warmup=32),
+                "per-call session c16": lambda: closed_loop(baseline_op, baseline_total // rounds, CONCURRENT,
+                                                            warmup=16),
+            })
+        finally:
+            await rl.close_session(session)
+    print(stats_table(stats, "calls/s"))
+    gw, base = stats["gateway seq"], stats["per-call session seq"]
+    gw16, base16 = stats["gateway c16"], stats["per-call session c16"]
+    return [Entry(
+        name=NAME, value=gw.per_s, baseline=base.per_s, unit="calls/s (sequential)", baseline_name=BASELINE,
+        goals=GOALS,
+        extra={"env_key": env_key, **gw.figures("gateway_seq_"), **base.figures("baseline_seq_"),
+               **gw16.figures("gateway_c16_"), **base16.figures("baseline_c16_"),
+               "ratio_c16": round(gw16.per_s / base16.per_s, 3)},
+    )]

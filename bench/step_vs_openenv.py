@@ -1,0 +1,182 @@
+"""step_vs_openenv: one agent turn with one tool call, rlgate vs OpenEnv (openenv-core 0.3.0).
+
+rlgate turn: CallTool through the gateway + Step to the orchestrator (the turn's tool-call summary).
+OpenEnv turn: one `step(CallToolAction)` of an `MCPEnvironment` over openenv-core's own WebSocket server
+and `GenericEnvClient`. Its tool forwards the call to the very localfleet instance endpoints the rlgate
+sessions use (each OpenEnv session holds one persistent mcp client to one instance), so both pay the
+tool's network hop. Beside it, the ceiling: the same OpenEnv server answering the tool in-process.
+
+openenv-core pulls in fastapi, gradio and fastmcp, so it lives in its own virtualenv (bench/.venv-openenv,
+built on first run from bench/openenv-constraints.txt); bench/openenv_side.py runs there, as the server
+and as the driver (client) process. Sequential (1 session) and 16 sessions, alternating in rounds.
+Headline: turns/s rlgate / OpenEnv (forwarding), sequential; goal >= 1 sequential and at 16 sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.fixtures import (
+    BENCH_DIR,
+    BENCH_TOOLS,
+    ERA_ENV,
+    BenchContext,
+    BenchError,
+    Rlgate,
+    Session,
+    ToolCall,
+    child_process,
+    persistent_mcp,
+)
+from bench.harness import Entry, Goal, Stats, closed_loop, failed, stats_table
+
+NAME = "step_vs_openenv"
+SESSIONS = 16
+OPENENV_VERSION = "0.3.0"
+VENV = BENCH_DIR / ".venv-openenv"
+CONSTRAINTS = BENCH_DIR / "openenv-constraints.txt"
+SIDE = BENCH_DIR / "openenv_side.py"
+BASELINE = "OpenEnv MCPEnvironment step(CallToolAction) forwarding to the same localfleet endpoint"
+GOALS = (Goal("ratio", ">=", 1.0), Goal("ratio_c16", ">=", 1.0))
+INSTALL_TIMEOUT_S = 900.0
+
+
+async def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return -1, f"timed out after {timeout_s:.0f} s"
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def ensure_venv() -> Path:
+    """The OpenEnv virtualenv's python, built (or rebuilt after the constraints change) on demand."""
+    python = VENV / "bin" / "python"
+    digest = hashlib.sha1(await asyncio.to_thread(CONSTRAINTS.read_bytes)).hexdigest()[:12]
+    stamp = VENV / f".installed-openenv-{OPENENV_VERSION}-{digest}"
+    if await asyncio.to_thread(stamp.exists):
+        return python
+    print(f"building {VENV} (openenv-core {OPENENV_VERSION}; once)", flush=True)
+    code, out = await _run([sys.executable, "-m", "venv", "--clear", str(VENV)], 120.0)
+    if code != 0:
+        raise BenchError(f"python -m venv {VENV} failed ({code}): {out[-800:]}")
+    code, out = await _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                            "-c", str(CONSTRAINTS), f"openenv-core=={OPENENV_VERSION}"], INSTALL_TIMEOUT_S)
+    if code != 0:
+        raise BenchError(f"pip install openenv-core=={OPENENV_VERSION} into {VENV} failed ({code}): "
+                         f"{out[-1200:]}")
+    await asyncio.to_thread(stamp.touch)
+    return python
+
+
+async def tool_spec(url: str, call: ToolCall) -> dict[str, Any]:
+    """The benchmark tool's name, description and input schema as the instance serves them, and one real
+    result (the canned answer of the in-process ceiling, so both OpenEnv variants return the same size)."""
+    async with persistent_mcp(url) as client:
+        listed = await client.list_tools()
+        tool = next((t for t in listed.tools if t.name == call.name), None)
+        if tool is None:
+            raise BenchError(f"{url} does not serve {call.name}")
+        result = await client.call_tool(call.name, call.arguments)
+        if result.is_error or not isinstance(result.structured_content, dict):
+            raise BenchError(f"{call.name} gave no structured result: {result.content!r}")
+        return {"name": tool.name, "description": tool.description or "", "input_schema": tool.input_schema,
+                "canned": result.structured_content}
+
+
+class Driver:
+    """A long-lived OpenEnv client process (bench/openenv_side.py drive) asked for one measurement at a time."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def measure(self, total: int, sessions: int) -> Stats:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"total": total, "sessions": sessions, "warmup": 2 * sessions}).encode()
+                              + b"\n")
+        await self.proc.stdin.drain()
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 600.0)
+        if not line:
+            raise BenchError(f"OpenEnv driver exited ({self.proc.returncode}); see its log")
+        result = json.loads(line)
+        return Stats.from_latencies(result["latencies_s"], result["elapsed_s"], sessions)
+
+
+async def run(ctx: BenchContext) -> list[Entry]:
+    try:
+        python = await ensure_venv()
+    except BenchError as exc:
+        return [failed(NAME, "turns/s", exc, BASELINE, GOALS)]
+    env_key = ERA_ENV["modern"]
+    call = BENCH_TOOLS[env_key]
+    rounds = ctx.size(2, 3)
+    seq_total, c16_total = ctx.size(300, 1500), ctx.size(480, 2400)
+    stack = await ctx.stack()
+    runs: dict[str, list[Stats]] = {}
+    async with Rlgate(stack) as rl:
+        sessions = [await rl.reset(env_key) for _ in range(SESSIONS)]
+        urls = [await rl.mcp_url(s) for s in sessions]
+        spec = json.dumps(await tool_spec(urls[0], call))
+        serve = [str(python), str(SIDE), "serve", "--spec", spec, "--max-sessions", str(SESSIONS + 4)]
+        logs = ctx.out_dir / "logs"
+        async with contextlib.AsyncExitStack() as stack_:
+            _, fwd_port = await stack_.enter_async_context(child_process(
+                [*serve, "--mode", "forward", *(a for u in urls for a in ("--upstream", u))],
+                logs / "openenv-forward.log"))
+            _, loc_port = await stack_.enter_async_context(child_process([*serve, "--mode", "local"],
+                                                                         logs / "openenv-local.log"))
+            drivers = {}
+            for label, port in (("forward", fwd_port), ("in-process", loc_port)):
+                proc, _ = await stack_.enter_async_context(child_process(
+                    [str(python), str(SIDE), "drive", "--url", f"http://127.0.0.1:{port}", "--tool", call.name,
+                     "--arguments", json.dumps(call.arguments)], logs / f"openenv-drive-{label}.log", stdin=True))
+                drivers[label] = Driver(proc)
+            fwd, loc = drivers["forward"], drivers["in-process"]
+
+            async def turn(session: Session) -> None:
+                await rl.call_tool(session, call)
+                await rl.step(session, call)
+
+            async def seq_op(_slot: int) -> None:
+                await turn(sessions[0])
+
+            async def c16_op(slot: int) -> None:
+                await turn(sessions[slot])
+
+            for _ in range(rounds):
+                for name, measure in (
+                    ("rlgate seq", lambda: closed_loop(seq_op, seq_total // rounds, 1, warmup=20)),
+                    ("openenv forward seq", lambda: fwd.measure(seq_total // rounds, 1)),
+                    ("openenv in-process seq", lambda: loc.measure(seq_total // rounds, 1)),
+                    ("rlgate c16", lambda: closed_loop(c16_op, c16_total // rounds, SESSIONS, warmup=32)),
+                    ("openenv forward c16", lambda: fwd.measure(c16_total // rounds, SESSIONS)),
+                    ("openenv in-process c16", lambda: loc.measure(c16_total // rounds, SESSIONS)),
+                ):
+                    runs.setdefault(name, []).append(await measure())
+        for session in sessions:
+            await rl.close_session(session)
+    stats = {name: Stats.merge(r) for name, r in runs.items()}
+    print(stats_table(stats, "turns/s"))
+    rl_seq, oe_seq, ceil_seq = stats["rlgate seq"], stats["openenv forward seq"], stats["openenv in-process seq"]
+    rl_c16, oe_c16, ceil_c16 = stats["rlgate c16"], stats["openenv forward c16"], stats["openenv in-process c16"]
+    return [Entry(
+        name=NAME, value=rl_seq.per_s, baseline=oe_seq.per_s, unit="turns/s (sequential)",
+        baseline_name=BASELINE, goals=GOALS,
+        extra={"ratio_c16": round(rl_c16.per_s / oe_c16.per_s, 3),
+               **rl_seq.figures("rlgate_seq_"), **oe_seq.figures("openenv_seq_"),
+               **rl_c16.figures("rlgate_c16_"), **oe_c16.figures("openenv_c16_"),
+               **ceil_seq.figures("ceiling_seq_"), **ceil_c16.figures("ceiling_c16_"),
+               "rlgate_vs_ceiling_seq": round(rl_seq.per_s / ceil_seq.per_s, 3),
+               "rlgate_vs_ceiling_c16": round(rl_c16.per_s / ceil_c16.per_s, 3),
+               "openenv_core": OPENENV_VERSION},
+    )]

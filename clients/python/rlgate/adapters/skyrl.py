@@ -1,0 +1,188 @@
+"""SkyRL adapter: `RlgateTextEnv`, a skyrl_gym `BaseTextEnv` whose episodes run on rlgate.
+
+    from rlgate.adapters.skyrl import register
+    register()                                   # skyrl_gym id "rlgate"
+    env = skyrl_gym.make("rlgate", env_config={}, extras={"task_key": "mail-001", "max_turns": 8})
+
+Settings (SkyRL hands a custom env an empty `env_config`, so they come from the dataset row's `extras`,
+then `env_config`, then environment variables):
+
+| key in extras / env_config | variable                  | meaning                                       |
+|----------------------------|---------------------------|-----------------------------------------------|
+| `orchestrator`             | `RLGATE_ORCHESTRATOR`     | orchestrator address(es), "host:port[,...]"    |
+| `api_key`                  | `RLGATE_API_KEY`          | orchestrator API key                          |
+| `task_key` (or `env_key`)  | -                         | the task (also read from `extra_info`)        |
+| `max_turns`                | -                         | turn limit passed to Reset (SkyRL always sets)|
+| `on_verifier_error`        | `RLGATE_ON_VERIFIER_ERROR`| `raise` (default) or `zero`                   |
+| `run_id`                   | `RLGATE_RUN_ID`           | labels the sessions of one training run       |
+| `instructions`             | -                         | text placed before the tool list              |
+
+SkyRL calls `init`/`step`/`close` from a thread pool: the env uses the blocking client (one shared per
+process and settings; gRPC sync channels are thread-safe) and never an event loop. SkyRL skips `close()`
+when a step raises, so the env closes its session itself when the episode ends or a step fails."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
+
+from rlgate import protocol
+from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, Client, ClientSettings
+from rlgate.episode import Episode, TurnResult
+
+ENV_ID = "rlgate"
+ENTRY_POINT = "rlgate.adapters.skyrl:RlgateTextEnv"
+ENV_ON_VERIFIER_ERROR = "RLGATE_ON_VERIFIER_ERROR"
+ENV_RUN_ID = "RLGATE_RUN_ID"
+
+log = logging.getLogger("rlgate.adapters.skyrl")
+
+_clients: dict[tuple[str, str], Client] = {}
+_clients_lock = threading.Lock()
+
+
+def register(env_id: str = ENV_ID) -> None:
+    """Register `RlgateTextEnv` with skyrl_gym (idempotent; by import path, so Ray workers resolve it)."""
+    import skyrl_gym
+
+    with _clients_lock:
+        if env_id not in skyrl_gym.registry:
+            skyrl_gym.register(id=env_id, entry_point=ENTRY_POINT)
+
+
+def shared_client(orchestrator: str, api_key: str | None) -> Client:
+    """One blocking client per (addresses, key) in this process."""
+    key = (orchestrator, api_key or "")
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = Client(orchestrator, settings=ClientSettings.from_env(api_key=api_key))
+        return client
+
+
+def _setting(name: str, *sources: Mapping[str, Any] | None, env: str | None = None, default: Any = None) -> Any:
+    for source in sources:
+        if source and source.get(name) not in (None, ""):
+            return source[name]
+    if env and os.environ.get(env):
+        return os.environ[env]
+    return default
+
+
+class RlgateTextEnv(BaseTextEnv):
+    """One rlgate episode per env instance (SkyRL makes one env per trajectory)."""
+
+    def __init__(self, env_config: Mapping[str, Any] | None = None, extras: Mapping[str, Any] | None = None):
+        super().__init__()
+        extras = dict(extras or {})
+        config = dict(env_config or {})
+        info = extras.get("extra_info") if isinstance(extras.get("extra_info"), Mapping) else None
+        self.orchestrator: str | None = _setting("orchestrator", extras, config, env=ENV_ORCHESTRATOR)
+        if not self.orchestrator:
+            raise ValueError(f"no orchestrator address: set extras['orchestrator'] or {ENV_ORCHESTRATOR}")
+        self.api_key: str | None = _setting("api_key", extras, config, env=ENV_API_KEY)
+        self.task_key: str = str(_setting("task_key", extras, info, config, default=""))
+        self.env_key: str = str(_setting("env_key", extras, info, config, default=""))
+        if not self.task_key and not self.env_key:
+            raise ValueError("extras must carry a task_key (or an env_key)")
+        self.max_turns = int(_setting("max_turns", extras, config, default=0))
+        mode = str(_setting("on_verifier_error", extras, config, env=ENV_ON_VERIFIER_ERROR, default="raise"))
+        if mode not in ("raise", "zero"):
+            raise ValueError(f"on_verifier_error must be 'raise' or 'zero', not {mode!r}")
+        self.on_verifier_error = mode
+        self.run_id = str(_setting("run_id", extras, config, env=ENV_RUN_ID, default=""))
+        self.instructions = str(_setting("instructions", extras, config, default=protocol.DEFAULT_INSTRUCTIONS))
+        self.episode: Episode | None = None
+        self._last: TurnResult | None = None
+        self._counts = {"tool_calls": 0, "tool_errors": 0, "parse_errors": 0}
+
+    def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
+        """Open the session; the chat is the system prompt with tools, then the task."""
+        instructions = self.instructions
+        for message in prompt or []:
+            if message.get("role") == "system" and message.get("content"):
+                instructions = f"{message['content']}\n\n{instructions}"
+        assert self.orchestrator is not None
+        episode = Episode(
+            shared_client(self.orchestrator, self.api_key),
+            task_key=self.task_key,
+            env_key=self.env_key,
+            max_turns=self.max_turns,
+            run_id=self.run_id,
+            instructions=instructions,
+            raise_on_verifier_error=self.on_verifier_error == "raise",
+        )
+        episode.reset()
+        self.episode = episode
+        self.task_key = episode.task_key or self.task_key
+        if episode.max_turns:
+            self.max_turns = episode.max_turns
+        chat = episode.initial_messages()
+        if len(chat) == 1:  # an env-only session has no task prompt: keep the dataset's user turns
+            chat += [m for m in prompt or [] if m.get("role") != "system"]
+        return chat, {
+            "task_key": self.task_key,
+            "env_key": episode.env_key,
+            "tools": [protocol.tool_spec_dict(t) for t in episode.tools],
+            "modality": episode.modality,
+            "session_id": episode.session_id,
+        }
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        if self.episode is None:
+            raise RuntimeError("step() before init()")
+        try:
+            result = self.episode.turn(action)
+        except BaseException:
+            self.close()  # SkyRL will not call close() after a failed step
+            raise
+        self._last = result
+        self.turns = result.turn
+        self._counts["tool_calls"] += len(result.tool_calls)
+        self._counts["tool_errors"] += sum(r.is_error for r in result.tool_calls)
+        self._counts["parse_errors"] += len(result.parsed.errors)
+        if result.done:
+            self.close()
+        reward = result.reward if result.done and result.reward is not None else 0.0
+        return BaseTextEnvStepOutput(
+            observations=result.observations,
+            reward=reward,
+            done=result.done,
+            metadata={
+                "task_key": self.task_key,
+                "turn": result.turn,
+                "tool_call": [r.as_dict() for r in result.tool_calls] or None,
+                "tool_result": [r.text for r in result.tool_calls] or None,
+                "error": result.error,
+                "done_reason": result.done_reason if result.done else None,
+                "verification_status": result.verification_status if result.done else None,
+                "truncated": result.truncated,
+            },
+        )
+
+    def close(self) -> None:
+        """Close the session (idempotent, never raises: a failed close is left to the server's reaper)."""
+        if self.episode is None:
+            return
+        try:
+            self.episode.close()
+        except Exception as err:
+            log.warning("closing rlgate session %s failed: %s", self.episode.session_id, err)
+
+    def get_metrics(self) -> dict[str, Any]:
+        last = self._last
+        done = last is not None and last.done
+        return {
+            "turns": self.turns,
+            **self._counts,
+            "reward": (last.reward or 0.0) if done and last is not None else 0.0,
+            "truncated": float(bool(done and last is not None and last.truncated)),
+            "verifier_failed": float(
+                bool(done and last is not None and last.verification_status in ("ERROR", "TIMEOUT"))
+            ),
+        }

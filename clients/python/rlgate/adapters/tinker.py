@@ -1,0 +1,337 @@
+"""Tinker cookbook adapter: rlgate episodes as cookbook environments.
+
+- `RlgateMessageEnv` is a cookbook `MessageEnv`; `RlgateEnvGroupBuilder.make_envs` wraps each in
+  `EnvFromMessageEnv`, so the renderer's own tool-call parsing, parse-error and context-overflow handling
+  apply. Tool calls the renderer could not parse get a second, lenient chance (`rlgate.protocol`).
+- Sessions open lazily, when an env first produces its observation — not in `make_envs`, which the
+  cookbook's retry strategy calls again for one failed trajectory and then discards all envs but one —
+  and every session ever opened by a builder is closed in its `cleanup` (also after errors and
+  cancellation). A session is also closed as soon as its episode ends, to free the instance early.
+- A verifier ERROR/TIMEOUT raises `rlgate.VerifierError` out of `step`, which the cookbook's rollout
+  strategies count as a failed rollout (FailFast raises, RetryOnFailure / MinViableGroup retry or drop);
+  it is never a reward of 0.
+- Fully async: one `AsyncClient` per event loop and settings; nothing blocks the loop.
+- `RlgateEnvGroupBuilder` holds only plain settings and a renderer (pickle-safe via `get_renderer`), so it
+  pickles for the cookbook's process/Ray rollout executors. `RlgateDatasetBuilder` (chz) builds an
+  `RlgateDataset` over task keys ("all" lists them from the orchestrator)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import chz
+from tinker_cookbook.renderers import Renderer, get_renderer
+from tinker_cookbook.renderers.base import Message, ToolSpec, get_text_content
+from tinker_cookbook.rl.message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult
+from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder
+from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+from rlgate import protocol
+from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
+from rlgate.episode import AsyncEpisode, TurnResult
+
+log = logging.getLogger("rlgate.adapters.tinker")
+
+FINISH_INSTRUCTIONS = (
+    f"When the task is complete, give your final answer as {protocol.FINAL_OPEN}answer"
+    f"{protocol.FINAL_CLOSE}; if the task needs no answer, reply <done/>."
+)
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AsyncClient]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def loop_client(orchestrator: str, api_key: str | None) -> AsyncClient:
+    """The AsyncClient for these settings on the running event loop (grpc.aio channels are per loop)."""
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
+    key = (orchestrator, api_key or "")
+    client = per_loop.get(key)
+    if client is None:
+        client = per_loop[key] = AsyncClient(orchestrator, settings=ClientSettings.from_env(api_key=api_key))
+    return client
+
+
+def _orchestrator(address: str) -> str:
+    resolved = address or os.environ.get(ENV_ORCHESTRATOR, "")
+    if not resolved:
+        raise ValueError(f"no orchestrator address: pass orchestrator= or set {ENV_ORCHESTRATOR}")
+    return resolved
+
+
+def tool_specs(episode: AsyncEpisode) -> list[ToolSpec]:
+    return [ToolSpec(**protocol.tool_spec_dict(t)) for t in episode.tools]  # type: ignore[typeddict-item]
+
+
+def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
+    """The assistant's text and what it asks for: the renderer's tool calls, a lenient second parse of
+    the calls it could not parse, and the final answer / done convention from the text."""
+    text = get_text_content(message)
+    turn = protocol.parse_assistant_text(text)
+    calls: list[protocol.ToolCall] = []
+    errors: list[str] = []
+    for call in message.get("tool_calls") or []:
+        try:
+            arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
+        except ValueError as exc:
+            errors.append(f"arguments of {call.function.name!r} are not JSON ({exc}). {protocol.FORMAT_REMINDER}")
+            continue
+        if not isinstance(arguments, dict):
+            errors.append(f"arguments of {call.function.name!r} must be a JSON object. {protocol.FORMAT_REMINDER}")
+            continue
+        calls.append(protocol.ToolCall(call.function.name, arguments))
+    for unparsed in message.get("unparsed_tool_calls") or []:
+        retry = protocol.parse_assistant_text(unparsed.raw_text)
+        calls.extend(retry.tool_calls)
+        errors.extend(retry.errors if retry.tool_calls or retry.errors else [unparsed.error])
+    # Calls the renderer left in the text (formats it does not parse) are found by the lenient parse.
+    calls.extend(c for c in turn.tool_calls if c not in calls)
+    errors.extend(turn.errors)
+    full_text = "\n".join([text, *(protocol.render_tool_call(c) for c in calls)]) if calls else text
+    return full_text, protocol.ParsedTurn(
+        tool_calls=calls, final_answer=turn.final_answer, done=turn.done, errors=errors
+    )
+
+
+class RlgateMessageEnv(MessageEnv):
+    """One rlgate episode at the message level. The session opens on `initial_observation`."""
+
+    def __init__(self, builder: RlgateEnvGroupBuilder, renderer: Renderer) -> None:
+        self.builder = builder
+        self.renderer = renderer
+        self.episode: AsyncEpisode | None = None
+        self.history: list[Message] = []
+        self.example_id = builder.task_key
+
+    async def initial_observation(self) -> list[Message]:
+        if self.episode is None:
+            episode = AsyncEpisode(
+                loop_client(
+                    _orchestrator(self.builder.orchestrator), self.builder.api_key or os.environ.get(ENV_API_KEY)
+                ),
+                task_key=self.builder.task_key,
+                max_turns=self.builder.max_turns,
+                run_id=self.builder.run_id,
+                labels=dict(self.builder.labels),
+            )
+            self.builder.track(episode)  # before Reset: cleanup closes it even if this task dies mid-Reset
+            await episode.reset()
+            self.episode = episode
+            if not self.builder.tracks(episode):
+                # cleanup() ran while Reset was in flight (FailFast's gather leaves sibling rollouts running
+                # after one fails): nobody will close this session later, so close it now.
+                await self._close()
+                raise RuntimeError(f"rollout group of {self.builder.task_key!r} was cleaned up during Reset")
+            system = "\n\n".join(p for p in (self.builder.instructions, FINISH_INSTRUCTIONS) if p)
+            prefix = self.renderer.create_conversation_prefix_with_tools(tool_specs(episode), system)
+            task = [Message(role=m["role"], content=m["content"]) for m in episode.initial_messages()[1:]]
+            self.history = [*prefix, *task]
+        return self.history
+
+    async def step(self, message: Message) -> MessageStepResult:
+        episode = self.episode
+        if episode is None:
+            raise RuntimeError("step() before initial_observation()")
+        self.history.append(message)
+        text, parsed = parsed_turn(message)
+        try:
+            result = await episode.turn(text, parsed)
+        except BaseException:
+            await asyncio.shield(self._close())
+            raise
+        if result.done:
+            await self._close()
+        self.history.extend(self._observations(result, message))
+        return MessageStepResult(
+            reward=(result.reward or 0.0) if result.done else 0.0,
+            episode_done=result.done,
+            next_messages=self.history,
+            metrics=self._metrics(result),
+            logs={"turn": result.turn, **({"parse_errors": result.error} if result.error else {})},
+        )
+
+    async def _close(self) -> None:
+        if self.episode is not None:
+            try:
+                await self.episode.close()
+            except Exception as err:  # cleanup() tries again; the server reaps what is left
+                log.warning("closing rlgate session failed: %s", err)
+
+    @staticmethod
+    def _observations(result: TurnResult, message: Message) -> list[Message]:
+        if result.done:
+            return []
+        ids = [c.id for c in message.get("tool_calls") or []]
+        out: list[Message] = []
+        for i, record in enumerate(result.tool_calls):
+            tool_message = Message(role="tool", content=record.text, name=record.name)
+            call_id = ids[i] if i < len(ids) else None
+            if call_id:
+                tool_message["tool_call_id"] = call_id
+            out.append(tool_message)
+        if result.parsed.errors:
+            out.append(Message(role="user", content="\n".join(result.parsed.errors)))
+        elif not result.tool_calls and not result.parsed.done:
+            out.append(Message(role="user", content=protocol.FORMAT_REMINDER))
+        return out
+
+    @staticmethod
+    def _metrics(result: TurnResult) -> dict[str, float]:
+        metrics: dict[str, float] = {
+            "tool_calls": float(len(result.tool_calls)),
+            "tool_errors": float(sum(r.is_error for r in result.tool_calls)),
+        }
+        if result.parsed.errors:
+            metrics["parse_error"] = 1.0
+        if result.done:
+            metrics["stop/max_turns" if result.truncated else "stop/completed"] = 1.0
+            metrics["verification_ok"] = float(result.verification_status == "OK")
+        return metrics
+
+
+@dataclass
+class RlgateEnvGroupBuilder(EnvGroupBuilder):
+    """`group_size` episodes of one task. Picklable: settings and a renderer only."""
+
+    task_key: str
+    renderer: Renderer
+    group_size: int = 1
+    orchestrator: str = ""  # empty: RLGATE_ORCHESTRATOR
+    api_key: str | None = None  # None: RLGATE_API_KEY
+    max_turns: int = 0
+    run_id: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    instructions: str = protocol.DEFAULT_INSTRUCTIONS
+    # Structural parse failures (no stop sequence): the cookbook's tool-env defaults.
+    failed_parse_reward: float = -0.1
+    terminate_on_parse_error: bool = True
+    max_trajectory_tokens: int | None = None
+    max_generation_tokens: int | None = None
+    _opened: list[AsyncEpisode] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_opened"] = []  # live sessions belong to the process that opened them
+        return state
+
+    def track(self, episode: AsyncEpisode) -> None:
+        self._opened.append(episode)
+
+    def tracks(self, episode: AsyncEpisode) -> bool:
+        """False once cleanup() has taken the episode (it closed it, possibly before Reset answered)."""
+        return any(e is episode for e in self._opened)
+
+    @property
+    def sessions_opened(self) -> int:
+        return len(self._opened)
+
+    async def make_envs(self) -> Sequence[Env]:
+        # Cheap: no session is opened here (see the module docstring).
+        return [
+            EnvFromMessageEnv(
+                self.renderer,
+                RlgateMessageEnv(self, self.renderer),
+                failed_parse_reward=self.failed_parse_reward,
+                terminate_on_parse_error=self.terminate_on_parse_error,
+                max_trajectory_tokens=self.max_trajectory_tokens,
+                max_generation_tokens=self.max_generation_tokens,
+            )
+            for _ in range(self.group_size)
+        ]
+
+    async def cleanup(self) -> None:
+        """Close every session this builder ever opened. Idempotent; never raises."""
+        episodes, self._opened = self._opened, []
+        results = await asyncio.gather(*(asyncio.shield(e.close()) for e in episodes), return_exceptions=True)
+        for episode, outcome in zip(episodes, results, strict=True):
+            if isinstance(outcome, BaseException):
+                sid = episode.reset_response.session_id if episode.reset_response else "?"
+                log.warning("closing rlgate session %s failed: %s", sid, outcome)
+
+    def logging_tags(self) -> list[str]:
+        return ["rlgate", self.task_key.split("-")[0] if "-" in self.task_key else self.task_key]
+
+
+class RlgateDataset(RLDataset):
+    """Batches of `batch_size` group builders cycling over the task keys for `epochs` passes."""
+
+    def __init__(self, task_keys: Sequence[str], batch_size: int, make: Any, epochs: int = 1) -> None:
+        if not task_keys:
+            raise ValueError("no tasks")
+        self.task_keys = list(task_keys)
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self._make = make
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.task_keys) * self.epochs / self.batch_size)
+
+    def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        start = index * self.batch_size
+        stop = min(start + self.batch_size, len(self.task_keys) * self.epochs)
+        return [self._make(self.task_keys[i % len(self.task_keys)]) for i in range(start, stop)]
+
+
+@dataclass(frozen=True)
+class _BuilderFactory:
+    """Picklable `task_key -> RlgateEnvGroupBuilder` (no closures, for process executors)."""
+
+    renderer: Renderer
+    group_size: int
+    orchestrator: str
+    max_turns: int
+    run_id: str
+    instructions: str
+
+    def __call__(self, task_key: str) -> RlgateEnvGroupBuilder:
+        return RlgateEnvGroupBuilder(
+            task_key=task_key,
+            renderer=self.renderer,
+            group_size=self.group_size,
+            orchestrator=self.orchestrator,
+            max_turns=self.max_turns,
+            run_id=self.run_id,
+            instructions=self.instructions,
+        )
+
+
+@chz.chz
+class RlgateDatasetBuilder(RLDatasetBuilder):
+    """RL dataset over rlgate tasks. The API key comes from RLGATE_API_KEY (kept out of configs)."""
+
+    renderer_name: str
+    model_name_for_tokenizer: str
+    batch_size: int = 8
+    group_size: int = 4
+    orchestrator: str = ""  # empty: RLGATE_ORCHESTRATOR
+    tasks: str = "all"  # "all" or comma-separated task keys
+    test_tasks: str = ""  # comma-separated task keys for a test set; empty for none
+    epochs: int = 1
+    max_turns: int = 0
+    run_id: str = ""
+    instructions: str = protocol.DEFAULT_INSTRUCTIONS
+
+    async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
+        renderer = get_renderer(
+            self.renderer_name, get_tokenizer(self.model_name_for_tokenizer), model_name=self.model_name_for_tokenizer
+        )
+        orchestrator = _orchestrator(self.orchestrator)
+        if self.tasks.strip() == "all":
+            client = loop_client(orchestrator, os.environ.get(ENV_API_KEY) or None)
+            keys = [t.key for t in await client.list_tasks()]
+        else:
+            keys = [k.strip() for k in self.tasks.split(",") if k.strip()]
+        test_keys = [k.strip() for k in self.test_tasks.split(",") if k.strip()]
+        keys = [k for k in keys if k not in test_keys]
+        make = _BuilderFactory(renderer, self.group_size, orchestrator, self.max_turns, self.run_id, self.instructions)
+        train = RlgateDataset(keys, self.batch_size, make, epochs=self.epochs)
+        test = RlgateDataset(test_keys, len(test_keys), make) if test_keys else None
+        return train, test

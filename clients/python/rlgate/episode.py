@@ -1,0 +1,441 @@
+"""`Episode` / `AsyncEpisode`: one episode holding both handles — the orchestrator (reset, step, state,
+close) and the agent token (list_tools, call_tool) — that always closes its session.
+
+`turn(text)` plays one assistant message through the real protocol: parse it (`rlgate.protocol`), call
+each tool through the gateway, report the turn to the orchestrator and return the observations for the
+model. The decisions (what to send, what the model sees, when a verifier failure is an error) are the
+shared `_EpisodeBase` methods; the two classes only differ in blocking vs awaiting calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from rlgate import protocol
+from rlgate.client import new_request_id, new_trace_id
+from rlgate.convert import struct_from_dict
+from rlgate.errors import RlgateError, VerifierError
+from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
+
+if TYPE_CHECKING:
+    from rlgate.client import AsyncClient, Client
+
+log = logging.getLogger("rlgate.episode")
+
+# Label on every session an Episode creates, so a Reset whose answer was lost can still be closed.
+RESET_LABEL = "rlgate-reset"
+_UNKNOWN_OUTCOME = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+_FAILED_VERIFICATION = {common_pb2.VERIFICATION_STATUS_ERROR, common_pb2.VERIFICATION_STATUS_TIMEOUT}
+
+
+def verification_status_name(value: int) -> str:
+    return common_pb2.VerificationStatus.Name(value).removeprefix("VERIFICATION_STATUS_")
+
+
+def done_reason_name(value: int) -> str:
+    return orchestrator_pb2.DoneReason.Name(value).removeprefix("DONE_REASON_")
+
+
+@dataclass
+class ToolCallRecord:
+    """One tool call of a turn and what came back."""
+
+    name: str
+    arguments: dict[str, Any]
+    request_id: str
+    result: common_pb2.ToolResult
+    text: str
+    replayed: bool = False
+
+    @property
+    def is_error(self) -> bool:
+        return self.result.is_error
+
+    def summary(self) -> orchestrator_pb2.ToolCallSummary:
+        return orchestrator_pb2.ToolCallSummary(
+            name=self.name,
+            arguments=struct_from_dict(self.arguments),
+            request_id=self.request_id,
+            is_error=self.result.is_error,
+            error_kind=self.result.error_kind,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "arguments": self.arguments,
+            "request_id": self.request_id,
+            "is_error": self.result.is_error,
+            "error_kind": common_pb2.ToolErrorKind.Name(self.result.error_kind),
+            "text": self.text,
+        }
+
+
+@dataclass
+class TurnResult:
+    """The outcome of one assistant turn."""
+
+    text: str
+    parsed: protocol.ParsedTurn
+    tool_calls: list[ToolCallRecord]
+    step: orchestrator_pb2.StepResponse
+    # Messages for the model's next turn (empty once the episode is done).
+    observations: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.step.done
+
+    @property
+    def truncated(self) -> bool:
+        return self.step.truncated
+
+    @property
+    def turn(self) -> int:
+        return self.step.turn
+
+    @property
+    def reward(self) -> float | None:
+        return self.step.reward if self.step.HasField("reward") else None
+
+    @property
+    def done_reason(self) -> str:
+        return done_reason_name(self.step.done_reason)
+
+    @property
+    def verification_status(self) -> str:
+        return verification_status_name(self.step.verification.status)
+
+    @property
+    def error(self) -> str | None:
+        """Parse problems of this turn, as the model was told (None when the turn parsed cleanly)."""
+        return "\n".join(self.parsed.errors) or None
+
+
+class _EpisodeBase:
+    def __init__(
+        self,
+        *,
+        task_key: str = "",
+        env_key: str = "",
+        session_id: str = "",
+        max_turns: int = 0,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
+        instructions: str = protocol.DEFAULT_INSTRUCTIONS,
+        raise_on_verifier_error: bool = True,
+    ) -> None:
+        self.task_key = task_key
+        self.trace_id = trace_id or new_trace_id()
+        self.instructions = instructions
+        self.raise_on_verifier_error = raise_on_verifier_error
+        self._reset_request_id = new_request_id()
+        self._reset_fields: dict[str, Any] = {
+            "task_key": task_key,
+            "env_key": env_key,
+            "session_id": session_id,
+            "max_turns": max_turns,
+            "labels": {**(labels or {}), RESET_LABEL: self._reset_request_id},
+            "run_id": run_id,
+            "request_id": self._reset_request_id,
+        }
+        self.reset_response: orchestrator_pb2.ResetResponse | None = None
+        self.last_step: orchestrator_pb2.StepResponse | None = None
+        self.closed = False
+        self._close_lock = threading.Lock()
+
+    # -- what Reset told us
+    def _reset_done(self, response: orchestrator_pb2.ResetResponse) -> None:
+        self.reset_response = response
+        self.closed = False
+        self.last_step = None
+        if response.task.key:
+            self.task_key = response.task.key
+
+    @property
+    def _reset(self) -> orchestrator_pb2.ResetResponse:
+        if self.reset_response is None:
+            raise RuntimeError("the episode has not been reset (use it as a context manager or call reset())")
+        return self.reset_response
+
+    @property
+    def session_id(self) -> str:
+        return self._reset.session_id
+
+    @property
+    def agent_token(self) -> str:
+        return self._reset.agent_token
+
+    @property
+    def gateway_address(self) -> str:
+        return self._reset.gateway_address
+
+    @property
+    def tools(self) -> list[common_pb2.ToolSpec]:
+        return list(self._reset.tools)
+
+    @property
+    def max_turns(self) -> int:
+        return self._reset.max_turns
+
+    @property
+    def modality(self) -> str:
+        return self._reset.modality
+
+    @property
+    def env_key(self) -> str:
+        task = self._reset.task
+        if task.env_id:
+            return f"{task.env_id}:{task.version}" if task.version else task.env_id
+        return str(self._reset_fields.get("env_key") or "")
+
+    @property
+    def done(self) -> bool:
+        return self.last_step is not None and self.last_step.done
+
+    def initial_messages(self) -> list[dict[str, str]]:
+        """The chat to start from: the system prompt with tools, then the task's messages."""
+        reset = self._reset
+        messages = [protocol.system_message(reset.tools, self.instructions)]
+        task_messages = [{"role": m.role, "content": m.content} for m in reset.messages]
+        if not task_messages and reset.prompt:
+            task_messages = [{"role": "user", "content": reset.prompt}]
+        return messages + task_messages
+
+    # -- turn logic shared by both episode classes
+    @staticmethod
+    def _record(call: protocol.ToolCall, request_id: str, response: toolgateway_pb2.CallToolResponse) -> ToolCallRecord:
+        return ToolCallRecord(
+            name=call.name,
+            arguments=call.arguments,
+            request_id=request_id,
+            result=response.result,
+            text=protocol.render_tool_result(response.result),
+            replayed=response.replayed,
+        )
+
+    @staticmethod
+    def _step_fields(text: str, parsed: protocol.ParsedTurn, records: Sequence[ToolCallRecord]) -> dict[str, Any]:
+        return {
+            "assistant_text": text,
+            "tool_calls": [r.summary() for r in records],
+            "final_answer": parsed.final_answer,
+            "done": parsed.done and parsed.final_answer is None,
+        }
+
+    def _finish(
+        self, text: str, parsed: protocol.ParsedTurn, records: list[ToolCallRecord], step: orchestrator_pb2.StepResponse
+    ) -> TurnResult:
+        self.last_step = step
+        observations: list[dict[str, str]] = []
+        if not step.done:
+            parts = [protocol.wrap_tool_response(r.text) for r in records]
+            if parsed.errors:
+                parts.extend(parsed.errors)
+            elif not records and not parsed.done:
+                parts.append(protocol.FORMAT_REMINDER)
+            if parts:
+                observations.append({"role": "user", "content": "\n".join(parts)})
+        result = TurnResult(text=text, parsed=parsed, tool_calls=records, step=step, observations=observations)
+        self._check_verification(step)
+        return result
+
+    def _check_verification(self, step: orchestrator_pb2.StepResponse) -> None:
+        if step.done and step.verification.status in _FAILED_VERIFICATION and self.raise_on_verifier_error:
+            raise VerifierError(
+                step.verification.message or "the verifier produced no score",
+                status=verification_status_name(step.verification.status),
+                session_id=self.session_id,
+                task_key=self.task_key,
+                trace_id=self.trace_id,
+            )
+
+    def _start_close(self) -> str | None:
+        """The session id to close, or None when there is nothing (left) to close."""
+        with self._close_lock:
+            if self.closed or self.reset_response is None:
+                return None
+            self.closed = True
+            return self.reset_response.session_id
+
+    def _lost_reset(self, err: BaseException) -> bool:
+        return isinstance(err, RlgateError) and err.code in _UNKNOWN_OUTCOME
+
+
+class Episode(_EpisodeBase):
+    """Blocking episode. `with client.episode(task_key=...) as ep: ep.turn(text) ...`."""
+
+    def __init__(self, client: Client, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.client = client
+
+    def reset(self) -> orchestrator_pb2.ResetResponse:
+        """Start the episode (or, after one ended, the next episode of the same session)."""
+        fields = dict(self._reset_fields)
+        if self.reset_response is not None:
+            fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+        try:
+            response = self.client.reset(trace_id=self.trace_id, **fields)
+        except RlgateError as err:
+            if self._lost_reset(err) and self.reset_response is None:
+                self._close_lost_reset()
+            raise
+        self._reset_done(response)
+        return response
+
+    def _close_lost_reset(self) -> None:
+        try:
+            self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+        except RlgateError as err:
+            log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
+
+    def list_tools(self) -> list[common_pb2.ToolSpec]:
+        return self.client.list_tools(self.agent_token, gateway=self.gateway_address, trace_id=self.trace_id)
+
+    def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
+    ) -> toolgateway_pb2.CallToolResponse:
+        return self.client.call_tool(
+            self.agent_token,
+            name,
+            arguments,
+            request_id=request_id,
+            gateway=self.gateway_address,
+            trace_id=self.trace_id,
+        )
+
+    def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
+        """Report a turn yourself (assistant_text=, tool_calls=, final_answer=, done=)."""
+        step = self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+        self.last_step = step
+        self._check_verification(step)
+        return step
+
+    def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
+        return self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
+
+    def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
+        """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
+
+        Raises VerifierError when the episode ends without a score (unless raise_on_verifier_error=False)."""
+        parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
+        records = []
+        for call in parsed.tool_calls:
+            request_id = new_request_id()
+            records.append(
+                self._record(call, request_id, self.call_tool(call.name, call.arguments, request_id=request_id))
+            )
+        step = self.client.step(self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records))
+        return self._finish(text, parsed, records, step)
+
+    def close(self) -> None:
+        """Close the session (idempotent)."""
+        session_id = self._start_close()
+        if session_id is not None:
+            self.client.close_session(session_id, trace_id=self.trace_id)
+
+    def __enter__(self) -> Episode:
+        if self.reset_response is None:
+            self.reset()
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.close()
+        except RlgateError as err:
+            if exc is None:
+                raise
+            log.warning("closing session failed while handling another error: %s", err)
+
+
+class AsyncEpisode(_EpisodeBase):
+    """asyncio episode. `async with client.episode(task_key=...) as ep: await ep.turn(text) ...`."""
+
+    def __init__(self, client: AsyncClient, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.client = client
+
+    async def reset(self) -> orchestrator_pb2.ResetResponse:
+        fields = dict(self._reset_fields)
+        if self.reset_response is not None:
+            fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+        try:
+            response = await self.client.reset(trace_id=self.trace_id, **fields)
+        except RlgateError as err:
+            if self._lost_reset(err) and self.reset_response is None:
+                await self._close_lost_reset()
+            raise
+        except asyncio.CancelledError:
+            if self.reset_response is None:
+                await asyncio.shield(self._close_lost_reset())
+            raise
+        self._reset_done(response)
+        return response
+
+    async def _close_lost_reset(self) -> None:
+        try:
+            await self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+        except RlgateError as err:
+            log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
+
+    async def list_tools(self) -> list[common_pb2.ToolSpec]:
+        return await self.client.list_tools(self.agent_token, gateway=self.gateway_address, trace_id=self.trace_id)
+
+    async def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
+    ) -> toolgateway_pb2.CallToolResponse:
+        return await self.client.call_tool(
+            self.agent_token,
+            name,
+            arguments,
+            request_id=request_id,
+            gateway=self.gateway_address,
+            trace_id=self.trace_id,
+        )
+
+    async def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
+        step = await self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+        self.last_step = step
+        self._check_verification(step)
+        return step
+
+    async def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
+        return await self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
+
+    async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
+        parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
+        records = []
+        for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
+            request_id = new_request_id()
+            response = await self.call_tool(call.name, call.arguments, request_id=request_id)
+            records.append(self._record(call, request_id, response))
+        step = await self.client.step(
+            self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records)
+        )
+        return self._finish(text, parsed, records, step)
+
+    async def close(self) -> None:
+        session_id = self._start_close()
+        if session_id is not None:
+            await self.client.close_session(session_id, trace_id=self.trace_id)
+
+    async def __aenter__(self) -> AsyncEpisode:
+        if self.reset_response is None:
+            await self.reset()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            # Shielded: a cancelled rollout still releases its instance.
+            await asyncio.shield(self.close())
+        except RlgateError as err:
+            if exc is None:
+                raise
+            log.warning("closing session failed while handling another error: %s", err)

@@ -1,0 +1,179 @@
+"""The client's exception hierarchy: one class per gRPC status the services document, plus
+`VerifierError` for an episode whose verifier failed or timed out (never reported as reward 0).
+
+`error_from_rpc` turns any grpc / grpc.aio `RpcError` into the matching `RlgateError`; the original
+status code, message, trace id and the rich `google.rpc.Status` (when the server sent one) stay on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+
+class RlgateError(Exception):
+    """Base of every error the rlgate client raises."""
+
+    code: grpc.StatusCode | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        trace_id: str | None = None,
+        rich_status: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.trace_id = trace_id
+        # google.rpc.status_pb2.Status with details (ErrorInfo, RetryInfo, ...) when the server sent one.
+        self.rich_status = rich_status
+
+    def __str__(self) -> str:
+        code = self.code.name if self.code is not None else "ERROR"
+        suffix = f" (trace id {self.trace_id})" if self.trace_id else ""
+        return f"{code}: {self.message}{suffix}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable across process boundaries (the Tinker cookbook may ship errors between workers).
+        return (_rebuild, (type(self), self.message, self.code, self.trace_id))
+
+
+def _rebuild(cls: type[RlgateError], message: str, code: grpc.StatusCode | None, trace_id: str | None) -> RlgateError:
+    return cls(message, code=code, trace_id=trace_id)
+
+
+class Unauthenticated(RlgateError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(RlgateError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class NotFound(RlgateError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(RlgateError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class InvalidArgument(RlgateError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ResourceExhausted(RlgateError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(RlgateError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(RlgateError, TimeoutError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Cancelled(RlgateError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class Internal(RlgateError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class VerifierError(RlgateError):
+    """The episode ended but its verifier produced no score (status ERROR or TIMEOUT).
+
+    This is an infrastructure failure, not a reward of 0: trainers should drop or retry the rollout."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: str = "ERROR",
+        session_id: str = "",
+        task_key: str = "",
+        code: grpc.StatusCode | None = None,
+        trace_id: str | None = None,
+        rich_status: Any = None,
+    ) -> None:
+        super().__init__(message, code=code, trace_id=trace_id, rich_status=rich_status)
+        self.status = status
+        self.session_id = session_id
+        self.task_key = task_key
+
+    def __str__(self) -> str:
+        where = f" task {self.task_key!r}" if self.task_key else ""
+        sess = f" session {self.session_id}" if self.session_id else ""
+        return f"verifier {self.status}{where}{sess}: {self.message}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_verifier,
+            (type(self), self.message, self.status, self.session_id, self.task_key, self.trace_id),
+        )
+
+
+def _rebuild_verifier(
+    cls: type[VerifierError], message: str, status: str, session_id: str, task_key: str, trace_id: str | None
+) -> VerifierError:
+    return cls(message, status=status, session_id=session_id, task_key=task_key, trace_id=trace_id)
+
+
+_BY_CODE: dict[grpc.StatusCode, type[RlgateError]] = {
+    cls.code: cls  # type: ignore[misc]
+    for cls in (
+        Unauthenticated,
+        PermissionDenied,
+        NotFound,
+        FailedPrecondition,
+        InvalidArgument,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        Cancelled,
+        Internal,
+    )
+}
+
+
+def error_class(code: grpc.StatusCode | None) -> type[RlgateError]:
+    """The exception class for a status code (RlgateError for codes without their own class)."""
+    if code is None:
+        return RlgateError
+    return _BY_CODE.get(code, RlgateError)
+
+
+def rich_status_of(err: grpc.RpcError) -> Any:
+    """The google.rpc.Status the server attached, or None (never raises)."""
+    try:
+        from grpc_status import rpc_status
+
+        return rpc_status.from_call(err)  # type: ignore[arg-type]
+    except Exception:
+        return None
+
+
+def status_code(err: BaseException) -> grpc.StatusCode | None:
+    code = getattr(err, "code", None)
+    if callable(code):
+        try:
+            value = code()
+        except Exception:
+            return None
+        return value if isinstance(value, grpc.StatusCode) else None
+    return None
+
+
+def error_from_rpc(err: grpc.RpcError, *, trace_id: str | None = None, context: str = "") -> RlgateError:
+    """Map a grpc/grpc.aio RpcError onto the hierarchy. `context` names the call ("Reset", ...)."""
+    code = status_code(err)
+    details_fn = getattr(err, "details", None)
+    details = details_fn() if callable(details_fn) else str(err)
+    message = f"{context}: {details}" if context else str(details)
+    return error_class(code)(message, code=code, trace_id=trace_id, rich_status=rich_status_of(err))

@@ -1,0 +1,139 @@
+"""Policies for `rlgate rollout`: something that writes the next assistant message.
+
+- `ReferencePolicy` replays a task's reference solution (TaskInfo.metadata.reference_solution =
+  {"tool_calls": [{"name", "arguments"}], "final_answer"}) as model text — rendered `<tool_call>` blocks
+  that the episode parses back like any model output, so the real protocol is exercised end to end.
+- `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (`POST {base_url}/chat/completions`, httpx,
+  key from OPENAI_API_KEY). Native `tool_calls` in the reply are rendered to protocol text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rlgate import protocol
+from rlgate.convert import dict_from_struct
+from rlgate.v1 import common_pb2
+
+
+@dataclass
+class PolicyContext:
+    task: common_pb2.TaskInfo
+    messages: list[dict[str, str]]  # the chat so far (system, task, earlier turns and observations)
+    turn: int  # 0-based index of the turn to write
+    max_turns: int
+
+
+class Policy(Protocol):
+    async def __call__(self, ctx: PolicyContext) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
+class PolicyError(RuntimeError):
+    """The policy could not produce a message (no reference solution, endpoint failure)."""
+
+
+def _json_ints(value: Any) -> Any:
+    """Struct numbers are doubles: write whole numbers as a model would (3, not 3.0)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _json_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_ints(v) for v in value]
+    return value
+
+
+def reference_turns(task: common_pb2.TaskInfo, max_turns: int) -> list[str]:
+    """The reference solution as one model message per turn: one call per turn, then the answer.
+    Calls are packed several per turn when the turn limit would not fit them otherwise."""
+    metadata = dict_from_struct(task.metadata) if task.HasField("metadata") else {}
+    solution = metadata.get("reference_solution")
+    if not isinstance(solution, dict):
+        raise PolicyError(f"task {task.key!r} has no reference_solution in its metadata")
+    calls = [
+        protocol.ToolCall(str(c.get("name", "")), _json_ints(dict(c.get("arguments") or {})))
+        for c in solution.get("tool_calls") or []
+    ]
+    answer = solution.get("final_answer")
+    final = protocol.render_assistant_turn((), None if answer is None else str(_json_ints(answer)), done=answer is None)
+    budget = max(1, (max_turns or len(calls) + 1) - 1)  # turns for calls, keeping the last for the answer
+    per_turn = max(1, math.ceil(len(calls) / budget)) if calls else 1
+    turns = [
+        "I'll call the tool now.\n" + protocol.render_assistant_turn(calls[i : i + per_turn])
+        for i in range(0, len(calls), per_turn)
+    ]
+    if len(turns) >= max(max_turns, 1) and max_turns:
+        turns[-1] = turns[-1] + "\n" + final  # no turn left for the answer alone
+    else:
+        turns.append(final)
+    return turns
+
+
+class ReferencePolicy:
+    async def __call__(self, ctx: PolicyContext) -> str:
+        turns = reference_turns(ctx.task, ctx.max_turns)
+        return turns[min(ctx.turn, len(turns) - 1)]
+
+    async def aclose(self) -> None:
+        return None
+
+
+class OpenAIPolicy:
+    """Any OpenAI-compatible chat completions endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = 1024,
+        timeout: float = 120.0,
+    ) -> None:
+        import httpx
+
+        headers = {}
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+
+    async def __call__(self, ctx: PolicyContext) -> str:
+        import httpx
+
+        body = {
+            "model": self.model,
+            "messages": ctx.messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        try:
+            response = await self._http.post(self._url, json=body)
+            response.raise_for_status()
+            message = response.json()["choices"][0]["message"]
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PolicyError(f"chat endpoint {self._url}: {type(exc).__name__}: {exc}") from exc
+        text = message.get("content") or ""
+        for call in message.get("tool_calls") or []:  # a server that answers with native tool calls
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or "{}"
+            try:
+                parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            except ValueError:
+                parsed = {}
+            text += "\n" + protocol.render_tool_call(protocol.ToolCall(str(function.get("name", "")), parsed))
+        return text
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,375 @@
+"""The text protocol between a model and rlgate tools (Hermes / Qwen style).
+
+- `render_system_prompt(tools)`: the `<tools>` JSON block, the `<tool_call>` instructions and the ending
+  convention (`<final_answer>...</final_answer>`, or `<done/>` when there is nothing to answer).
+- `parse_assistant_text(text)`: the tool calls, final answer and done signal of one assistant turn. It
+  accepts what models actually write: several calls per turn, `name`/`tool` and `arguments`/`params`
+  spellings (and OpenAI's `{"function": {...}}`), arguments as a JSON string, a missing `</tool_call>`, up to
+  three missing closing braces, code fences, prose and `<think>` blocks around the calls. It never raises:
+  what cannot be parsed comes back in `ParsedTurn.errors`, which the adapters show the model as an
+  observation.
+- `render_tool_result` / `tool_response_message`: tool results (MCP content blocks) as `<tool_response>`
+  text; images and audio are noted, not inlined.
+
+Pure functions on plain data: the clients, adapters and `rlgate rollout` share them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlgate.convert import NonFiniteNumberError, dict_from_struct, ensure_finite, py_from_value
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+FINAL_OPEN = "<final_answer>"
+FINAL_CLOSE = "</final_answer>"
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+MAX_MISSING_BRACES = 3
+_MAX_CUTS = 20
+
+_NAME_KEYS = ("name", "tool", "tool_name", "function_name")
+_ARGUMENT_KEYS = ("arguments", "params", "parameters", "args", "input")
+_DONE_RE = re.compile(r"<done\s*/?>", re.IGNORECASE)
+_MARKER_RE = re.compile(
+    r"<tool_call>|<think>|<final_answer>|<done\s*/?>",
+    re.IGNORECASE,
+)
+_DECODER = json.JSONDecoder()
+
+DEFAULT_INSTRUCTIONS = "You are an agent that completes tasks by calling tools."
+
+FORMAT_REMINDER = (
+    'Call a tool as <tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>, '
+    f"or finish with {FINAL_OPEN}your answer{FINAL_CLOSE} (or <done/> if there is nothing to answer)."
+)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call as the model wrote it."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParsedTurn:
+    """What one assistant message asks for."""
+
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    final_answer: str | None = None
+    # The model ended the episode: a final answer or <done/>.
+    done: bool = False
+    # One message per block that could not be parsed (shown to the model; never raised).
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """No call, no ending and no error: the model wrote only prose."""
+        return not self.tool_calls and not self.done and not self.errors
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def tool_spec_dict(spec: Any) -> dict[str, Any]:
+    """A tool as `{"name", "description", "parameters"}` from a rlgate ToolSpec or a mapping."""
+    if isinstance(spec, Mapping):
+        params = spec.get("parameters", spec.get("input_schema", spec.get("inputSchema")))
+        return {
+            "name": str(spec.get("name", "")),
+            "description": str(spec.get("description", "") or ""),
+            "parameters": dict(params) if isinstance(params, Mapping) else {"type": "object", "properties": {}},
+        }
+    params = dict_from_struct(spec.input_schema) if spec.HasField("input_schema") else {}
+    return {
+        "name": spec.name,
+        "description": spec.description,
+        "parameters": params or {"type": "object", "properties": {}},
+    }
+
+
+def render_tools_block(tools: Iterable[Any]) -> str:
+    lines = [
+        json.dumps({"type": "function", "function": tool_spec_dict(t)}, ensure_ascii=False, sort_keys=False)
+        for t in tools
+    ]
+    return "<tools>\n" + "\n".join(lines) + "\n</tools>"
+
+
+def render_system_prompt(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> str:
+    """The system prompt: instructions, the tool signatures and the call/finish conventions."""
+    head = instructions.strip() + "\n\n" if instructions.strip() else ""
+    return (
+        f"{head}# Tools\n\n"
+        "You may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"{render_tools_block(tools)}\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n'
+        "Each tool result comes back inside <tool_response></tool_response> tags. When the task is complete, "
+        f"give your final answer as {FINAL_OPEN}answer{FINAL_CLOSE}; if the task needs no answer, "
+        "reply <done/>."
+    )
+
+
+def render_tool_call(call: ToolCall, *, name_key: str = "name", arguments_key: str = "arguments") -> str:
+    payload = {name_key: call.name, arguments_key: call.arguments}
+    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+
+
+def render_final_answer(answer: str) -> str:
+    return f"{FINAL_OPEN}{answer}{FINAL_CLOSE}"
+
+
+def render_assistant_turn(
+    calls: Sequence[ToolCall] = (), final_answer: str | None = None, *, done: bool = False
+) -> str:
+    """Model text for a turn (used by the reference policy and by tests)."""
+    parts = [render_tool_call(c) for c in calls]
+    if final_answer is not None:
+        parts.append(render_final_answer(final_answer))
+    elif done:
+        parts.append("<done/>")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+
+
+def parse_assistant_text(text: str) -> ParsedTurn:
+    """Parse one assistant message. Never raises."""
+    turn = ParsedTurn()
+    try:
+        _scan(text if isinstance(text, str) else str(text), turn)
+    except Exception as exc:  # a parser bug must not crash a rollout: report it as an observation
+        turn.errors.append(f"could not parse the response ({type(exc).__name__}: {exc}). {FORMAT_REMINDER}")
+    return turn
+
+
+def _scan(text: str, turn: ParsedTurn) -> None:
+    pos = 0
+    # A leading "</think>" without "<think>" (the chat template pre-filled the opener): skip the thoughts.
+    close = text.find(THINK_CLOSE)
+    if close != -1 and THINK_OPEN not in text[:close] and TOOL_CALL_OPEN not in text[:close]:
+        pos = close + len(THINK_CLOSE)
+    index = 0
+    while True:
+        match = _MARKER_RE.search(text, pos)
+        if match is None:
+            return
+        tag = match.group(0).lower()
+        if tag == THINK_OPEN:
+            end = text.find(THINK_CLOSE, match.end())
+            # An unclosed <think> hides nothing: the model may have run its calls into it.
+            pos = match.end() if end == -1 else end + len(THINK_CLOSE)
+        elif tag == TOOL_CALL_OPEN:
+            index += 1
+            pos = _parse_call_block(text, match.end(), index, turn)
+        elif tag == FINAL_OPEN:
+            end = text.find(FINAL_CLOSE, match.end())
+            nxt = text.find(TOOL_CALL_OPEN, match.end())
+            stop = end if end != -1 and (nxt == -1 or end < nxt) else (nxt if nxt != -1 else len(text))
+            if turn.final_answer is None:
+                turn.final_answer = text[match.end() : stop].strip()
+            turn.done = True
+            pos = stop + len(FINAL_CLOSE) if stop == end else stop
+        else:  # <done/>
+            turn.done = True
+            pos = match.end()
+
+
+def _parse_call_block(text: str, start: int, index: int, turn: ParsedTurn) -> int:
+    """Parse the call after an opening tag at `start`; returns where scanning resumes."""
+    body_start = _skip_fence(text, start)
+    if body_start < len(text) and text[body_start] == "{":
+        try:
+            obj, end = _DECODER.raw_decode(text, body_start)
+        except (ValueError, RecursionError):
+            pass
+        else:
+            _accept(obj, index, turn)
+            return _skip_close(text, end)
+    # Broken JSON: take the block up to its closing tag (or the next marker) and repair it.
+    segment_end = _block_end(text, start)
+    segment = text[start:segment_end]
+    obj, error = _repair(segment)
+    if error is None:
+        _accept(obj, index, turn)
+    else:
+        turn.errors.append(f"tool call #{index} is not valid JSON ({error}). {FORMAT_REMINDER}")
+    if text.startswith(TOOL_CALL_CLOSE, segment_end):
+        segment_end += len(TOOL_CALL_CLOSE)
+    return segment_end
+
+
+def _skip_fence(text: str, pos: int) -> int:
+    pos = _skip_ws(text, pos)
+    if text.startswith("```", pos):
+        newline = text.find("\n", pos)
+        pos = _skip_ws(text, newline + 1 if newline != -1 else pos + 3)
+    return pos
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _skip_close(text: str, pos: int) -> int:
+    after = _skip_ws(text, pos)
+    if text.startswith("```", after):
+        after = _skip_ws(text, after + 3)
+    if text.startswith(TOOL_CALL_CLOSE, after):
+        return after + len(TOOL_CALL_CLOSE)
+    return pos
+
+
+def _block_end(text: str, start: int) -> int:
+    """End of a broken call block: its closing tag or the next marker, skipping JSON string contents."""
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "<" and (text.startswith(TOOL_CALL_CLOSE, i) or _MARKER_RE.match(text, i)):
+            return i
+    return len(text)
+
+
+def _repair(segment: str) -> tuple[Any, str | None]:
+    body = segment.strip()
+    if body.startswith("```"):
+        body = body.split("\n", 1)[1] if "\n" in body else body[3:]
+    body = body.strip().removesuffix("```").strip()
+    brace = body.find("{")
+    if brace == -1:
+        return None, "no JSON object found" if body else "empty tool call"
+    body = body[brace:]
+    first_error = ""
+    # Cut points: the whole block, then before each line break from the end (prose after a truncated call).
+    cuts = [len(body), *[i for i in range(len(body) - 1, 0, -1) if body[i] == "\n"][:_MAX_CUTS]]
+    for cut in cuts:
+        candidate = body[:cut].rstrip()
+        for missing in range(MAX_MISSING_BRACES + 1):
+            try:
+                return json.loads(candidate + "}" * missing), None
+            except (ValueError, RecursionError) as exc:
+                if not first_error:
+                    first_error = str(exc)
+    return None, first_error
+
+
+def _accept(obj: Any, index: int, turn: ParsedTurn) -> None:
+    call, error = _normalize_call(obj)
+    if call is None:
+        turn.errors.append(f"tool call #{index}: {error}. {FORMAT_REMINDER}")
+    else:
+        turn.tool_calls.append(call)
+
+
+def _normalize_call(obj: Any) -> tuple[ToolCall | None, str]:
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    if isinstance(obj.get("function"), dict) and not any(k in obj for k in _NAME_KEYS):
+        obj = obj["function"]  # OpenAI style {"type": "function", "function": {"name", "arguments"}}
+    name = next((obj[k] for k in _NAME_KEYS if k in obj), None)
+    if not isinstance(name, str) or not name.strip():
+        return None, 'missing the tool "name"'
+    arguments: Any = next((obj[k] for k in _ARGUMENT_KEYS if k in obj), None)
+    if arguments is None:
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError as exc:
+            return None, f'"arguments" of {name!r} is a string that is not JSON ({exc})'
+    if not isinstance(arguments, dict):
+        return None, f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
+    try:
+        ensure_finite(arguments)
+    except NonFiniteNumberError as exc:
+        return None, f"arguments of {name!r}: {exc}"
+    return ToolCall(name=name.strip(), arguments=arguments), ""
+
+
+# --------------------------------------------------------------------------------------- tool results
+
+
+_KIND_NAMES = {
+    1: "unknown tool",
+    2: "invalid arguments",
+    3: "tool failed",
+    4: "outcome unknown",
+    5: "output truncated",
+    6: "tool-call budget exhausted",
+}
+
+
+def error_kind_name(kind: int) -> str:
+    return _KIND_NAMES.get(int(kind), "error")
+
+
+def render_tool_result(result: Any) -> str:
+    """The text a model sees for a rlgate ToolResult (common_pb2.ToolResult)."""
+    parts: list[str] = []
+    for block in result.content:
+        kind = block.WhichOneof("kind")
+        if kind == "text":
+            parts.append(block.text.text)
+        elif kind == "image":
+            parts.append(f"[image: {block.image.mime_type or 'unknown type'}, {len(block.image.data)} bytes]")
+        elif kind == "audio":
+            parts.append(f"[audio: {block.audio.mime_type or 'unknown type'}, {len(block.audio.data)} bytes]")
+        elif kind == "resource_link":
+            link = block.resource_link
+            label = f" ({link.name})" if link.name else ""
+            parts.append(f"[resource: {link.uri}{label}]")
+        elif kind == "resource":
+            res = block.resource
+            if res.WhichOneof("contents") == "text":
+                parts.append(res.text)
+            else:
+                parts.append(f"[resource {res.uri}: {res.mime_type or 'binary'}, {len(res.blob)} bytes]")
+    if not parts and result.HasField("structured_content"):
+        parts.append(json.dumps(py_from_value(result.structured_content), ensure_ascii=False))
+    body = "\n".join(parts)
+    if result.is_error:
+        message = result.error_message or "the tool reported an error"
+        head = f"Error ({error_kind_name(result.error_kind)}): {message}"
+        return head if not body or body.strip() == message.strip() else f"{head}\n{body}"
+    if int(result.error_kind) == 5:
+        body += "\n[output truncated]"
+    return body
+
+
+def wrap_tool_response(text: str) -> str:
+    return f"<tool_response>\n{text}\n</tool_response>"
+
+
+def tool_response_message(texts: Sequence[str]) -> dict[str, str]:
+    """One user message carrying every tool response of a turn (as Qwen's chat template renders them)."""
+    return {"role": "user", "content": "\n".join(wrap_tool_response(t) for t in texts)}
+
+
+def error_observation(errors: Sequence[str]) -> dict[str, str]:
+    """A user message telling the model what was wrong with its last turn."""
+    return {"role": "user", "content": "\n".join(errors) if errors else FORMAT_REMINDER}
+
+
+def system_message(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> dict[str, str]:
+    return {"role": "system", "content": render_system_prompt(tools, instructions)}

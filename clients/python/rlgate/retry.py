@@ -1,0 +1,140 @@
+"""Retry policy shared by the sync and async clients: which status codes each RPC may retry, exponential
+backoff with jitter, and a deadline that bounds the whole call (every attempt and every sleep).
+
+The clients drive a `RetryState` in a small loop (sync: time.sleep, async: asyncio.sleep); everything that
+decides lives here so both clients behave identically.
+
+Why each RPC retries what it does:
+- Reset/Step carry a request_id, so the orchestrator answers a retry with the recorded result: UNAVAILABLE
+  and a per-attempt DEADLINE_EXCEEDED (when the caller's deadline still has time) are safe to retry.
+- State/ListTasks/ListSessions/ListTools are reads; Close/CloseSessions are idempotent.
+- CallTool is retried on UNAVAILABLE only, always with the same request_id: the gateway records the id
+  before running the tool, so a retry gets the recorded result, or OUTCOME_UNKNOWN when the first attempt's
+  owner died mid-call; the tool never runs twice. A DEADLINE_EXCEEDED CallTool is not retried (the tool may
+  still be running and the caller's time is spent)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, status_code
+
+_UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+_UNAVAILABLE_OR_DEADLINE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+# Per RPC: the codes a retry is safe for (see the module docstring).
+RETRYABLE: dict[str, frozenset[grpc.StatusCode]] = {
+    "Reset": _UNAVAILABLE_OR_DEADLINE,
+    "Step": _UNAVAILABLE_OR_DEADLINE,
+    "State": _UNAVAILABLE_OR_DEADLINE,
+    "Close": _UNAVAILABLE_OR_DEADLINE,
+    "CloseSessions": _UNAVAILABLE_OR_DEADLINE,
+    "ListTasks": _UNAVAILABLE_OR_DEADLINE,
+    "ListSessions": _UNAVAILABLE_OR_DEADLINE,
+    "ListTools": _UNAVAILABLE_OR_DEADLINE,
+    "CallTool": _UNAVAILABLE,
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter. Every sleep and attempt is bounded by the call's deadline."""
+
+    max_attempts: int = 10
+    initial_backoff: float = 0.1
+    max_backoff: float = 2.0
+    multiplier: float = 2.0
+    # Each delay is drawn uniformly from [delay * (1 - jitter), delay * (1 + jitter)].
+    jitter: float = 0.5
+    # Upper bound of one attempt; None lets an attempt use all the time left. A smaller value turns a hung
+    # server into a retried DEADLINE_EXCEEDED instead of one long wait (Reset/Step only; see RETRYABLE).
+    attempt_timeout: float | None = None
+
+    def backoff(self, retry_index: int, rng: Callable[[], float] = random.random) -> float:
+        base = min(self.max_backoff, self.initial_backoff * self.multiplier**retry_index)
+        return max(0.0, base * (1.0 - self.jitter + 2.0 * self.jitter * rng()))
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass
+class RetryState:
+    """One logical call: counts attempts, computes attempt timeouts and decides after each failure."""
+
+    method: str
+    policy: RetryPolicy
+    timeout: float | None
+    trace_id: str | None = None
+    clock: Callable[[], float] = time.monotonic
+    attempts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._deadline = None if self.timeout is None else self.clock() + self.timeout
+
+    def remaining(self) -> float | None:
+        return None if self._deadline is None else self._deadline - self.clock()
+
+    def attempt_timeout(self) -> float | None:
+        """Timeout for the next attempt; raises DeadlineExceeded when no time is left."""
+        self.attempts += 1
+        remaining = self.remaining()
+        if remaining is not None and remaining <= 0:
+            raise DeadlineExceeded(
+                f"{self.method}: deadline of {self.timeout:.3g}s spent after {self.attempts - 1} attempt(s)"
+                + (f"; last error: {self.errors[-1]}" if self.errors else ""),
+                trace_id=self.trace_id,
+            )
+        limit = self.policy.attempt_timeout
+        if remaining is None:
+            return limit
+        return remaining if limit is None else min(limit, remaining)
+
+    def on_error(self, err: BaseException) -> float:
+        """After a failed attempt: the delay before the next one, or raise the mapped error."""
+        if not isinstance(err, grpc.RpcError):
+            raise err
+        code = status_code(err)
+        mapped = error_from_rpc(err, trace_id=self.trace_id, context=self.method)
+        self.errors.append(str(mapped))
+        if code not in RETRYABLE.get(self.method, frozenset()) or self.attempts >= self.policy.max_attempts:
+            raise self._final(mapped)
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED and self.policy.attempt_timeout is None:
+            # The attempt already used all the time there was.
+            raise self._final(mapped)
+        delay = max(self.policy.backoff(self.attempts - 1), _server_retry_delay(mapped))
+        remaining = self.remaining()
+        if remaining is not None and delay >= remaining:
+            raise self._final(mapped)
+        return delay
+
+    def _final(self, mapped: RlgateError) -> RlgateError:
+        if self.attempts > 1:
+            mapped.message = f"{mapped.message} (after {self.attempts} attempts)"
+            mapped.args = (mapped.message,)
+        return mapped
+
+
+def _server_retry_delay(err: RlgateError) -> float:
+    """A RetryInfo delay the server attached to its google.rpc.Status, in seconds (0 when none)."""
+    status: Any = err.rich_status
+    if status is None:
+        return 0.0
+    try:
+        from google.rpc import error_details_pb2
+
+        for detail in status.details:
+            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                info = error_details_pb2.RetryInfo()
+                detail.Unpack(info)
+                return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    except Exception:
+        return 0.0
+    return 0.0

@@ -1,0 +1,273 @@
+"""The MCP endpoints of every instance: `{root}mcp` (the app's tools) and `{root}api/v1/mcp` (aggregator).
+
+One `MCPServer` per environment per endpoint kind, not per instance: the ASGI router below picks the
+instance from the URL path (`/instances/{id}/mcp`), stores its id in the ASGI scope, and the tools find it
+through `instance_db(ctx)` (resolver installed here). The router calls the session manager directly, so
+`{root}mcp` answers without the trailing-slash redirect a Starlette `Mount` would add.
+
+Eras: a `modern` environment is served as the mcp SDK serves it (2026-07-28 stateless, plus the
+`initialize` era for old clients). A `legacy` environment answers the modern `server/discover` probe (any
+non-handshake `MCP-Protocol-Version`) with HTTP 400, so clients fall back to `initialize` +
+`Mcp-Session-Id`, as real Fleet images do today; its responses are plain JSON.
+
+Faults and counters are applied here too: `call_tool` is the one place every tool call passes through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context, Image
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import Field
+from starlette.types import Message, Receive, Scope, Send
+
+from rlgate.localfleet.connections import ConnectionTracker
+from rlgate.localfleet.counters import Counters
+from rlgate.localfleet.environments.base import EnvironmentSpec, InstanceNotFound, set_instance_resolver
+from rlgate.localfleet.faults import FaultRegistry
+from rlgate.localfleet.instances import Instance, InstanceGone, InstanceRegistry, db_call_scope
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["mcp", "aggregator"]
+SCOPE_KEY = "localfleet.instance_id"
+MCP_PATH = re.compile(r"^/instances/(?P<id>[A-Za-z0-9_-]+)/(?P<ep>mcp|api/v1/mcp)/?$")
+SESSION_HEADER = b"mcp-session-id"
+VERSION_HEADER = b"mcp-protocol-version"
+COMPUTER_ACTIONS = ("screenshot", "wait", "cursor_position")
+
+
+class InstanceMCPServer(MCPServer):
+    """An environment's MCP server whose every tool call goes through localfleet's faults and counters."""
+
+    def __init__(self, spec: EnvironmentSpec, kind: Kind, endpoints: MCPEndpoints) -> None:
+        super().__init__(f"{spec.env_id}-{kind}", version=spec.version, instructions=spec.description)
+        self.spec = spec
+        self.kind = kind
+        self.endpoints = endpoints
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+                        ) -> Any:
+        ep = self.endpoints
+        env_id = self.spec.env_id
+        faults = ep.faults.for_env(env_id, self.spec.version)
+        request = _request_of(context)
+        ep.counters.inc_env(env_id, "tool_calls")
+        try:
+            with db_call_scope():
+                if faults.tool_latency_s:
+                    await asyncio.sleep(faults.tool_latency_s)
+                if faults.crashes(name):
+                    ep.counters.inc_env(env_id, "crashes")
+                    client = request.scope.get("client") if request is not None else None
+                    if ep.connections is None or not ep.connections.abort(client):
+                        log.warning("crash fault: no connection to drop for %s", client)
+                    raise ToolError("the MCP endpoint crashed (injected fault)")
+                if faults.hangs(name):
+                    await asyncio.Event().wait()  # until the client cancels
+                if ep.faults.injected_error(faults):
+                    ep.counters.inc_env(env_id, "tool_errors_injected")
+                    raise ToolError(f"injected fault: {name} failed (tool not run)")
+                return await super().call_tool(name, arguments, context)
+        except asyncio.CancelledError:
+            ep.counters.inc_env(env_id, "cancellations")
+            raise
+        finally:
+            if faults.forget_sessions and request is not None:
+                sid = request.headers.get("mcp-session-id")
+                if sid:
+                    ep.forget_after_response.add(sid)
+
+
+def _request_of(context: Context[Any, Any] | None) -> Any:
+    if context is None:
+        return None
+    try:
+        return context.request_context.request
+    except ValueError:  # no request (in-memory client)
+        return None
+
+
+def _register_computer(server: MCPServer, spec: EnvironmentSpec) -> None:
+    from rlgate.localfleet.environments.base import current_instance
+
+    @server.tool(description=(
+        "See the app's current screen. action='screenshot' returns a PNG of what the app shows now; "
+        "'wait' pauses (duration seconds, at most 5) and then returns a screenshot; 'cursor_position' "
+        "returns the pointer position. This screen is read-only: use the other tools to change anything."))
+    async def computer(
+        ctx: Context,
+        action: Literal["screenshot", "wait", "cursor_position"] = "screenshot",
+        duration: float = Field(default=1.0, ge=0, le=5, description="Seconds to wait (action='wait')"),
+    ) -> Any:
+        if action == "cursor_position":
+            return {"x": 0, "y": 0}
+        if action == "wait":
+            await asyncio.sleep(duration)
+        inst = current_instance(ctx)
+
+        def render() -> bytes:
+            with db_call_scope():
+                return spec.render_screen(inst.current_db())
+
+        return Image(data=await asyncio.to_thread(render), format="png")
+
+
+class MCPEndpoints:
+    """Builds the per-environment servers and routes `/instances/{id}/(mcp|api/v1/mcp)` to them."""
+
+    def __init__(self, specs: list[EnvironmentSpec], registry: InstanceRegistry, faults: FaultRegistry,
+                 counters: Counters, allowed_hosts: list[str]) -> None:
+        self.registry = registry
+        self.faults = faults
+        self.counters = counters
+        self.connections: ConnectionTracker | None = None
+        self.forget_after_response: set[str] = set()
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=allowed_hosts,
+            allowed_origins=[f"http://{h}" for h in allowed_hosts])
+        self.servers: dict[tuple[str, Kind], InstanceMCPServer] = {}
+        self.managers: dict[tuple[str, Kind], StreamableHTTPSessionManager] = {}
+        for spec in specs:
+            for kind in ("mcp", "aggregator"):
+                server = InstanceMCPServer(spec, kind, self)  # type: ignore[arg-type]
+                spec.register_tools(server)
+                if kind == "aggregator":
+                    _register_computer(server, spec)
+                # Modern: json_response=False, because only the SSE-capable path watches for the client
+                # closing the POST (how a modern client cancels); short calls are still plain JSON.
+                # Legacy: plain JSON responses, as the images speak them; cancellation is a notification.
+                server.streamable_http_app(
+                    json_response=spec.mcp_era == "legacy", stateless_http=False, transport_security=security,
+                    session_idle_timeout=600.0)
+                self.servers[(spec.env_key, kind)] = server  # type: ignore[index]
+                self.managers[(spec.env_key, kind)] = server.session_manager  # type: ignore[index]
+        set_instance_resolver(self.resolve)
+
+    def resolve(self, ctx: Any) -> Instance | None:
+        request = _request_of(ctx)
+        if request is None:
+            return None
+        instance_id = request.scope.get(SCOPE_KEY)
+        if instance_id is None:
+            return None
+        try:
+            return self.registry.running(instance_id)
+        except InstanceGone as exc:
+            raise InstanceNotFound(str(exc)) from exc
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> Any:
+        """Run every session manager (their task groups live as long as the server)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for manager in self.managers.values():
+                await stack.enter_async_context(manager.run())
+            yield
+
+    async def forget_all_sessions(self) -> int:
+        """Drop every legacy-era MCP session now (clients then see 'Session not found')."""
+        n = 0
+        for (env_key, _), manager in self.managers.items():
+            n += await self._forget(manager, None, env_key)
+        return n
+
+    async def _forget(self, manager: StreamableHTTPSessionManager, sid: str | None, env_key: str) -> int:
+        # The SDK has no public "end session" call; _discard_session is what its own DELETE handling uses.
+        sessions = getattr(manager, "_server_instances", {})
+        victims = list(sessions.items()) if sid is None else [(sid, sessions[sid])] if sid in sessions else []
+        for session_id, transport in victims:
+            await manager._discard_session(session_id, transport)
+        if victims:
+            self.counters.inc_env(env_key.partition(":")[0], "sessions_forgotten", len(victims))
+        return len(victims)
+
+    @staticmethod
+    def match(path: str) -> tuple[str, Kind] | None:
+        m = MCP_PATH.match(path)
+        if m is None:
+            return None
+        return m.group("id"), ("mcp" if m.group("ep") == "mcp" else "aggregator")
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, instance_id: str, kind: Kind) -> None:
+        try:
+            inst = self.registry.running(instance_id)
+        except InstanceGone as exc:
+            await _json(send, 404, {"detail": str(exc)})
+            return
+        spec = inst.spec
+        faults = self.faults.for_env(spec.env_id, spec.version)
+        if kind == "mcp" and faults.mcp_404:
+            self.counters.inc_env(spec.env_id, "mcp_404")
+            await _json(send, 404, {"detail": "Not Found"})
+            return
+        receive = await self._count_methods(scope, receive, spec.env_id)
+        headers = dict(scope.get("headers") or [])
+        version = headers.get(VERSION_HEADER, b"").decode("latin-1")
+        if spec.mcp_era == "legacy" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            await _json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": f"Unsupported protocol version: {version}"}})
+            return
+        scope = dict(scope)
+        scope[SCOPE_KEY] = instance_id
+        manager = self.managers[(spec.env_key, kind)]
+        await manager.handle_request(scope, receive, send)
+        sid = headers.get(SESSION_HEADER, b"").decode("latin-1")
+        if sid and sid in self.forget_after_response:
+            self.forget_after_response.discard(sid)
+            await self._forget(manager, sid, spec.env_key)
+
+    async def _count_methods(self, scope: Scope, receive: Receive, env_id: str) -> Receive:
+        """Read the request body (to count JSON-RPC methods) and hand back a receive that replays it."""
+        if scope.get("method") != "POST":
+            return receive
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return _replay(b"", receive, first=message)
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            doc = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            doc = None
+        for item in doc if isinstance(doc, list) else [doc]:
+            if isinstance(item, dict) and isinstance(item.get("method"), str):
+                self.counters.mcp_method(env_id, item["method"])
+        return _replay(body, receive)
+
+
+def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return first or {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # later calls: wait for the disconnect, as the SDK expects
+
+    return replay
+
+
+async def _json(send: Send, status: int, payload: Any) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+ASGIHandler = Callable[[Scope, Receive, Send], Awaitable[None]]

@@ -1,0 +1,548 @@
+"""Episode lifecycle: Reset, Step, State, Close, CloseSessions, ListSessions as plain async methods.
+
+Everything durable lives in the store (sessions updated by compare-and-set), so any replica can serve any
+session and a restarted process resumes where the last one stopped. gRPC stays in the servicer; this
+module raises `OrchestratorError`s and returns wire messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+from rlgate.orchestrator import metrics
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.deadline import Deadline
+from rlgate.orchestrator.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    OrchestratorError,
+    ResourceExhausted,
+    Unavailable,
+)
+from rlgate.orchestrator.idempotency import Idempotency, check_request_id
+from rlgate.orchestrator.pool import PoolEntry, WarmPool
+from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Provider, ResetFailed, TaskDef
+from rlgate.orchestrator.provisioning import Provisioner
+from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, validate_page_size
+from rlgate.orchestrator.tools import ToolCache
+from rlgate.orchestrator.verifier import Verifier
+from rlgate.orchestrator.views import session_info, status_name, task_info, tool_call_entry, verification
+from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.logs import session_id_var
+from rlgate.store import (
+    OPEN_STATUSES,
+    ConflictError,
+    Intent,
+    IntentState,
+    Session,
+    SessionStatus,
+    SessionStore,
+)
+from rlgate.v1 import common_pb2, orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+MAX_LABEL = 63
+MAX_RUN_ID = 128
+
+
+@dataclass
+class ResetParams:
+    request_id: str = ""
+    session_id: str = ""
+    task_key: str = ""
+    env_key: str = ""
+    max_turns: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    run_id: str = ""
+
+
+def session_id_for_request(request_id: str) -> str:
+    """Reset's session id is derived from its request_id, so a retry after a crash converges on it."""
+    return "s-" + hashlib.sha256(f"reset:{request_id}".encode()).hexdigest()[:24]
+
+
+def _validate_labels(labels: Mapping[str, str], field_name: str = "labels") -> None:
+    for k, v in labels.items():
+        if not k or len(k) > MAX_LABEL:
+            raise InvalidArgument(field_name, f"label key {k[:70]!r} must be 1..{MAX_LABEL} characters")
+        if len(v) > MAX_LABEL:
+            raise InvalidArgument(field_name, f"value of label {k!r} exceeds {MAX_LABEL} characters")
+
+
+class EpisodeManager:
+    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, catalog: TaskCatalog,
+                 tools: ToolCache, verifier: Verifier, provisioner: Provisioner, pool: WarmPool,
+                 owner: str) -> None:
+        self.config = config
+        self.store = store
+        self.provider = provider
+        self.catalog = catalog
+        self.tools = tools
+        self.verifier = verifier
+        self.provisioner = provisioner
+        self.pool = pool
+        self.owner = owner
+        self.idempotency = Idempotency(store, owner)
+        self._admit = asyncio.Lock()
+        self._reserved = 0  # sessions being created by this process (not yet in the store)
+        self.accepting = True
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    def task_of(self, session: Session) -> TaskDef | None:
+        if not session.task_key:
+            return None
+        try:
+            return self.catalog.get(session.task_key)
+        except NotFound:
+            return None
+
+    async def _get(self, session_id: str) -> Session:
+        if not session_id:
+            raise InvalidArgument("session_id", "required")
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise NotFound(f"unknown session {session_id!r}", reason="SESSION_NOT_FOUND",
+                           metadata={"session_id": session_id})
+        session_id_var.set(session_id)
+        return session
+
+    async def _mutate(self, session_id: str, change: Callable[[Session], bool]) -> tuple[Session, bool]:
+        """Compare-and-set loop: `change` edits a fresh copy and returns whether to write it."""
+        while True:
+            session = await self._get(session_id)
+            if not change(session):
+                return session, False
+            try:
+                return await self.store.update_session(session), True
+            except ConflictError:
+                continue
+
+    def _effective_max_turns(self, requested: int, task: TaskDef | None) -> int:
+        if requested < 0:
+            raise InvalidArgument("max_turns", "must be >= 0 (0 uses the task's default)")
+        return requested or (task.max_turns if task else 0) or self.config.default_max_turns
+
+    async def _admit_session(self) -> None:
+        """Max sessions: count open sessions in the store plus this process's creates in flight."""
+        if not self.accepting:
+            raise Unavailable("the orchestrator is shutting down; retry on another replica",
+                              reason="SHUTTING_DOWN", retry_after_s=1.0)
+        async with self._admit:
+            limit = self.config.max_sessions
+            page, _ = await self.store.list_sessions(statuses=OPEN_STATUSES, limit=limit)
+            if len(page) + self._reserved >= limit:
+                raise ResourceExhausted(f"max sessions reached ({limit} open)", subject="sessions",
+                                        reason="MAX_SESSIONS", metadata={"limit": limit}, retry_after_s=5.0)
+            self._reserved += 1
+
+    # -- Reset ------------------------------------------------------------------------------------------
+    async def reset(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
+        check_request_id(params.request_id)
+        _validate_labels(params.labels)
+        if len(params.run_id) > MAX_RUN_ID:
+            raise InvalidArgument("run_id", f"at most {MAX_RUN_ID} characters")
+        if params.max_turns < 0:
+            raise InvalidArgument("max_turns", "must be >= 0 (0 uses the task's default)")
+        if params.session_id and (params.task_key or params.env_key):
+            raise InvalidArgument("session_id", "mutually exclusive with task_key and env_key")
+        if not (params.session_id or params.task_key or params.env_key):
+            raise InvalidArgument("task_key", "one of session_id, task_key or env_key is required")
+        if params.task_key and not params.session_id:
+            self.catalog.get(params.task_key)  # NOT_FOUND before any work
+
+        def work() -> Awaitable[orchestrator_pb2.ResetResponse]:
+            if params.session_id:
+                return self._next_episode(params, deadline)
+            return self._new_session(params, deadline)
+
+        return await self.idempotency.run("reset", params.request_id, deadline,
+                                          orchestrator_pb2.ResetResponse, work)
+
+    async def _acquire(self, env_key: str, task: TaskDef | None,
+                       deadline: Deadline) -> tuple[InstanceHandle, Intent | None, bool]:
+        """An instance for a new session: (handle, intent, reused)."""
+        if not self.provider.manages_instances:
+            try:
+                endpoints = self.provider.endpoints_for(env_key, task)
+            except EnvNotFound as exc:
+                raise NotFound(str(exc), reason="ENV_NOT_FOUND", metadata={"env_key": env_key}) from exc
+            return InstanceHandle(instance_id="", env_key=env_key, endpoints=endpoints), None, False
+        entry = await self.pool.take(env_key)
+        if entry is not None:
+            return entry.handle, entry.intent, True
+        env_vars = dict(task.env_variables) if task else {}
+        handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
+        return handle, intent, False
+
+    async def _reset_instance(self, handle: InstanceHandle, intent: Intent | None, reused: bool,
+                              env_key: str, task: TaskDef | None,
+                              deadline: Deadline) -> tuple[InstanceHandle, Intent | None]:
+        """Restore seed state. Fresh instance: a failure is logged and the episode goes on. Reused instance:
+        fatal — the instance is deleted and replaced by a fresh one, so no episode starts on dirty state."""
+        if not self.provider.manages_instances:
+            return handle, intent
+        start = time.perf_counter()
+        try:
+            await self.provider.reset(handle, timeout_s=deadline.cap(self.config.reset_timeout_s) or 0.01)
+            metrics.RESET_SECONDS.labels("ok").observe(time.perf_counter() - start)
+            return handle, intent
+        except ResetFailed as exc:
+            metrics.RESET_SECONDS.labels("failed").observe(time.perf_counter() - start)
+            if not reused:
+                log.warning("reset failed on fresh instance %s (continuing, seed state is fresh): %s",
+                            handle.instance_id, exc)
+                return handle, intent
+            log.warning("reset failed on reused instance %s: replacing it: %s", handle.instance_id, exc)
+        await asyncio.shield(self.provisioner.release(handle.instance_id, intent.intent_id if intent else ""))
+        env_vars = dict(task.env_variables) if task else {}
+        fresh, fresh_intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
+        return await self._reset_instance(fresh, fresh_intent, False, env_key, task, deadline)
+
+    async def _new_session(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
+        task = self.catalog.get(params.task_key) if params.task_key else None
+        env_key = task.env_key if task else params.env_key
+        session_id = session_id_for_request(params.request_id) if params.request_id else f"s-{uuid.uuid4().hex[:24]}"
+        session_id_var.set(session_id)
+        existing = await self.store.get_session(session_id)
+        if existing is not None:  # a retried Reset whose first owner died after registering the session
+            return await self._resume_registered(existing, task)
+        max_turns = self._effective_max_turns(params.max_turns, task)
+        modality = task.modality if task else "tool_use"
+        await self._admit_session()
+        handle: InstanceHandle | None = None
+        intent: Intent | None = None
+        try:
+            handle, intent, reused = await self._acquire(env_key, task, deadline)
+            handle, intent = await self._reset_instance(handle, intent, reused, env_key, task, deadline)
+            tool_filter = {"modality": modality}
+            tools = await self.tools.get(env_key, handle.endpoints, tool_filter,
+                                         per_instance=self.provider.manages_instances)
+            token = secrets.token_urlsafe(32)
+            now = time.time()
+            session = Session(
+                session_id=session_id, env_key=env_key, task_key=task.key if task else "",
+                status=SessionStatus.ACTIVE, run_id=params.run_id, orchestrator_run=self.config.run_id,
+                modality=modality, episode=1, turn=0, max_turns=max_turns, labels=dict(params.labels),
+                provider=self.provider.name, instance_id=handle.instance_id,
+                intent_id=intent.intent_id if intent else "", instance=handle.to_record(),
+                endpoints=list(handle.endpoints), tool_filter=tool_filter, token_hash=token_hash(token),
+                created_at=now, updated_at=now, last_active_at=now, expires_at=now + self.config.session_ttl_s,
+            )
+            session = await self.store.create_session(session)
+            if intent is not None:
+                await self.provisioner.set_intent(intent.intent_id, IntentState.BOUND, session_id)
+        except BaseException:
+            if handle is not None:
+                await asyncio.shield(self.provisioner.release(handle.instance_id,
+                                                              intent.intent_id if intent else ""))
+            raise
+        finally:
+            self._reserved -= 1
+        log.info("session %s started on %s (%s)", session_id, handle.instance_id or env_key, env_key)
+        return self._reset_response(session, task, tools, token)
+
+    async def _resume_registered(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
+        """Finish a Reset whose session exists (its first owner died before answering): fresh token."""
+        if not session.is_open or session.episode != 1 or session.status != SessionStatus.ACTIVE:
+            raise FailedPrecondition(f"session {session.session_id} of this request_id is {session.status}",
+                                     reason="SESSION_NOT_RESUMABLE")
+        token = secrets.token_urlsafe(32)
+
+        def rotate(s: Session) -> bool:
+            s.token_hash = token_hash(token)
+            s.last_active_at = time.time()
+            return True
+
+        session, _ = await self._mutate(session.session_id, rotate)
+        tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
+                                     per_instance=self.provider.manages_instances)
+        return self._reset_response(session, task, tools, token)
+
+    async def _next_episode(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
+        session = await self._get(params.session_id)
+        task = self.task_of(session)
+        max_turns = self._effective_max_turns(params.max_turns, task)
+
+        def begin(s: Session) -> bool:
+            if not s.is_open:
+                raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_CLOSED")
+            if s.status == SessionStatus.PROVISIONING:
+                raise FailedPrecondition("a reset of this session is already in progress",
+                                         reason="RESET_IN_PROGRESS")
+            s.status = SessionStatus.PROVISIONING
+            s.token_hash = ""  # the previous episode's token stops working now
+            return True
+
+        session, _ = await self._mutate(params.session_id, begin)
+        handle = InstanceHandle.from_record(session.instance) if session.instance else InstanceHandle(
+            instance_id=session.instance_id, env_key=session.env_key, endpoints=session.endpoints)
+        intent = Intent(intent_id=session.intent_id, run_id=self.config.run_id, env_key=session.env_key,
+                        instance_id=session.instance_id) if session.intent_id else None
+        try:
+            new_handle, new_intent = await self._reset_instance(handle, intent, True, session.env_key, task,
+                                                                deadline)
+        except BaseException as exc:
+            await asyncio.shield(self.fail(session.session_id, f"reset failed: {exc}"))
+            raise
+        if new_intent is not None and new_handle.instance_id != handle.instance_id:
+            await self.provisioner.set_intent(new_intent.intent_id, IntentState.BOUND, session.session_id)
+        token = secrets.token_urlsafe(32)
+
+        def start(s: Session) -> bool:
+            s.status = SessionStatus.ACTIVE
+            s.episode += 1
+            s.turn = 0
+            s.max_turns = max_turns
+            s.done_reason = ""
+            s.reward = None
+            s.verification = {}
+            s.instance_id = new_handle.instance_id
+            s.intent_id = new_intent.intent_id if new_intent else ""
+            s.instance = new_handle.to_record()
+            s.endpoints = list(new_handle.endpoints)
+            s.token_hash = token_hash(token)
+            s.last_active_at = time.time()
+            return True
+
+        session, _ = await self._mutate(session.session_id, start)
+        tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
+                                     per_instance=self.provider.manages_instances)
+        log.info("session %s episode %d started", session.session_id, session.episode)
+        return self._reset_response(session, task, tools, token)
+
+    async def fail(self, session_id: str, reason: str, *, instance_id: str | None = None) -> bool:
+        """Provisioning or reset failed irrecoverably, or the instance vanished: FAILED, token revoked,
+        instance released. With `instance_id`, only while the session still uses that instance and is not
+        mid-reset (reconciliation's view may be stale)."""
+
+        def still(s: Session) -> bool:
+            return instance_id is None or (s.instance_id == instance_id and s.status != SessionStatus.PROVISIONING)
+
+        try:
+            _, changed = await self._finish(session_id, SessionStatus.FAILED, reason, only_if=still)
+            return changed
+        except Exception:
+            log.exception("could not mark session %s failed", session_id)
+            return False
+
+    def _reset_response(self, session: Session, task: TaskDef | None, tools: list[common_pb2.ToolSpec],
+                        token: str) -> orchestrator_pb2.ResetResponse:
+        prompt = task.prompt if task else ""
+        response = orchestrator_pb2.ResetResponse(
+            session_id=session.session_id, episode=session.episode, prompt=prompt,
+            messages=[common_pb2.ChatMessage(role="user", content=prompt)] if prompt else [],
+            tools=tools, agent_token=token, gateway_address=self.config.gateway_address,
+            task=task_info(task, session.env_key, session.max_turns), max_turns=session.max_turns,
+            modality=session.modality,
+        )
+        env_variables = {k: v for k, v in session.instance.get("env_variables", {}).items()
+                         if not k.startswith("RLGATE_")}
+        info = {
+            "provider": session.provider, "instance_id": session.instance_id, "env_key": session.env_key,
+            "root_url": session.instance.get("root_url", ""), "mcp_endpoints": list(session.endpoints),
+            "env_variables": env_variables,
+        }
+        from rlgate.convert import struct_from_dict
+
+        response.info.CopyFrom(struct_from_dict(info))
+        return response
+
+    # -- Step -------------------------------------------------------------------------------------------
+    async def step(self, request: orchestrator_pb2.StepRequest,
+                   deadline: Deadline) -> orchestrator_pb2.StepResponse:
+        check_request_id(request.request_id)
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        for i, call in enumerate(request.tool_calls):
+            if not call.name:
+                raise InvalidArgument(f"tool_calls[{i}].name", "required")
+        session_id_var.set(request.session_id)
+        return await self.idempotency.run(f"step:{request.session_id}", request.request_id, deadline,
+                                          orchestrator_pb2.StepResponse, lambda: self._step(request))
+
+    async def _step(self, request: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+        has_answer = request.HasField("final_answer")
+
+        def count(s: Session) -> bool:
+            if s.status == SessionStatus.DONE:
+                raise FailedPrecondition("the episode is already done; Reset with session_id starts the next",
+                                         reason="EPISODE_DONE")
+            if s.status != SessionStatus.ACTIVE:
+                raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_NOT_ACTIVE")
+            s.turn += 1
+            s.last_active_at = time.time()
+            if has_answer:
+                s.done_reason = "final_answer"
+            elif request.done:
+                s.done_reason = "agent_done"
+            elif s.max_turns and s.turn >= s.max_turns:
+                s.done_reason = "max_turns"
+            if s.done_reason:
+                s.status = SessionStatus.DONE
+                s.verification = {}
+                s.reward = None
+            return True
+
+        session, _ = await self._mutate(request.session_id, count)
+        log.info("turn %d: %d tool call(s)%s%s", session.turn, len(request.tool_calls),
+                 ", final answer" if has_answer else "", f", done ({session.done_reason})" if session.done_reason
+                 else "")
+        if session.status == SessionStatus.DONE:
+            session = await self._score(session, request.final_answer if has_answer else None)
+        response = orchestrator_pb2.StepResponse(
+            turn=session.turn, done=session.status == SessionStatus.DONE,
+            truncated=session.done_reason == "max_turns",
+            done_reason=orchestrator_pb2.DoneReason.Value(f"DONE_REASON_{session.done_reason.upper()}")
+            if session.done_reason else 0,
+            verification=verification(session.verification), status=_status_value(session.status),
+        )
+        if session.reward is not None:
+            response.reward = session.reward
+        return response
+
+    async def _score(self, session: Session, final_answer: str | None) -> Session:
+        """Run the verifier for the episode that just ended and record its outcome."""
+        task = self.task_of(session)
+        handle = InstanceHandle.from_record(session.instance) if session.instance else InstanceHandle(
+            instance_id=session.instance_id, env_key=session.env_key)
+        outcome = await self.verifier.run(task, handle, final_answer)
+        episode = session.episode
+
+        def record(s: Session) -> bool:
+            if s.episode != episode or s.verification:
+                return False
+            s.verification = outcome.to_record()
+            s.reward = outcome.score if outcome.status == "ok" else None
+            return True
+
+        updated, _ = await self._mutate(session.session_id, record)
+        return updated
+
+    # -- State ------------------------------------------------------------------------------------------
+    async def state(self, session_id: str, include_tool_calls: bool) -> orchestrator_pb2.StateResponse:
+        session = await self._get(session_id)
+        entries = await self.store.list_tool_calls(session_id, session.episode)
+        response = orchestrator_pb2.StateResponse(
+            session=session_info(session, self.task_of(session), len(entries)))
+        if include_tool_calls:
+            response.tool_calls.extend(tool_call_entry(e) for e in entries)
+        return response
+
+    # -- Close ------------------------------------------------------------------------------------------
+    async def close(self, session_id: str) -> orchestrator_pb2.CloseResponse:
+        session, closed = await self._finish(session_id, SessionStatus.CLOSED, "closed by the caller")
+        return orchestrator_pb2.CloseResponse(already_closed=not closed, status=_status_value(session.status))
+
+    async def _finish(self, session_id: str, status: str, reason: str,
+                      only_if: Callable[[Session], bool] | None = None) -> tuple[Session, bool]:
+        """Move an open session to CLOSED/EXPIRED/FAILED (exactly one caller wins), revoke its token and
+        release its instance. Returns (session, whether this call closed it)."""
+        previous: dict[str, str] = {}
+
+        def end(s: Session) -> bool:
+            if not s.is_open or (only_if is not None and not only_if(s)):
+                return False
+            previous["status"] = s.status
+            s.status = status
+            s.token_hash = ""
+            s.closed_at = time.time()
+            return True
+
+        session, changed = await self._mutate(session_id, end)
+        if changed:
+            log.info("session %s %s (%s)", session_id, status, reason)
+            await asyncio.shield(self._release_instance(session, pool_ok=status == SessionStatus.CLOSED
+                                                        and previous.get("status") != SessionStatus.PROVISIONING))
+        return session, changed
+
+    async def _release_instance(self, session: Session, *, pool_ok: bool) -> None:
+        if not session.instance_id:
+            return
+        handle = InstanceHandle.from_record(session.instance)
+        if pool_ok and self.config.pool_on_close and session.env_key in self.pool.targets:
+            intent = Intent(intent_id=session.intent_id, run_id=self.config.run_id, env_key=session.env_key,
+                            instance_id=session.instance_id)
+            try:
+                await self.provider.reset(handle, timeout_s=self.config.reset_timeout_s)
+                if await self.pool.put_back(PoolEntry(handle, intent)):
+                    log.info("instance %s returned to the %s pool", handle.instance_id, session.env_key)
+                    return
+            except ResetFailed as exc:
+                log.info("instance %s not pooled: %s", handle.instance_id, exc)
+        await self.provisioner.release(session.instance_id, session.intent_id)
+
+    async def expire(self, session_id: str, reason: str) -> bool:
+        try:
+            _, changed = await self._finish(session_id, SessionStatus.EXPIRED, reason)
+        except NotFound:
+            return False
+        return changed
+
+    async def close_sessions(self, labels: Mapping[str, str], run_id: str) -> list[str]:
+        if not labels and not run_id:
+            raise InvalidArgument("labels", "at least one filter (labels or run_id) is required")
+        _validate_labels(labels)
+        targets = await self.open_sessions(labels=labels, run_id=run_id)
+        sem = asyncio.Semaphore(16)
+
+        async def one(s: Session) -> str | None:
+            async with sem:
+                try:
+                    _, changed = await self._finish(s.session_id, SessionStatus.CLOSED, "CloseSessions")
+                except NotFound:
+                    return None
+                return s.session_id if changed else None
+
+        results = await asyncio.gather(*(one(s) for s in targets))
+        return [r for r in results if r]
+
+    async def open_sessions(self, *, labels: Mapping[str, str] | None = None, run_id: str = "",
+                            orchestrator_run: str = "") -> list[Session]:
+        """Every open session matching the filters (all pages)."""
+        out: list[Session] = []
+        cursor = ""
+        while True:
+            page, cursor = await self.store.list_sessions(statuses=OPEN_STATUSES, labels=labels, run_id=run_id,
+                                                          limit=500, cursor=cursor)
+            out.extend(s for s in page if not orchestrator_run or s.orchestrator_run == orchestrator_run)
+            if not cursor:
+                return out
+
+    # -- ListSessions -----------------------------------------------------------------------------------
+    async def list_sessions(
+        self, request: orchestrator_pb2.ListSessionsRequest
+    ) -> orchestrator_pb2.ListSessionsResponse:
+        size = validate_page_size(request.page_size)
+        _validate_labels(request.labels)
+        statuses = frozenset({status_name(request.status)}) if request.status else None
+        scope = f"sessions:{request.status}:{sorted(request.labels.items())}:{request.run_id}"
+        cursor = decode_token(request.page_token, scope=scope) if request.page_token else ""
+        page, next_cursor = await self.store.list_sessions(statuses=statuses, labels=dict(request.labels),
+                                                           run_id=request.run_id, limit=size, cursor=cursor)
+        return orchestrator_pb2.ListSessionsResponse(
+            sessions=[session_info(s, self.task_of(s)) for s in page],
+            next_page_token=encode_token(next_cursor, scope=scope) if next_cursor else "",
+        )
+
+    # -- ListTasks --------------------------------------------------------------------------------------
+    def list_tasks(self, request: orchestrator_pb2.ListTasksRequest) -> orchestrator_pb2.ListTasksResponse:
+        tasks, next_token, total = self.catalog.page(request.env_key, request.page_size, request.page_token)
+        return orchestrator_pb2.ListTasksResponse(
+            tasks=[task_info(t, default_max_turns=self.config.default_max_turns) for t in tasks],
+            next_page_token=next_token, total=total)
+
+
+def _status_value(status: str) -> common_pb2.SessionStatus.ValueType:
+    return common_pb2.SessionStatus.Value(f"SESSION_STATUS_{status.upper()}")
+
+
+__all__ = ["EpisodeManager", "OrchestratorError", "ResetParams", "session_id_for_request"]

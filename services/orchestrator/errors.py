@@ -1,0 +1,134 @@
+"""Errors the orchestration logic raises, and how they become gRPC statuses.
+
+Logic classes raise `OrchestratorError` subclasses (no gRPC imports below the servicer); the servicer turns
+them into a `google.rpc.Status` with details (ErrorInfo, RetryInfo, QuotaFailure, BadRequest) via
+grpcio-status, so clients see a precise code, a message a human can act on, and machine-readable details.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+DOMAIN = "rlgate.dev"
+
+
+class OrchestratorError(Exception):
+    """A caller-visible failure with a gRPC status code."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+    def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if reason:
+            self.reason = reason
+        self.metadata = {k: str(v) for k, v in (metadata or {}).items() if v is not None}
+
+    def details(self) -> list[Any]:
+        return [error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=self.metadata)]
+
+    def to_status(self) -> status_pb2.Status:
+        packed = []
+        for detail in self.details():
+            item = any_pb2.Any()
+            item.Pack(detail)
+            packed.append(item)
+        return status_pb2.Status(code=_CODES[self.code], message=self.message, details=packed)
+
+    def to_grpc_status(self) -> grpc.Status:
+        return rpc_status.to_status(self.to_status())
+
+
+class InvalidArgument(OrchestratorError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}", metadata={"field": field})
+        self.field = field
+
+    def details(self) -> list[Any]:
+        violation = error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.message)
+        return [*super().details(), error_details_pb2.BadRequest(field_violations=[violation])]
+
+
+class NotFound(OrchestratorError):
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "NOT_FOUND"
+
+
+class FailedPrecondition(OrchestratorError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "FAILED_PRECONDITION"
+
+
+class ResourceExhausted(OrchestratorError):
+    """A limit: max sessions, or the provider's instance limit."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, subject: str, reason: str, metadata: dict[str, Any] | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.subject = subject
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> list[Any]:
+        quota = error_details_pb2.QuotaFailure(
+            violations=[error_details_pb2.QuotaFailure.Violation(subject=self.subject, description=self.message)]
+        )
+        out: list[Any] = [*super().details(), quota]
+        if self.retry_after_s is not None:
+            out.append(_retry_info(self.retry_after_s))
+        return out
+
+
+class Unavailable(OrchestratorError):
+    """A dependency is down or rate limited past the caller's deadline; safe to retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "UNAVAILABLE"
+
+    def __init__(self, message: str, *, reason: str = "UNAVAILABLE", retry_after_s: float = 1.0,
+                 metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> list[Any]:
+        return [*super().details(), _retry_info(self.retry_after_s)]
+
+
+class DeadlineExceeded(OrchestratorError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "DEADLINE_EXCEEDED"
+
+
+class Internal(OrchestratorError):
+    code = grpc.StatusCode.INTERNAL
+    reason = "INTERNAL"
+
+
+def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    seconds = max(0.0, seconds)
+    whole = int(seconds)
+    return error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=whole, nanos=int((seconds - whole) * 1e9))
+    )
+
+
+_CODES: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND: code_pb2.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION: code_pb2.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: code_pb2.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNAVAILABLE: code_pb2.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: code_pb2.DEADLINE_EXCEEDED,
+    grpc.StatusCode.INTERNAL: code_pb2.INTERNAL,
+}

@@ -1,0 +1,98 @@
+"""request_id dedupe for Reset and Step, shared by every replica through the store's request records.
+
+The first caller claims the record (PENDING, owned by this process) and runs the work; its serialised
+response is recorded DONE. A retry gets the recorded response; a retry that arrives while the first attempt
+is still running waits for it (in-process: on its future; across replicas: by polling the record). If the
+owner died (its store heartbeat lapsed), the retry takes the record over and runs the work again — the
+work itself is written to converge (Reset derives its session id from the request id).
+A failed attempt releases its record, so a retry runs again instead of replaying an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from rlgate.orchestrator.deadline import Deadline
+from rlgate.orchestrator.errors import DeadlineExceeded, InvalidArgument
+from rlgate.store import RequestState, SessionStore
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
+
+MAX_REQUEST_ID = 128
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID:
+        raise InvalidArgument("request_id", f"at most {MAX_REQUEST_ID} characters")
+
+
+class Idempotency:
+    def __init__(self, store: SessionStore, owner: str, poll_s: float = 0.1) -> None:
+        self._store = store
+        self._owner = owner
+        self._poll = poll_s
+        self._local: dict[tuple[str, str], asyncio.Future[bytes]] = {}
+
+    async def run(self, scope: str, request_id: str, deadline: Deadline, message: type[M],
+                  work: Callable[[], Awaitable[M]]) -> M:
+        if not request_id:
+            return await work()
+        key = (scope, request_id)
+        while True:
+            local = self._local.get(key)
+            if local is not None:
+                answer = await self._await_local(local, message, deadline)
+                if answer is not None:
+                    return answer
+                continue  # the first attempt was cancelled and released its record: run it here
+            record, created = await self._store.claim_request(scope, request_id, self._owner)
+            if created:
+                return await self._run_owned(key, message, work)
+            if record.state == RequestState.DONE:
+                return message.FromString(base64.b64decode(record.result))
+            if record.owner != self._owner and not await self._store.owner_alive(record.owner):
+                log.warning("request %s/%s: owner %s is gone; taking over", scope, request_id, record.owner)
+                await self._store.release_request(scope, request_id)
+                continue
+            if deadline.expired():
+                raise DeadlineExceeded(f"request_id {request_id!r} is still being processed; retry later")
+            await asyncio.sleep(min(self._poll, deadline.remaining()))
+
+    async def _run_owned(self, key: tuple[str, str], message: type[M], work: Callable[[], Awaitable[M]]) -> M:
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._local[key] = future
+        try:
+            response = await work()
+        except BaseException as exc:
+            await asyncio.shield(self._store.release_request(*key))
+            if not future.done():
+                if isinstance(exc, Exception):
+                    future.set_exception(exc)
+                    future.exception()  # mark retrieved: nobody may be waiting
+                else:
+                    future.cancel()
+            raise
+        finally:
+            self._local.pop(key, None)
+        data = response.SerializeToString()
+        await asyncio.shield(self._store.complete_request(*key, base64.b64encode(data).decode()))
+        future.set_result(data)
+        return response
+
+    async def _await_local(self, future: asyncio.Future[bytes], message: type[M], deadline: Deadline) -> M | None:
+        try:
+            data = await asyncio.wait_for(asyncio.shield(future), deadline.remaining() or 0.001)
+        except TimeoutError as exc:
+            raise DeadlineExceeded("the first attempt of this request_id is still running; retry later") from exc
+        except asyncio.CancelledError:
+            if future.cancelled():
+                return None
+            raise
+        return message.FromString(data)

@@ -1,0 +1,172 @@
+"""The provider interface: what the orchestrator needs from an instance platform, and its error vocabulary.
+
+A provider creates, resets, health-checks, heartbeats, lists and deletes instances, loads tasks and runs
+task verifiers. Every method takes an explicit timeout; providers raise only `ProviderError` subclasses so
+the orchestrator can map them onto gRPC statuses without knowing the platform.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+INTENT_ENV_VAR = "RLGATE_INTENT_ID"  # rides in every instance's env_variables (crash recovery)
+
+
+class ProviderError(Exception):
+    """A provider call failed."""
+
+    retryable = False
+
+
+class Retryable(ProviderError):
+    """Transient: timeouts, connection errors, 5xx, retryable placement failures, burst caps."""
+
+    retryable = True
+
+
+class RateLimited(Retryable):
+    """The platform asked us to slow down (429)."""
+
+
+class InstanceLimit(ProviderError):
+    """The account's instance limit is reached; capacity frees when instances are deleted."""
+
+    def __init__(self, message: str, running: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.running = running
+        self.limit = limit
+
+
+class EnvNotFound(ProviderError):
+    """Unknown environment or version."""
+
+
+class InstanceGone(ProviderError):
+    """The instance no longer exists (deleted, expired by TTL or heartbeat)."""
+
+
+class ResetFailed(ProviderError):
+    """The instance manager's reset failed or did not answer in time."""
+
+
+@dataclass
+class InstanceHandle:
+    """One instance as the orchestrator keeps it (serialised into `Session.instance`)."""
+
+    instance_id: str
+    env_key: str
+    root_url: str = ""
+    manager_url: str = ""
+    endpoints: list[str] = field(default_factory=list)  # MCP URLs in precedence order
+    status: str = "running"
+    run_id: str = ""
+    env_variables: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)  # the provider's own record (rebuilds SDK objects)
+
+    @property
+    def intent_id(self) -> str:
+        return str(self.env_variables.get(INTENT_ENV_VAR, ""))
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id, "env_key": self.env_key, "root_url": self.root_url,
+            "manager_url": self.manager_url, "endpoints": list(self.endpoints), "status": self.status,
+            "run_id": self.run_id, "env_variables": dict(self.env_variables), "raw": self.raw,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> InstanceHandle:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in record.items() if k in names})
+
+
+@dataclass
+class TaskDef:
+    """A task the orchestrator can run, normalised from Fleet's task JSON."""
+
+    key: str
+    env_id: str
+    version: str
+    prompt: str
+    modality: str = "tool_use"
+    max_turns: int = 0  # 0: the orchestrator's default
+    metadata: dict[str, Any] = field(default_factory=dict)
+    env_variables: dict[str, Any] = field(default_factory=dict)
+    verifier_code: str = ""
+    mcp_endpoints: list[str] = field(default_factory=list)  # mcp provider: the task's own endpoints
+    sdk_task: Any = None  # fleet.Task when loaded through the SDK
+
+    @property
+    def env_key(self) -> str:
+        return f"{self.env_id}:{self.version}" if self.version else self.env_id
+
+
+
+@dataclass
+class VerifierRun:
+    """What one verifier execution returned. `score` is None when none came back."""
+
+    success: bool
+    score: float | None = None
+    message: str = ""
+    stdout: str = ""
+
+
+class Provider(abc.ABC):
+    """An instance platform."""
+
+    name: str = ""
+    manages_instances: bool = True  # False: no create/delete (mcp)
+
+    @abc.abstractmethod
+    async def load_tasks(self, *, timeout_s: float) -> list[TaskDef]:
+        """Tasks the platform serves (used when no task file is configured)."""
+
+    @abc.abstractmethod
+    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
+                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+        """Create an instance and return it running. Never retried here: the caller owns retry policy."""
+
+    @abc.abstractmethod
+    async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:
+        """Restore seed state. `ResetFailed` on failure or timeout."""
+
+    @abc.abstractmethod
+    async def health(self, handle: InstanceHandle, *, timeout_s: float) -> bool:
+        """Whether the instance answers (warm-pool hand-out check)."""
+
+    @abc.abstractmethod
+    async def delete(self, instance_id: str, *, timeout_s: float) -> None:
+        """Delete; an instance that is already gone counts as deleted."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, instance_id: str, *, timeout_s: float) -> None:
+        """Keep the instance alive. `InstanceGone` when it no longer exists."""
+
+    @abc.abstractmethod
+    async def list_instances(self, run_id: str, *, timeout_s: float) -> list[InstanceHandle]:
+        """Live instances tagged with `run_id` (reconciliation)."""
+
+    @abc.abstractmethod
+    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
+                     timeout_s: float) -> VerifierRun:
+        """Run the task's verifier once. Raises `Retryable` for infrastructure failures."""
+
+    async def parse_task(self, obj: dict[str, Any]) -> TaskDef:
+        """One task of a task file, in Fleet's format (providers may attach their own objects)."""
+        from rlgate.orchestrator.tasks import task_from_json
+
+        return task_from_json(obj)
+
+    def can_verify(self, task: TaskDef) -> bool:
+        """Whether the task defines scoring this provider can run (else verification is SKIPPED)."""
+        return bool(task.verifier_code)
+
+    def endpoints_for(self, env_key: str, task: TaskDef | None) -> list[str]:
+        """MCP endpoints of an instance-less session (mcp provider); empty otherwise."""
+        return []
+
+    async def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release clients."""

@@ -1,0 +1,286 @@
+"""The `fleet` provider: Fleet (or localfleet) through the fleet-python async SDK.
+
+The SDK's own HTTP client retries 404s and 5xx with waits of up to 300-900 s; rlgate hands it a plain
+`httpx.AsyncClient` (no retry transport) and bounds every call with `asyncio.wait_for`, so retry policy and
+deadlines are the orchestrator's. Idempotent reads and deletes get a short bounded retry here; creates are
+never retried at this level (the provisioner decides, under the caller's deadline and admission control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+from fleet import AsyncFleet
+from fleet._async.client import AsyncEnv
+from fleet._async.exceptions import (
+    FleetAPIError,
+    FleetConflictError,
+    FleetEnvironmentNotFoundError,
+    FleetError,
+    FleetInstanceLimitError,
+    FleetRateLimitError,
+    FleetTimeoutError,
+    FleetVersionNotFoundError,
+)
+from fleet._async.tasks import Task as FleetTask
+
+from rlgate.orchestrator.providers.base import (
+    EnvNotFound,
+    InstanceGone,
+    InstanceHandle,
+    InstanceLimit,
+    Provider,
+    ProviderError,
+    RateLimited,
+    ResetFailed,
+    Retryable,
+    TaskDef,
+    VerifierRun,
+)
+from rlgate.orchestrator.tasks import task_from_json
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Placement failures Fleet reports as transient (fleet.md §5 #9).
+_RETRYABLE_HINTS = ("retryable", "in-flight", "in flight", "placement", "temporarily", "try again")
+
+
+def map_fleet_error(exc: BaseException, what: str) -> ProviderError:
+    """A fleet-python exception as a provider error (the vocabulary the orchestrator maps to gRPC)."""
+    if isinstance(exc, ProviderError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError | FleetTimeoutError | httpx.TimeoutException):
+        return Retryable(f"{what}: timed out")
+    if isinstance(exc, FleetInstanceLimitError):
+        return InstanceLimit(f"{what}: {exc.message}", exc.running_instances, exc.instance_limit)
+    if isinstance(exc, FleetRateLimitError):
+        return RateLimited(f"{what}: rate limited: {exc.message}")
+    if isinstance(exc, FleetEnvironmentNotFoundError | FleetVersionNotFoundError):
+        return EnvNotFound(f"{what}: {exc.message}")
+    if isinstance(exc, FleetConflictError):
+        return Retryable(f"{what}: conflict: {exc.message}")
+    if isinstance(exc, FleetAPIError):
+        status = exc.status_code
+        text = exc.message.lower()
+        if status == 404:
+            return InstanceGone(f"{what}: not found")
+        if status is None or status >= 500 or any(h in text for h in _RETRYABLE_HINTS):
+            return Retryable(f"{what}: {exc.message}")
+        if status == 400 and "not found" in text:
+            return EnvNotFound(f"{what}: {exc.message}")
+        return ProviderError(f"{what}: HTTP {status}: {exc.message}")
+    if isinstance(exc, httpx.HTTPError | OSError):
+        return Retryable(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, FleetError):
+        return ProviderError(f"{what}: {exc.message}")
+    return ProviderError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+class FleetProvider(Provider):
+    """fleet-python's AsyncFleet with rlgate's HTTP client and timeouts."""
+
+    name = "fleet"
+
+    def __init__(self, base_url: str, api_key: str, *, request_timeout: float = 30.0,
+                 max_connections: int = 200) -> None:
+        # No retry transport: the SDK default retries 404 (so "gone" looks like a hang) and waits minutes.
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(request_timeout, connect=min(10.0, request_timeout)),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        self._fleet = AsyncFleet(api_key=api_key or None, base_url=base_url.rstrip("/") or None,
+                                 httpx_client=self._http, max_retries=0, timeout=request_timeout)
+        self._sdk_tasks: dict[str, FleetTask] = {}
+
+    @property
+    def sdk(self) -> AsyncFleet:
+        return self._fleet
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    # -- helpers ----------------------------------------------------------------------------------------
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], timeout_s: float, *,
+                    attempts: int = 1) -> T:
+        """Run an SDK call under `timeout_s` (total), retrying transient failures of idempotent calls."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay = 0.2
+        for attempt in range(1, attempts + 1):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Retryable(f"{what}: timed out")
+            try:
+                return await asyncio.wait_for(fn(), remaining)
+            except Exception as exc:
+                err = map_fleet_error(exc, what)
+                if not err.retryable or attempt == attempts or deadline - loop.time() < delay:
+                    raise err from exc
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")
+
+    def _env(self, handle: InstanceHandle) -> AsyncEnv:
+        """Rebuild the SDK's instance object from the stored record (no HTTP call)."""
+        return AsyncEnv(client=self._fleet.client, **handle.raw)
+
+    @staticmethod
+    def _handle(env: Any) -> InstanceHandle:
+        raw = env.model_dump(mode="json")
+        urls = env.urls
+        root = urls.root if urls else ""
+        manager = urls.manager.api if urls and urls.manager else ""
+        version = env.version or ""
+        env_key = f"{env.env_key}:{version}" if version and ":" not in env.env_key else env.env_key
+        return InstanceHandle(
+            instance_id=env.instance_id, env_key=env_key, root_url=root, manager_url=manager,
+            endpoints=[f"{root}mcp", f"{root}api/v1/mcp"] if root else [], status=env.status or "",
+            run_id=env.run_id or "", env_variables=dict(env.env_variables or {}), raw=raw,
+        )
+
+    # -- tasks ------------------------------------------------------------------------------------------
+    async def load_tasks(self, *, timeout_s: float) -> list[TaskDef]:
+        async def fetch() -> list[TaskDef]:
+            # The raw listing keeps fields the SDK's TaskResponse drops (task_modality, max_turns).
+            response = await self._fleet.client.request("GET", "/v1/tasks")
+            body = response.json()
+            items = body.get("tasks", []) if isinstance(body, dict) else body
+            return [await self.parse_task(item) for item in items]
+
+        return await self._call("load tasks", fetch, timeout_s, attempts=3)
+
+    async def parse_task(self, obj: dict[str, Any]) -> TaskDef:
+        """Normalise one task and build the SDK's Task (and its verifier) for remote verification."""
+        task = task_from_json(obj)
+        sdk_json = dict(obj)
+        sdk_json.setdefault("env_id", task.env_id)
+        sdk_json.setdefault("version", task.version)
+        if task.verifier_code:
+            sdk_json["verifier_code"] = task.verifier_code
+        try:
+            task.sdk_task = await self._fleet.load_task_from_json(sdk_json)
+        except Exception as exc:  # a malformed task must not sink the whole set
+            log.warning("task %s: SDK could not load it: %s", task.key, exc)
+        return task
+
+    # -- instances --------------------------------------------------------------------------------------
+    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
+                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+        async def make() -> AsyncEnv:
+            return await self._fleet.make(
+                env_key, env_variables=env_variables, run_id=run_id, ttl_seconds=ttl_s,
+                heartbeat_interval=heartbeat_interval_s, timeout=timeout_s,
+                max_wait_seconds=max(1, int(timeout_s) - 2),
+            )
+
+        env = await self._call(f"create {env_key}", make, timeout_s)
+        if env.status in ("error", "stopped"):
+            raise Retryable(f"create {env_key}: instance {env.instance_id} came up {env.status}")
+        return self._handle(env)
+
+    async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:
+        env = self._env(handle)
+        try:
+            result = await asyncio.wait_for(env.reset(), timeout_s)
+        except TimeoutError as exc:
+            raise ResetFailed(f"reset of {handle.instance_id} did not answer within {timeout_s:.1f}s") from exc
+        except Exception as exc:
+            raise ResetFailed(f"reset of {handle.instance_id} failed: {map_fleet_error(exc, 'reset')}") from exc
+        if not result.success:
+            raise ResetFailed(f"reset of {handle.instance_id} reported failure: {result.message}")
+
+    async def health(self, handle: InstanceHandle, *, timeout_s: float) -> bool:
+        env = self._env(handle)
+        try:
+            info = await asyncio.wait_for(self._fleet.instance(handle.instance_id), timeout_s)
+            if info.status != "running":
+                return False
+            response = await asyncio.wait_for(env.instance.client.request("GET", "/health"), timeout_s)
+            return response.status_code == 200
+        except Exception as exc:
+            log.info("health check of %s failed: %s", handle.instance_id, map_fleet_error(exc, "health"))
+            return False
+
+    async def delete(self, instance_id: str, *, timeout_s: float) -> None:
+        try:
+            await self._call(f"delete {instance_id}", lambda: self._fleet.delete(instance_id), timeout_s,
+                             attempts=3)
+        except InstanceGone:
+            return  # 404 on delete: already done
+
+    async def heartbeat(self, instance_id: str, *, timeout_s: float) -> None:
+        await self._call(f"heartbeat {instance_id}", lambda: self._fleet.heartbeat(instance_id), timeout_s,
+                         attempts=2)
+
+    async def list_instances(self, run_id: str, *, timeout_s: float) -> list[InstanceHandle]:
+        envs = await self._call("list instances", lambda: self._fleet.instances(run_id=run_id), timeout_s,
+                                attempts=3)
+        return [self._handle(e) for e in envs if e.status in ("pending", "running") and e.run_id == run_id]
+
+    # -- verification -----------------------------------------------------------------------------------
+    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
+                     timeout_s: float) -> VerifierRun:
+        """One run through the SDK's remote path (`Task.verify_detailed_async` -> /v1/verifiers/execute)."""
+        sdk_task: FleetTask | None = task.sdk_task
+        if sdk_task is None:
+            return VerifierRun(success=False, message=f"task {task.key} has no loadable verifier")
+        if sdk_task.verifier is None and sdk_task.verifier_func:
+            try:
+                sdk_task._rebuild_verifier()
+            except Exception as exc:
+                return VerifierRun(success=False, message=f"verifier code does not load: {exc}")
+        kwargs: dict[str, Any] = {}
+        if _accepts(sdk_task.verifier, "final_answer"):
+            kwargs["final_answer"] = final_answer
+        env = self._env(handle)
+        try:
+            response = await asyncio.wait_for(sdk_task.verify_detailed_async(env, **kwargs), timeout_s)
+        except TimeoutError:
+            raise
+        except Exception as exc:
+            err = map_fleet_error(exc, "verifier")
+            if isinstance(err, InstanceGone | Retryable):
+                raise Retryable(str(err)) from exc
+            return VerifierRun(success=False, message=str(err))
+        stdout = response.stdout or ""
+        if not response.success:
+            error = response.error or {}
+            message = error.get("message") or error.get("type") or "verifier failed"
+            if error.get("type"):
+                message = f"{error['type']}: {error.get('message', '')}".strip()
+            return VerifierRun(success=False, message=str(message), stdout=stdout)
+        return VerifierRun(success=True, score=score_of(response.result), stdout=stdout)
+
+
+def score_of(result: Any) -> float | None:
+    """A verifier's return value as a score, or None when it is not one (never a silent 0)."""
+    if isinstance(result, bool):
+        return 1.0 if result else 0.0
+    if isinstance(result, int | float):
+        return float(result)
+    if isinstance(result, dict) and "score" in result:
+        return score_of(result["score"])
+    if isinstance(result, str):
+        try:
+            return float(result)
+        except ValueError:
+            return None
+    return None
+
+
+def _accepts(verifier: Any, name: str) -> bool:
+    func = getattr(verifier, "func", None)
+    if func is None:
+        return True
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

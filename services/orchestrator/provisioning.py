@@ -1,0 +1,198 @@
+"""Creating and releasing instances without leaking any: intents, admission control, retry policy.
+
+Every create is preceded by an `Intent` in the store whose id also rides in the instance's env_variables,
+so an instance whose create was in flight when the process died is still recognised by reconciliation.
+Intent ids start with the owning process id (`owner~uuid`): reconciliation keeps an in-flight create
+only while its owner is alive. A create that failed or timed out leaves its intent DELETING, meaning
+"delete whatever turns up for this intent".
+
+Admission: at most `max_concurrent_creates` creates in flight (Fleet caps bursts). Fleet's instance limit
+makes a create wait for capacity (woken early when rlgate deletes an instance) until the caller's
+deadline, then RESOURCE_EXHAUSTED; rate limits and retryable placement failures are retried with jittered
+backoff until the deadline, then UNAVAILABLE with RetryInfo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from typing import Any
+
+from rlgate.orchestrator import metrics
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.deadline import Deadline
+from rlgate.orchestrator.errors import NotFound, OrchestratorError, ResourceExhausted, Unavailable
+from rlgate.orchestrator.providers.base import (
+    INTENT_ENV_VAR,
+    EnvNotFound,
+    InstanceHandle,
+    InstanceLimit,
+    Provider,
+    ProviderError,
+    RateLimited,
+    Retryable,
+)
+from rlgate.store import Intent, IntentState, SessionStore, StoreError
+
+log = logging.getLogger(__name__)
+
+INTENT_SEP = "~"
+
+
+def intent_owner(intent_id: str) -> str:
+    """The process that wrote an intent ("" for ids from elsewhere)."""
+    owner, sep, _ = intent_id.rpartition(INTENT_SEP)
+    return owner if sep else ""
+
+
+class Provisioner:
+    """Creates instances under admission control and deletes them, keeping intents in step."""
+
+    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, owner: str) -> None:
+        self._config = config
+        self._store = store
+        self._provider = provider
+        self._owner = owner
+        self._creates = asyncio.Semaphore(max(1, config.max_concurrent_creates))
+        self._capacity = asyncio.Event()
+        self.in_flight = 0
+
+    def notify_capacity(self) -> None:
+        """An instance was deleted: wake creates waiting at the instance limit."""
+        self._capacity.set()
+        self._capacity = asyncio.Event()
+
+    async def _wait_capacity(self, seconds: float) -> None:
+        event = self._capacity
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+
+    async def create(self, env_key: str, deadline: Deadline, *, env_variables: dict[str, Any] | None = None,
+                     state: str = IntentState.CREATING) -> tuple[InstanceHandle, Intent]:
+        """A running instance and its intent (state `state`), or an OrchestratorError by the deadline."""
+        delay = 0.25
+        last: ProviderError | None = None
+        while True:
+            if deadline.expired():
+                raise self._give_up(env_key, last)
+            try:
+                async with asyncio.timeout(deadline.remaining()):
+                    await self._creates.acquire()
+            except TimeoutError:
+                raise self._give_up(env_key, last) from None
+            try:
+                return await self._create_once(env_key, deadline, env_variables or {}, state)
+            except InstanceLimit as exc:
+                last = exc
+                wait = min(delay, deadline.remaining())
+                log.info("instance limit reached creating %s (%s); waiting %.2fs for capacity", env_key, exc, wait)
+            except Retryable as exc:
+                last = exc
+                wait = min(delay * (0.5 + random.random()), deadline.remaining())
+                log.warning("create %s: transient failure (%s); retrying in %.2fs", env_key, exc, wait)
+            finally:
+                self._creates.release()
+            if isinstance(last, InstanceLimit):
+                await self._wait_capacity(wait)
+            else:
+                await asyncio.sleep(wait)
+            delay = min(delay * 2, 5.0)
+
+    def _give_up(self, env_key: str, last: ProviderError | None) -> OrchestratorError:
+        if isinstance(last, InstanceLimit):
+            return ResourceExhausted(
+                f"provider instance limit reached creating {env_key}: {last}", subject=f"instances:{env_key}",
+                reason="INSTANCE_LIMIT", metadata={"running": last.running, "limit": last.limit,
+                                                   "env_key": env_key}, retry_after_s=5.0)
+        reason = "RATE_LIMITED" if isinstance(last, RateLimited) else "PROVIDER_UNAVAILABLE"
+        detail = f": {last}" if last else " (deadline reached while waiting for a create slot)"
+        return Unavailable(f"could not create an instance of {env_key} before the deadline{detail}",
+                           reason=reason, retry_after_s=2.0, metadata={"env_key": env_key})
+
+    async def _create_once(self, env_key: str, deadline: Deadline, env_variables: dict[str, Any],
+                           state: str) -> tuple[InstanceHandle, Intent]:
+        intent = Intent(intent_id=f"{self._owner}{INTENT_SEP}{uuid.uuid4().hex}", run_id=self._config.run_id,
+                        env_key=env_key, state=IntentState.CREATING)
+        await self._store.put_intent(intent)
+        timeout = deadline.cap(self._config.provision_timeout_s)
+        start = time.perf_counter()
+        self.in_flight += 1
+        metrics.CREATES_IN_FLIGHT.inc()
+        try:
+            handle = await self._provider.create(
+                env_key, env_variables={**env_variables, INTENT_ENV_VAR: intent.intent_id},
+                run_id=self._config.run_id, ttl_s=self._config.instance_ttl_s,
+                heartbeat_interval_s=self._config.heartbeat_interval_s, timeout_s=max(0.1, timeout))
+        except BaseException as exc:
+            metrics.PROVISION_SECONDS.labels("error").observe(time.perf_counter() - start)
+            await asyncio.shield(self._after_failed_create(intent, exc))
+            if isinstance(exc, EnvNotFound):
+                raise NotFound(f"unknown environment {env_key!r}: {exc}", reason="ENV_NOT_FOUND",
+                               metadata={"env_key": env_key}) from exc
+            if isinstance(exc, ProviderError) and not isinstance(exc, InstanceLimit | Retryable):
+                raise Unavailable(f"provider refused to create {env_key}: {exc}", reason="PROVIDER_ERROR",
+                                  retry_after_s=5.0) from exc
+            raise
+        finally:
+            self.in_flight -= 1
+            metrics.CREATES_IN_FLIGHT.dec()
+        metrics.PROVISION_SECONDS.labels("ok").observe(time.perf_counter() - start)
+        intent.instance_id = handle.instance_id
+        intent.state = state
+        intent.updated_at = time.time()
+        try:
+            await self._store.put_intent(intent)
+        except BaseException:
+            await asyncio.shield(self.release(handle.instance_id, intent.intent_id))
+            raise
+        log.info("created %s instance %s (%.2fs)", env_key, handle.instance_id, time.perf_counter() - start)
+        return handle, intent
+
+    async def _after_failed_create(self, intent: Intent, exc: BaseException) -> None:
+        """A definite rejection created nothing: drop the intent. Anything else may have created an
+        instance we never heard of: mark the intent DELETING so reconciliation removes it."""
+        try:
+            if isinstance(exc, InstanceLimit | EnvNotFound | RateLimited):
+                await self._store.delete_intent(intent.intent_id)
+            else:
+                intent.state = IntentState.DELETING
+                intent.updated_at = time.time()
+                await self._store.put_intent(intent)
+        except StoreError:
+            log.exception("could not record the failed create of intent %s", intent.intent_id)
+
+    async def set_intent(self, intent_id: str, state: str, session_id: str = "") -> None:
+        intent = await self._store.get_intent(intent_id)
+        if intent is None:
+            return
+        intent.state = state
+        intent.session_id = session_id or intent.session_id
+        intent.updated_at = time.time()
+        await self._store.put_intent(intent)
+
+    async def release(self, instance_id: str, intent_id: str) -> bool:
+        """Delete an instance (404 counts as done) and then its intent. On failure the intent stays DELETING
+        and reconciliation retries. Returns whether the instance is confirmed gone."""
+        if intent_id:
+            try:
+                await self.set_intent(intent_id, IntentState.DELETING)
+            except StoreError:
+                log.exception("could not mark intent %s deleting", intent_id)
+        if instance_id and self._provider.manages_instances:
+            try:
+                await self._provider.delete(instance_id, timeout_s=self._config.provider_timeout_s)
+            except ProviderError as exc:
+                log.warning("delete of %s failed (reconciliation will retry): %s", instance_id, exc)
+                return False
+            self.notify_capacity()
+            log.info("deleted instance %s", instance_id)
+        if intent_id:
+            try:
+                await self._store.delete_intent(intent_id)
+            except StoreError:
+                log.exception("could not delete intent %s", intent_id)
+        return True

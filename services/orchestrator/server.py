@@ -1,0 +1,110 @@
+"""Starting the orchestrator: `start_orchestrator` (in-process, tests and embedding) and `run` (the CLI).
+
+Auth: API keys (`authorization: Bearer`) when configured; refusing a non-loopback listen address without
+keys unless `--insecure`. Optional TLS. SIGTERM drains: health NOT_SERVING, every open session of this run
+closed (or handed back), warm pools emptied, background loops cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.service import Orchestrator
+from rlgate.orchestrator.servicer import OrchestratorServicer
+from rlgate.runtime.config import is_loopback, redacted, split_host_port
+from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
+from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor
+from rlgate.runtime.logs import setup_logging
+from rlgate.runtime.metrics import serve_metrics
+from rlgate.store import SessionStore
+from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+
+
+class InsecureListenError(ValueError):
+    """A non-loopback listen address without API keys and without --insecure."""
+
+
+def check_listen(config: OrchestratorConfig) -> None:
+    host, _ = split_host_port(config.listen)
+    if not is_loopback(host) and not config.api_keys and not config.insecure:
+        raise InsecureListenError(
+            f"refusing to listen on {config.listen} without API keys; set --api-keys or pass --insecure")
+
+
+@dataclass
+class OrchestratorHandle:
+    """A running orchestrator (in-process)."""
+
+    config: OrchestratorConfig
+    server: RunningServer
+    orchestrator: Orchestrator
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    async def drain(self) -> None:
+        await self.orchestrator.drain()
+
+    async def stop(self, *, drain: bool = True, grace: float = 2.0) -> None:
+        """Graceful stop: drain (close sessions, empty pools), stop the server, cancel background loops."""
+        try:
+            await self.server.shutdown(grace, self.orchestrator.drain if drain else None)
+        finally:
+            await self.orchestrator.stop()
+
+
+def interceptors(config: OrchestratorConfig) -> Sequence[grpc.aio.ServerInterceptor]:
+    return [ContextInterceptor(), MetricsInterceptor("orchestrator"), ApiKeyInterceptor(config.api_keys)]
+
+
+async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | None = None) -> OrchestratorHandle:
+    """Start the orchestrator in this event loop. `store`: a shared store (not closed on stop); None opens
+    `config.store_url` (closed on stop)."""
+    check_listen(config)
+    orchestrator = await Orchestrator.create(config, store)
+    try:
+        await orchestrator.start()
+
+        def register(server: grpc.aio.Server) -> list[str]:
+            orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
+                OrchestratorServicer(config, orchestrator.episodes), server)
+            return [SERVICE_NAME]
+
+        running = await start_server(config.listen, register, interceptors=interceptors(config),
+                                     tls_cert=config.tls_cert, tls_key=config.tls_key)
+    except BaseException:
+        await orchestrator.stop()
+        raise
+    return OrchestratorHandle(config=config, server=running, orchestrator=orchestrator)
+
+
+def run(config: OrchestratorConfig) -> None:
+    """`rlgate orchestrator`: serve until SIGTERM/SIGINT, then drain."""
+    setup_logging(config.log_level, config.log_json, service="orchestrator")
+    check_listen(config)
+    log.info("config: %s", redacted(config))
+
+    async def main() -> None:
+        serve_metrics(config.metrics_listen)
+        handle = await start_orchestrator(config)
+        try:
+            await serve_until_signal(handle.server, grace=config.drain_s, drain=handle.orchestrator.drain)
+        finally:
+            await handle.stop(drain=False)
+
+    asyncio.run(main())

@@ -1,0 +1,192 @@
+"""`Orchestrator`: builds the parts (store, provider, tasks, provisioner, pools, episodes, reconciler, ...),
+owns every background loop, and shuts them all down — the one object `server.py` starts and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rlgate.orchestrator import metrics
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.pool import WarmPool
+from rlgate.orchestrator.providers.base import Provider
+from rlgate.orchestrator.provisioning import Provisioner
+from rlgate.orchestrator.reaper import Heartbeater, Reaper, prune
+from rlgate.orchestrator.reconcile import Reconciler
+from rlgate.orchestrator.tasks import TaskCatalog, task_entries
+from rlgate.orchestrator.tools import ToolCache
+from rlgate.orchestrator.verifier import Verifier
+from rlgate.runtime.settings import default_store_url
+from rlgate.store import OPEN_STATUSES, SessionStore, open_store
+
+log = logging.getLogger(__name__)
+
+
+def make_provider(config: OrchestratorConfig) -> Provider:
+    if config.provider == "fleet":
+        from rlgate.orchestrator.providers.fleet import FleetProvider
+
+        return FleetProvider(config.fleet_base_url, config.fleet_api_key,
+                             request_timeout=max(config.provider_timeout_s, config.verify_timeout_s))
+    if config.provider == "mcp":
+        from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
+
+        return McpProvider(parse_mcp_envs(config.mcp_envs))
+    raise ValueError(f"unknown provider {config.provider!r} (fleet or mcp)")
+
+
+class Orchestrator:
+    """Everything the orchestration plane runs, wired together."""
+
+    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, *,
+                 owns_store: bool) -> None:
+        self.config = config
+        self.store = store
+        self.provider = provider
+        self._owns_store = owns_store
+        self.owner = f"orch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.catalog = TaskCatalog()
+        self.provisioner = Provisioner(config, store, provider, self.owner)
+        self.pool = WarmPool(config, provider, self.provisioner)
+        self.episodes = EpisodeManager(
+            config, store, provider, self.catalog, ToolCache(config.tools_timeout_s),
+            Verifier(provider, timeout_s=config.verify_timeout_s, retries=config.verify_retries),
+            self.provisioner, self.pool, self.owner)
+        self.reconciler = Reconciler(config, store, provider, self.provisioner, self.pool, self.episodes,
+                                     self.owner)
+        self.reaper = Reaper(config, self.episodes)
+        self.heartbeater = Heartbeater(config, store, provider, self.episodes, self.pool)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks_loaded = asyncio.Event()
+
+    @classmethod
+    async def create(cls, config: OrchestratorConfig, store: SessionStore | None = None) -> Orchestrator:
+        owns = store is None
+        if store is None:
+            store = await open_store(config.store_url or default_store_url(config.data_dir))
+        return cls(config, store, make_provider(config), owns_store=owns)
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.store.heartbeat_owner(self.owner, self.config.owner_ttl_s)
+        self._spawn("owner-heartbeat", max(0.5, self.config.owner_ttl_s / 3),
+                    lambda: self.store.heartbeat_owner(self.owner, self.config.owner_ttl_s))
+        try:
+            await self.load_tasks()
+        except Exception as exc:
+            log.warning("tasks not loaded yet (%s); retrying in the background", exc)
+            self._tasks.append(asyncio.create_task(self._load_tasks_until_done(), name="load-tasks"))
+        try:
+            await self.reconciler.run_once(startup=True)
+        except Exception:
+            log.exception("start-up reconciliation failed; the periodic one will retry")
+        self._spawn("reconcile", self.config.reconcile_interval_s, self.reconciler.run_once, delay=True)
+        self._spawn("reaper", self.config.reap_interval_s, self._reap)
+        self._spawn("heartbeat", max(1.0, self.config.heartbeat_interval_s / 2), self.heartbeater.run_once,
+                    delay=True)
+        self._spawn("retention", max(10.0, min(3600.0, self.config.retention_s / 4)),
+                    lambda: prune(self.config, self.store))
+        if self.pool.targets:
+            self._tasks.append(asyncio.create_task(self._guard("warm-pool", self.pool.run), name="warm-pool"))
+        log.info("orchestrator %s started (provider %s, run_id %s, %d task(s), pools %s)", self.owner,
+                 self.provider.name, self.config.run_id, len(self.catalog), self.pool.targets or "off")
+
+    async def load_tasks(self) -> None:
+        if self.config.tasks_file:
+            text = await asyncio.to_thread(Path(self.config.tasks_file).read_text, encoding="utf-8")
+            tasks = [await self.provider.parse_task(entry) for entry in task_entries(text)]
+        else:
+            tasks = await self.provider.load_tasks(timeout_s=self.config.provider_timeout_s)
+        self.catalog.replace(tasks)
+        self._tasks_loaded.set()
+
+    async def _load_tasks_until_done(self) -> None:
+        while not self._tasks_loaded.is_set():
+            await asyncio.sleep(5.0)
+            try:
+                await self.load_tasks()
+                log.info("loaded %d task(s)", len(self.catalog))
+            except Exception as exc:
+                log.warning("loading tasks failed: %s", exc)
+
+    async def _reap(self) -> None:
+        await self.reaper.run_once()
+        counts = dict.fromkeys(OPEN_STATUSES, 0)
+        for s in await self.episodes.open_sessions(orchestrator_run=self.config.run_id):
+            counts[s.status] = counts.get(s.status, 0) + 1
+        for status, n in counts.items():
+            metrics.SESSIONS.labels(str(status)).set(n)
+
+    def _spawn(self, name: str, interval: float, fn: Callable[[], Awaitable[object]], *,
+               delay: bool = False) -> None:
+        async def loop() -> None:
+            if delay:
+                await asyncio.sleep(interval)
+            while True:
+                started = time.monotonic()
+                try:
+                    await fn()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("background task %s failed (will retry)", name)
+                await asyncio.sleep(max(0.05, interval - (time.monotonic() - started)))
+
+        self._tasks.append(asyncio.create_task(loop(), name=name))
+
+    @staticmethod
+    async def _guard(name: str, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await fn()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s crashed; restarting", name)
+                await asyncio.sleep(1.0)
+
+    async def drain(self) -> None:
+        """SIGTERM: stop admitting, then close (or hand back) every open session of this run and empty the
+        warm pools, within `drain_s`."""
+        self.episodes.accepting = False
+        try:
+            async with asyncio.timeout(self.config.drain_s):
+                if self.config.shutdown_mode == "close":
+                    sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
+                    sem = asyncio.Semaphore(32)
+
+                    async def close(session_id: str) -> None:
+                        async with sem:
+                            await self.episodes.close(session_id)
+
+                    await asyncio.gather(*(close(s.session_id) for s in sessions), return_exceptions=True)
+                    log.info("shutdown: closed %d session(s)", len(sessions))
+                else:
+                    log.info("shutdown: handing sessions back (shutdown_mode=handoff)")
+                await self.pool.drain()
+        except TimeoutError:
+            log.error("shutdown: drain did not finish within %.1fs; instance TTLs will clean up",
+                      self.config.drain_s)
+
+    async def stop(self) -> None:
+        """Cancel every background loop and release clients (after `drain`, or alone in tests)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.reconciler.release_lease()
+        with contextlib.suppress(Exception):
+            await self.provider.close()
+        if self._owns_store:
+            with contextlib.suppress(Exception):
+                await self.store.close()

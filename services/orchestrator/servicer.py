@@ -1,0 +1,82 @@
+"""gRPC handlers: translate requests into `EpisodeManager` calls and `OrchestratorError`s into statuses
+with google.rpc details. No orchestration logic lives here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import grpc
+
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.deadline import Deadline
+from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
+from rlgate.orchestrator.errors import OrchestratorError
+from rlgate.store import StoreError
+from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+    try:
+        return await call
+    except OrchestratorError as exc:
+        await context.abort_with_status(exc.to_grpc_status())
+    except StoreError as exc:
+        log.warning("store unavailable: %s", exc)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}")
+    raise AssertionError("unreachable")
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+    def __init__(self, config: OrchestratorConfig, episodes: EpisodeManager) -> None:
+        self._config = config
+        self._episodes = episodes
+
+    def _deadline(self, context: grpc.aio.ServicerContext) -> Deadline:
+        default = self._config.provision_timeout_s + self._config.capacity_wait_s
+        return Deadline.from_grpc(context.time_remaining(), default)
+
+    async def Reset(self, request: orchestrator_pb2.ResetRequest,
+                    context: grpc.aio.ServicerContext) -> orchestrator_pb2.ResetResponse:
+        params = ResetParams(request_id=request.request_id, session_id=request.session_id,
+                             task_key=request.task_key, env_key=request.env_key, max_turns=request.max_turns,
+                             labels=dict(request.labels), run_id=request.run_id)
+        return await _answer(context, self._episodes.reset(params, self._deadline(context)))
+
+    async def Step(self, request: orchestrator_pb2.StepRequest,
+                   context: grpc.aio.ServicerContext) -> orchestrator_pb2.StepResponse:
+        return await _answer(context, self._episodes.step(request, self._deadline(context)))
+
+    async def State(self, request: orchestrator_pb2.StateRequest,
+                    context: grpc.aio.ServicerContext) -> orchestrator_pb2.StateResponse:
+        return await _answer(context, self._episodes.state(request.session_id, request.include_tool_calls))
+
+    async def Close(self, request: orchestrator_pb2.CloseRequest,
+                    context: grpc.aio.ServicerContext) -> orchestrator_pb2.CloseResponse:
+        return await _answer(context, self._episodes.close(request.session_id))
+
+    async def CloseSessions(self, request: orchestrator_pb2.CloseSessionsRequest,
+                            context: grpc.aio.ServicerContext) -> orchestrator_pb2.CloseSessionsResponse:
+        async def run() -> orchestrator_pb2.CloseSessionsResponse:
+            ids = await self._episodes.close_sessions(dict(request.labels), request.run_id)
+            return orchestrator_pb2.CloseSessionsResponse(session_ids=ids)
+
+        return await _answer(context, run())
+
+    async def ListTasks(self, request: orchestrator_pb2.ListTasksRequest,
+                        context: grpc.aio.ServicerContext) -> orchestrator_pb2.ListTasksResponse:
+        async def run() -> orchestrator_pb2.ListTasksResponse:
+            return self._episodes.list_tasks(request)
+
+        return await _answer(context, run())
+
+    async def ListSessions(self, request: orchestrator_pb2.ListSessionsRequest,
+                           context: grpc.aio.ServicerContext) -> orchestrator_pb2.ListSessionsResponse:
+        return await _answer(context, self._episodes.list_sessions(request))
+
+
+__all__ = ["OrchestratorServicer"]

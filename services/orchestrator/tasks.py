@@ -1,0 +1,135 @@
+"""Tasks: Fleet's task JSON normalised into `TaskDef`, and the catalog ListTasks pages through.
+
+Fleet's format: `key`, `prompt`, `env_id` (or `env_key`/`environment_id`), `version`, `task_modality`,
+`verifier_code`/`verifier_func`/`verifier.code` (`def verify(env, final_answer=None)`), `metadata`
+(may hold a reference solution), `env_variables`. rlgate also reads `max_turns` and, for the mcp provider,
+`mcp_endpoints` (top level or in metadata).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from rlgate.orchestrator.errors import InvalidArgument, NotFound
+from rlgate.orchestrator.providers.base import TaskDef
+
+MODALITIES = ("tool_use", "computer_use", "browser_use")
+
+
+def split_env_key(env_key: str) -> tuple[str, str]:
+    """'mailbox:v1' -> ('mailbox', 'v1'); 'mailbox' -> ('mailbox', '')."""
+    env_id, _, version = env_key.partition(":")
+    return env_id, version
+
+
+def task_from_json(obj: dict[str, Any]) -> TaskDef:
+    """One task from Fleet's task JSON (a file entry or a `/v1/tasks` item)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"task entry must be an object, got {type(obj).__name__}")
+    key = obj.get("key") or obj.get("task_key") or obj.get("id")
+    if not key:
+        raise ValueError("task entry without 'key'")
+    raw_env = str(obj.get("env_id") or obj.get("env_key") or obj.get("environment_id") or "")
+    env_id, env_version = split_env_key(raw_env)
+    if not env_id:
+        raise ValueError(f"task {key!r} has no env_id")
+    version = str(obj.get("version") or obj.get("env_version") or env_version or "")
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        metadata = {"value": metadata}
+    modality = str(obj.get("task_modality") or metadata.get("task_modality") or metadata.get("modality")
+                   or "tool_use")
+    verifier = obj.get("verifier")
+    code = obj.get("verifier_code") or obj.get("verifier_func") or (
+        verifier.get("code") if isinstance(verifier, dict) else None) or ""
+    endpoints = obj.get("mcp_endpoints") or metadata.get("mcp_endpoints") or []
+    max_turns = obj.get("max_turns") or metadata.get("max_turns") or 0
+    return TaskDef(
+        key=str(key), env_id=env_id, version=version, prompt=str(obj.get("prompt") or ""),
+        modality=modality, max_turns=int(max_turns), metadata=dict(metadata),
+        env_variables=dict(obj.get("env_variables") or {}), verifier_code=str(code),
+        mcp_endpoints=[str(e) for e in endpoints],
+    )
+
+
+def task_entries(text: str) -> list[dict[str, Any]]:
+    """The task objects of a task file: a JSON array or `{"tasks": [...]}`."""
+    data = json.loads(text)
+    if isinstance(data, dict) and "tasks" in data:
+        data = data["tasks"]
+    if not isinstance(data, list):
+        raise ValueError("task file must be a JSON array or an object with a 'tasks' array")
+    return data
+
+
+def env_matches(task: TaskDef, env_key: str) -> bool:
+    env_id, version = split_env_key(env_key)
+    return task.env_id == env_id and (not version or task.version == version)
+
+
+class TaskCatalog:
+    """The tasks this orchestrator runs, by key, with stable paging."""
+
+    def __init__(self, tasks: Iterable[TaskDef] = ()) -> None:
+        self._tasks: dict[str, TaskDef] = {}
+        self.replace(tasks)
+
+    def replace(self, tasks: Iterable[TaskDef]) -> None:
+        self._tasks = {t.key: t for t in sorted(tasks, key=lambda t: t.key)}
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def all(self) -> list[TaskDef]:
+        return list(self._tasks.values())
+
+    def get(self, key: str) -> TaskDef:
+        task = self._tasks.get(key)
+        if task is None:
+            raise NotFound(f"unknown task_key {key!r} (see ListTasks)", reason="TASK_NOT_FOUND",
+                           metadata={"task_key": key})
+        return task
+
+    def known_env(self, env_key: str) -> bool:
+        return any(env_matches(t, env_key) for t in self._tasks.values())
+
+    def page(self, env_key: str, page_size: int, page_token: str) -> tuple[list[TaskDef], str, int]:
+        """(tasks after the token, next token or "", total matching)."""
+        size = validate_page_size(page_size)
+        after = decode_token(page_token, scope=f"tasks:{env_key}") if page_token else ""
+        matching = [t for t in self._tasks.values() if not env_key or env_matches(t, env_key)]
+        rest = [t for t in matching if t.key > after]
+        page = rest[:size]
+        next_token = encode_token(page[-1].key, scope=f"tasks:{env_key}") if len(rest) > size else ""
+        return page, next_token, len(matching)
+
+
+def validate_page_size(page_size: int) -> int:
+    if page_size == 0:
+        return 100
+    if not 1 <= page_size <= 1000:
+        raise InvalidArgument("page_size", f"must be 1..1000 (or 0 for 100), got {page_size}")
+    return page_size
+
+
+def encode_token(position: str, *, scope: str) -> str:
+    """An opaque page token bound to the query it came from."""
+    raw = json.dumps({"p": position, "s": scope}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_token(token: str, *, scope: str) -> str:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(data, dict) or not isinstance(data.get("p"), str):
+            raise ValueError("not a page token")
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidArgument("page_token", "not a token returned by this RPC") from exc
+    if data.get("s") != scope:
+        raise InvalidArgument("page_token", "token belongs to a different query (filters changed)")
+    return str(data["p"])

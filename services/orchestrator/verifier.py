@@ -1,0 +1,99 @@
+"""Scoring an episode honestly: a verifier failure is reported as a failure, never as reward 0.
+
+One `Verifier.run` = up to 1 + `retries` executions through the provider (the SDK's remote path for Fleet)
+inside ONE overall `asyncio.wait_for(timeout)` (the SDK's own fixed 30 s is not the bound). Only
+infrastructure failures (`Retryable`: timeouts of a single HTTP call, 5xx, connection errors) are retried;
+a verifier that raised is an ERROR at once. Outcomes: OK (+ score), ERROR, TIMEOUT, SKIPPED (no scoring).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from rlgate.orchestrator import metrics
+from rlgate.orchestrator.providers.base import InstanceHandle, Provider, Retryable, TaskDef
+
+log = logging.getLogger(__name__)
+
+STDOUT_LIMIT = 4096
+
+
+class VerificationStatus:
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class Outcome:
+    status: str
+    score: float | None = None
+    message: str = ""
+    stdout: str = ""
+    attempts: int = 0
+    elapsed_ms: float = 0.0
+
+    def to_record(self) -> dict[str, object]:
+        return {"status": self.status, "message": self.message, "stdout": self.stdout[-STDOUT_LIMIT:],
+                "attempts": self.attempts, "elapsed_ms": round(self.elapsed_ms, 1)}
+
+
+class Verifier:
+    def __init__(self, provider: Provider, *, timeout_s: float, retries: int, backoff_s: float = 0.5) -> None:
+        self._provider = provider
+        self._timeout = timeout_s
+        self._retries = max(0, retries)
+        self._backoff = backoff_s
+
+    async def run(self, task: TaskDef | None, handle: InstanceHandle, final_answer: str | None) -> Outcome:
+        start = time.perf_counter()
+        if task is None or not self._provider.can_verify(task):
+            outcome = Outcome(VerificationStatus.SKIPPED, message="the task defines no verifier")
+        else:
+            attempts = [0]
+            try:
+                outcome = await asyncio.wait_for(self._attempts(task, handle, final_answer, attempts),
+                                                 self._timeout)
+            except TimeoutError:
+                outcome = Outcome(VerificationStatus.TIMEOUT,
+                                  message=f"verifier did not finish within {self._timeout:g}s")
+            outcome.attempts = attempts[0]
+        outcome.elapsed_ms = (time.perf_counter() - start) * 1000
+        if outcome.status == VerificationStatus.OK:
+            outcome.message = ""
+        metrics.VERIFY_OUTCOMES.labels(outcome.status).inc()
+        metrics.VERIFY_SECONDS.labels(outcome.status).observe(outcome.elapsed_ms / 1000)
+        log.info("verification %s score=%s attempts=%d %.0fms %s", outcome.status, outcome.score,
+                 outcome.attempts, outcome.elapsed_ms, outcome.message)
+        return outcome
+
+    async def _attempts(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None,
+                        attempts: list[int]) -> Outcome:
+        delay = self._backoff
+        last = ""
+        for attempt in range(1, self._retries + 2):
+            attempts[0] = attempt
+            try:
+                result = await self._provider.verify(task, handle, final_answer, timeout_s=self._timeout)
+            except Retryable as exc:
+                last = str(exc)
+                log.warning("verifier attempt %d: infrastructure failure: %s", attempt, exc)
+                if attempt <= self._retries:
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                continue
+            except Exception as exc:  # a provider bug must not become a silent score
+                return Outcome(VerificationStatus.ERROR, message=f"{type(exc).__name__}: {exc}")
+            if not result.success:
+                return Outcome(VerificationStatus.ERROR, message=result.message or "verifier failed",
+                               stdout=result.stdout)
+            if result.score is None:
+                return Outcome(VerificationStatus.ERROR, message="verifier returned no numeric score",
+                               stdout=result.stdout)
+            return Outcome(VerificationStatus.OK, score=result.score, stdout=result.stdout)
+        return Outcome(VerificationStatus.ERROR,
+                       message=f"verifier infrastructure failed after {self._retries + 1} attempts: {last}")

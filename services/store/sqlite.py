@@ -1,0 +1,626 @@
+"""SQLite backend: one file in WAL mode, shared safely by several processes and many tasks.
+
+Every store object owns one connection on one dedicated worker thread, so sqlite3 never runs on the event
+loop and calls on one object are serialised. Writes run in `BEGIN IMMEDIATE` transactions (the write lock
+is taken up front, waiting up to `busy_timeout` for other processes), which makes every read-check-write
+below atomic across processes; compare-and-set is a conditional `UPDATE ... WHERE version = ?`.
+`synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from rlgate.store import _common
+from rlgate.store.base import SessionStore
+from rlgate.store.models import (
+    ConflictError,
+    Intent,
+    RequestRecord,
+    RequestState,
+    Session,
+    StoreError,
+    ToolCallEntry,
+)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration step in _connect when the schema changes
+
+# Applied statement by statement (split on ";"), so no ";" inside a statement or a comment.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id     TEXT PRIMARY KEY,
+    created_at     REAL NOT NULL,
+    status         TEXT NOT NULL,
+    run_id         TEXT NOT NULL,
+    token_hash     TEXT NOT NULL,
+    retain_at      REAL,             -- when a finished session became prunable (NULL while open)
+    version        INTEGER NOT NULL,
+    last_active_at REAL NOT NULL,    -- kept out of `data` so touch_session needs no version bump
+    data           TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS sessions_token ON sessions(token_hash) WHERE token_hash != '';
+CREATE INDEX IF NOT EXISTS sessions_created ON sessions(created_at DESC, session_id DESC);
+CREATE INDEX IF NOT EXISTS sessions_run ON sessions(run_id, created_at DESC, session_id DESC);
+CREATE INDEX IF NOT EXISTS sessions_retain ON sessions(retain_at) WHERE retain_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS session_labels (
+    session_id TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS session_labels_kv ON session_labels(key, value);
+CREATE TABLE IF NOT EXISTS tool_calls (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    episode    INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
+    data       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tool_calls_session ON tool_calls(session_id, episode, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS tool_calls_request
+    ON tool_calls(session_id, episode, request_id) WHERE request_id != '';
+CREATE TABLE IF NOT EXISTS requests (
+    scope       TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    result      TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (scope, request_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS requests_done ON requests(finished_at) WHERE state = 'done';
+CREATE TABLE IF NOT EXISTS owners (
+    owner      TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS intents (
+    intent_id  TEXT PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    data       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS intents_run ON intents(run_id, created_at, intent_id);
+CREATE INDEX IF NOT EXISTS intents_created ON intents(created_at, intent_id);
+CREATE TABLE IF NOT EXISTS leases (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+"""
+
+_SESSION_COLUMNS = "data, version, last_active_at"
+
+
+def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
+    """Open and migrate the database (runs on the store's worker thread)."""
+    if path != ":memory:":
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+    # isolation_level=None: autocommit, so transactions are exactly the BEGIN IMMEDIATE blocks below.
+    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=True)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), busy_timeout_s)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        with _transaction(conn):
+            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _retry_locked(op: Callable[[], object], budget_s: float) -> None:
+    """Switching to WAL needs a moment with no other writer; retry while another process holds the lock."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        try:
+            op()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Any:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # also when COMMIT itself failed: never leave the connection mid-transaction
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _session_from_row(row: tuple[str, int, float]) -> Session:
+    session = _common.decode(Session, row[0])
+    session.version = int(row[1])
+    session.last_active_at = float(row[2])
+    return session
+
+
+def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
+    scope, request_id, state, owner, result, created_at, finished_at = row
+    return RequestRecord(
+        scope=scope,
+        request_id=request_id,
+        state=state,
+        owner=owner,
+        result=result,
+        created_at=created_at,
+        finished_at=finished_at,
+    )
+
+
+class SqliteStore(SessionStore):
+    """The SQLite `SessionStore`. Open with `await SqliteStore.open(path)`; `await close()` when done."""
+
+    def __init__(self, path: str, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+        self.path = path
+        self._conn = conn
+        self._executor = executor
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str, *, busy_timeout_s: float = 15.0) -> SqliteStore:
+        """Open (creating and migrating) the database at `path`. StoreError if it cannot be opened."""
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await loop.run_in_executor(executor, _connect, path, busy_timeout_s)
+        except (sqlite3.Error, OSError) as exc:
+            executor.shutdown(wait=False)
+            raise StoreError(f"cannot open sqlite store {path!r}: {exc}") from exc
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(path, conn, executor)
+
+    def __repr__(self) -> str:
+        return f"SqliteStore({self.path!r})"
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` on the worker thread. A cancelled caller does not undo a started write."""
+        if self._closed:
+            raise StoreError("store is closed")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, self._conn, *args))
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
+        except RuntimeError as exc:  # executor shut down by a concurrent close()
+            if self._closed:
+                raise StoreError("store is closed") from exc
+            raise
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE transaction."""
+
+        def in_transaction(conn: sqlite3.Connection, *inner: Any) -> T:
+            with _transaction(conn):
+                return fn(conn, *inner)
+
+        return await self._run(in_transaction, *args)
+
+    # -- sessions ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _put_session_rows(conn: sqlite3.Connection, session: Session, insert: bool) -> None:
+        retain_at = _common.retention_time(session)
+        values = (
+            session.created_at,
+            session.status,
+            session.run_id,
+            session.token_hash,
+            retain_at,
+            session.version,
+            session.last_active_at,
+            session.to_json(),
+            session.session_id,
+        )
+        if insert:
+            conn.execute(
+                "INSERT INTO sessions (created_at, status, run_id, token_hash, retain_at, version,"
+                " last_active_at, data, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+        else:
+            conn.execute(
+                "UPDATE sessions SET created_at = ?, status = ?, run_id = ?, token_hash = ?, retain_at = ?,"
+                " version = ?, last_active_at = max(last_active_at, ?), data = ? WHERE session_id = ?",
+                values,
+            )
+            conn.execute("DELETE FROM session_labels WHERE session_id = ?", (session.session_id,))
+        conn.executemany(
+            "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
+            [(session.session_id, k, v) for k, v in session.labels.items()],
+        )
+
+    @staticmethod
+    def _token_taken(conn: sqlite3.Connection, token_hash: str, session_id: str) -> bool:
+        if not token_hash:
+            return False
+        row = conn.execute(
+            "SELECT session_id FROM sessions WHERE token_hash = ?", (token_hash,)
+        ).fetchone()
+        return row is not None and row[0] != session_id
+
+    async def create_session(self, session: Session) -> Session:
+        stored = replace(session, version=1)
+
+        def create(conn: sqlite3.Connection) -> None:
+            if conn.execute(
+                "SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)
+            ).fetchone():
+                raise ConflictError(f"session {stored.session_id} already exists")
+            if self._token_taken(conn, stored.token_hash, stored.session_id):
+                raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+            self._put_session_rows(conn, stored, insert=True)
+
+        await self._write(create)
+        return stored
+
+    async def get_session(self, session_id: str) -> Session | None:
+        def get(conn: sqlite3.Connection) -> Session | None:
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            return _session_from_row(row) if row else None
+
+        return await self._run(get)
+
+    async def update_session(self, session: Session) -> Session:
+        stored = replace(session, version=session.version + 1, updated_at=time.time())
+
+        def update(conn: sqlite3.Connection) -> float:
+            row = conn.execute(
+                "SELECT version FROM sessions WHERE session_id = ?", (session.session_id,)
+            ).fetchone()
+            if row is None:
+                raise ConflictError(f"session {session.session_id} does not exist")
+            if row[0] != session.version:
+                raise ConflictError(
+                    f"session {session.session_id} changed (version {row[0]}, expected {session.version})"
+                )
+            if self._token_taken(conn, stored.token_hash, stored.session_id):
+                raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+            self._put_session_rows(conn, stored, insert=False)
+            last = conn.execute(
+                "SELECT last_active_at FROM sessions WHERE session_id = ?", (session.session_id,)
+            ).fetchone()
+            return float(last[0])
+
+        stored.last_active_at = await self._write(update)
+        return stored
+
+    async def session_by_token(self, token_hash: str) -> Session | None:
+        if not token_hash:  # "" is what a revoked session holds; it must never match
+            return None
+
+        def by_token(conn: sqlite3.Connection) -> Session | None:
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
+            ).fetchone()
+            return _session_from_row(row) if row else None
+
+        return await self._run(by_token)
+
+    async def touch_session(self, session_id: str, now: float) -> None:
+        def touch(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE sessions SET last_active_at = max(last_active_at, ?) WHERE session_id = ?",
+                (now, session_id),
+            )
+
+        await self._write(touch)
+
+    async def list_sessions(
+        self,
+        *,
+        statuses: frozenset[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        limit: int = 100,
+        cursor: str = "",
+    ) -> tuple[list[Session], str]:
+        limit = _common.page_limit(limit)
+        position = _common.decode_cursor(cursor)
+        where: list[str] = []
+        params: list[Any] = []
+        if statuses is not None:
+            if not statuses:
+                return [], ""
+            where.append(f"status IN ({', '.join('?' for _ in statuses)})")
+            params.extend(sorted(statuses))
+        if run_id:
+            where.append("run_id = ?")
+            params.append(run_id)
+        for key, value in (labels or {}).items():
+            where.append(
+                "EXISTS (SELECT 1 FROM session_labels l"
+                " WHERE l.session_id = s.session_id AND l.key = ? AND l.value = ?)"
+            )
+            params.extend((key, value))
+        if position is not None:
+            where.append("(created_at < ? OR (created_at = ? AND session_id < ?))")
+            params.extend((position[0], position[0], position[1]))
+        sql = f"SELECT {_SESSION_COLUMNS} FROM sessions s"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC, session_id DESC LIMIT ?"
+        params.append(limit + 1)
+
+        def page(conn: sqlite3.Connection) -> list[Session]:
+            return [_session_from_row(row) for row in conn.execute(sql, params)]
+
+        sessions = await self._run(page)
+        if len(sessions) > limit:
+            sessions = sessions[:limit]
+            return sessions, _common.encode_cursor(sessions[-1])
+        return sessions, ""
+
+    @staticmethod
+    def _delete_session_rows(conn: sqlite3.Connection, session_id: str) -> int:
+        deleted = conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
+        conn.execute("DELETE FROM session_labels WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
+        return int(deleted)
+
+    async def delete_session(self, session_id: str) -> None:
+        await self._write(self._delete_session_rows, session_id)
+
+    # -- tool-call log ----------------------------------------------------------------------------------
+    async def append_tool_call(self, entry: ToolCallEntry) -> int:
+        def append(conn: sqlite3.Connection) -> int:
+            # (session, episode, request_id) is logged once, so a retried append does not double-count.
+            conn.execute(
+                "INSERT OR IGNORE INTO tool_calls (session_id, episode, request_id, data)"
+                " VALUES (?, ?, ?, ?)",
+                (entry.session_id, entry.episode, entry.request_id, entry.to_json()),
+            )
+            return self._count_calls(conn, entry.session_id, entry.episode)
+
+        return await self._write(append)
+
+    async def list_tool_calls(self, session_id: str, episode: int | None = None) -> list[ToolCallEntry]:
+        def list_calls(conn: sqlite3.Connection) -> list[ToolCallEntry]:
+            if episode is None:
+                rows = conn.execute(
+                    "SELECT data FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,)
+                )
+            else:
+                rows = conn.execute(
+                    "SELECT data FROM tool_calls WHERE session_id = ? AND episode = ? ORDER BY seq",
+                    (session_id, episode),
+                )
+            return [_common.decode(ToolCallEntry, row[0]) for row in rows]
+
+        return await self._run(list_calls)
+
+    @staticmethod
+    def _count_calls(conn: sqlite3.Connection, session_id: str, episode: int) -> int:
+        row = conn.execute(
+            "SELECT count(*) FROM tool_calls WHERE session_id = ? AND episode = ?", (session_id, episode)
+        ).fetchone()
+        return int(row[0])
+
+    async def count_tool_calls(self, session_id: str, episode: int) -> int:
+        return await self._run(self._count_calls, session_id, episode)
+
+    # -- request records --------------------------------------------------------------------------------
+    _REQUEST_COLUMNS = "scope, request_id, state, owner, result, created_at, finished_at"
+
+    async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
+        def claim(conn: sqlite3.Connection) -> tuple[RequestRecord, bool]:
+            created = conn.execute(
+                "INSERT OR IGNORE INTO requests (scope, request_id, state, owner, result, created_at,"
+                " finished_at) VALUES (?, ?, ?, ?, '', ?, 0)",
+                (scope, request_id, RequestState.PENDING.value, owner, time.time()),
+            ).rowcount
+            row = conn.execute(
+                f"SELECT {self._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
+                (scope, request_id),
+            ).fetchone()
+            return _request_from_row(row), created == 1
+
+        return await self._write(claim)
+
+    async def complete_request(self, scope: str, request_id: str, result: str) -> None:
+        now = time.time()
+
+        def complete(conn: sqlite3.Connection) -> None:
+            # An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
+            conn.execute(
+                "INSERT INTO requests (scope, request_id, state, owner, result, created_at, finished_at)"
+                " VALUES (?, ?, 'done', '', ?, ?, ?) ON CONFLICT (scope, request_id) DO UPDATE SET"
+                " state = 'done', result = excluded.result, finished_at = excluded.finished_at",
+                (scope, request_id, result, now, now),
+            )
+
+        await self._write(complete)
+
+    async def release_request(self, scope: str, request_id: str) -> None:
+        def release(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM requests WHERE scope = ? AND request_id = ? AND state = 'pending'",
+                (scope, request_id),
+            )
+
+        await self._write(release)
+
+    async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
+        def get(conn: sqlite3.Connection) -> RequestRecord | None:
+            row = conn.execute(
+                f"SELECT {self._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
+                (scope, request_id),
+            ).fetchone()
+            return _request_from_row(row) if row else None
+
+        return await self._run(get)
+
+    async def heartbeat_owner(self, owner: str, ttl_s: float) -> None:
+        def beat(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO owners (owner, expires_at) VALUES (?, ?)"
+                " ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at",
+                (owner, time.time() + ttl_s),
+            )
+
+        await self._write(beat)
+
+    async def owner_alive(self, owner: str) -> bool:
+        def alive(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT expires_at FROM owners WHERE owner = ?", (owner,)).fetchone()
+            return row is not None and row[0] > time.time()
+
+        return await self._run(alive)
+
+    # -- intents ----------------------------------------------------------------------------------------
+    async def put_intent(self, intent: Intent) -> None:
+        def put(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO intents (intent_id, run_id, created_at, data) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (intent_id) DO UPDATE SET run_id = excluded.run_id,"
+                " created_at = excluded.created_at, data = excluded.data",
+                (intent.intent_id, intent.run_id, intent.created_at, intent.to_json()),
+            )
+
+        await self._write(put)
+
+    async def get_intent(self, intent_id: str) -> Intent | None:
+        def get(conn: sqlite3.Connection) -> Intent | None:
+            row = conn.execute("SELECT data FROM intents WHERE intent_id = ?", (intent_id,)).fetchone()
+            return _common.decode(Intent, row[0]) if row else None
+
+        return await self._run(get)
+
+    async def list_intents(self, run_id: str = "") -> list[Intent]:
+        def list_all(conn: sqlite3.Connection) -> list[Intent]:
+            if run_id:
+                rows = conn.execute(
+                    "SELECT data FROM intents WHERE run_id = ? ORDER BY created_at, intent_id", (run_id,)
+                )
+            else:
+                rows = conn.execute("SELECT data FROM intents ORDER BY created_at, intent_id")
+            return [_common.decode(Intent, row[0]) for row in rows]
+
+        return await self._run(list_all)
+
+    async def delete_intent(self, intent_id: str) -> None:
+        def delete(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM intents WHERE intent_id = ?", (intent_id,))
+
+        await self._write(delete)
+
+    # -- leases -----------------------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        def acquire(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            # One statement: take a free or expired lease, or renew our own; otherwise change nothing.
+            changed = conn.execute(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at"
+                " WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
+                (name, holder, now + ttl_s, now),
+            ).rowcount
+            return changed == 1
+
+        return await self._write(acquire)
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        def release(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+        await self._write(release)
+
+    # -- maintenance ------------------------------------------------------------------------------------
+    async def prune(self, closed_before: float, requests_before: float) -> int:
+        def prune(conn: sqlite3.Connection) -> int:
+            now = time.time()
+            doomed = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT session_id FROM sessions WHERE retain_at IS NOT NULL AND retain_at < ?",
+                    (closed_before,),
+                )
+            ]
+            removed = sum(self._delete_session_rows(conn, sid) for sid in doomed)
+            removed += conn.execute(
+                "DELETE FROM requests WHERE state = 'done' AND finished_at < ?", (requests_before,)
+            ).rowcount
+            # Expired heartbeats and leases are dead weight; they are not counted as records.
+            conn.execute("DELETE FROM owners WHERE expires_at < ?", (now,))
+            conn.execute("DELETE FROM leases WHERE expires_at < ?", (now,))
+            return removed
+
+        return await self._write(prune)
+
+    async def check_invariants(self) -> list[str]:
+        def check(conn: sqlite3.Connection) -> list[str]:
+            problems: list[str] = []
+            rows = conn.execute(
+                "SELECT session_id, status, run_id, token_hash, created_at, retain_at, version, data"
+                " FROM sessions"
+            ).fetchall()
+            labels: dict[str, dict[str, str]] = {}
+            for sid, key, value in conn.execute("SELECT session_id, key, value FROM session_labels"):
+                labels.setdefault(sid, {})[key] = value
+            for sid, status, run_id, token_hash, created_at, retain_at, version, data in rows:
+                try:
+                    session = Session.from_json(data)
+                except (ValueError, TypeError) as exc:
+                    problems.append(f"session {sid}: undecodable record ({exc})")
+                    continue
+                session.version = version
+                problems.extend(_common.session_problems(session))
+                columns = (session.session_id, session.status, session.run_id, session.token_hash)
+                if columns != (sid, status, run_id, token_hash) or session.created_at != created_at:
+                    problems.append(f"session {sid}: indexed columns disagree with the record")
+                if retain_at != _common.retention_time(session):
+                    problems.append(f"session {sid}: retention time out of step with its status")
+                if labels.pop(sid, {}) != session.labels:
+                    problems.append(f"session {sid}: label index disagrees with the record")
+            problems.extend(f"label index lists missing session {sid}" for sid in labels)
+            for (state,) in conn.execute("SELECT DISTINCT state FROM requests"):
+                if state not in {s.value for s in RequestState}:
+                    problems.append(f"request records in unknown state {state!r}")
+            return problems
+
+        return await self._run(check)
+
+    async def ping(self) -> None:
+        def ping(conn: sqlite3.Connection) -> None:
+            conn.execute("SELECT 1").fetchone()
+
+        await self._run(ping)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._conn.close)
+        finally:
+            self._executor.shutdown(wait=False)

@@ -1,0 +1,369 @@
+"""The gateway's logic, independent of the gRPC server: auth, ListTools, CallTool, idempotency, the log.
+
+Handlers in `servicer.py` only translate between gRPC and these methods; every caller-visible failure is a
+`GatewayError` carrying the gRPC status code, and every model mistake is an `is_error` result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from rlgate.convert import NonFiniteNumberError, dict_from_struct, ensure_finite
+from rlgate.runtime import metrics
+from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.logs import session_id_var
+from rlgate.store import RequestState, Session, SessionStatus, SessionStore, StoreError, ToolCallEntry
+from rlgate.toolgateway import results
+from rlgate.toolgateway.arguments import prepare_arguments
+from rlgate.toolgateway.catalog import CatalogTool
+from rlgate.toolgateway.upstream import (
+    CallLost,
+    CallNotSent,
+    CallRejected,
+    CallTimedOut,
+    SessionCatalog,
+    UpstreamPool,
+    UpstreamUnavailable,
+)
+from rlgate.v1 import common_pb2, toolgateway_pb2
+
+log = logging.getLogger(__name__)
+Kind = common_pb2.ToolErrorKind
+
+MAX_REQUEST_ID = 128
+DEADLINE_MARGIN_S = 0.05  # our timeout fires just before the caller's, so we answer DEADLINE_EXCEEDED ourselves
+UNKNOWN_TOOL_REFRESH_S = 2.0  # an unknown tool name re-lists the upstreams at most this often per session
+REPLAY_POLL_S = 0.1
+
+_calls = metrics.counter("rlgate_toolgateway_calls_total", "Tool calls", ["tool", "endpoint", "outcome"])
+_errors = metrics.counter("rlgate_toolgateway_call_errors_total", "Tool call errors by kind", ["kind"])
+_latency = metrics.histogram("rlgate_toolgateway_call_seconds", "Upstream tool call latency", ["tool", "endpoint"])
+
+
+class GatewayError(Exception):
+    """A caller or infrastructure error, reported as a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class GatewaySettings:
+    call_timeout_s: float = 60.0  # when the caller sets no deadline
+    upstream_timeout_s: float = 30.0  # handshake + tools/list when the caller sets no deadline
+    max_output_bytes: int = 262144
+
+
+def endpoint_label(url: str) -> str:
+    """A bounded-cardinality metrics label for an endpoint URL (`mcp`, `api/v1/mcp`, ...)."""
+    path = url.split("?", 1)[0].rstrip("/")
+    if path.endswith("/api/v1/mcp"):
+        return "api/v1/mcp"
+    return path.rsplit("/", 1)[-1] or "root"
+
+
+def kind_name(kind: int) -> str:
+    return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")  # type: ignore[arg-type]
+
+
+def encode_response(resp: toolgateway_pb2.CallToolResponse) -> str:
+    return base64.b64encode(resp.SerializeToString()).decode()
+
+
+def decode_response(raw: str) -> toolgateway_pb2.CallToolResponse:
+    return toolgateway_pb2.CallToolResponse.FromString(base64.b64decode(raw))
+
+
+class _Deadline:
+    def __init__(self, timeout_s: float) -> None:
+        self.at = time.monotonic() + timeout_s
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def check(self, what: str) -> float:
+        left = self.remaining()
+        if left <= 0:
+            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
+        return left
+
+
+class ToolGateway:
+    """ListTools / CallTool for the session an agent token selects."""
+
+    def __init__(self, store: SessionStore, pool: UpstreamPool, owner: str,
+                 settings: GatewaySettings | None = None) -> None:
+        self.store = store
+        self.pool = pool
+        self.owner = owner
+        self.settings = settings or GatewaySettings()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- auth ---------------------------------------------------------------------------------------------
+    async def authenticate(self, token: str | None) -> Session:
+        if not token:
+            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED,
+                               "missing agent token: send 'authorization: Bearer <agent token>' from Reset")
+        try:
+            session = await self.store.session_by_token(token_hash(token))
+        except StoreError as exc:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+        if session is None or not session.token_hash:
+            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked agent token")
+        session_id_var.set(session.session_id)
+        status = session.status
+        if status in (SessionStatus.CLOSED, SessionStatus.EXPIRED, SessionStatus.FAILED):
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION, f"session {session.session_id} is {status}")
+        if session.expires_at and time.time() >= session.expires_at:
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"session {session.session_id} expired (TTL passed)")
+        if status == SessionStatus.DONE:
+            reason = f" ({session.done_reason})" if session.done_reason else ""
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"episode {session.episode} of session {session.session_id} is done{reason}; "
+                               "Reset with the session_id starts the next one")
+        if status != SessionStatus.ACTIVE:
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"session {session.session_id} is {status}, not active yet")
+        if not session.endpoints:
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"session {session.session_id} has no MCP endpoints")
+        return session
+
+    # -- tools --------------------------------------------------------------------------------------------
+    async def _catalog(self, session: Session, deadline: _Deadline, *, refresh: bool = False) -> SessionCatalog:
+        ups = self.pool.session(session.session_id, session.endpoints)
+        timeout_s = min(deadline.check("before listing tools"), self.settings.upstream_timeout_s)
+        try:
+            cat = await asyncio.wait_for(ups.catalog(timeout_s, refresh=refresh), deadline.remaining())
+        except TimeoutError:
+            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while listing tools") from None
+        for url, reason in cat.catalog.dropped.items():
+            log.info("endpoint %s dropped: %s", url, reason)
+        if cat.unavailable:
+            if not cat.catalog.tools:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   "no MCP endpoint reachable: " + "; ".join(cat.unavailable.values()))
+            log.warning("endpoints unavailable (partial tool list): %s", "; ".join(cat.unavailable.values()))
+        return cat
+
+    def _visible(self, session: Session, cat: SessionCatalog) -> list[CatalogTool]:
+        return list(cat.catalog.filtered(session.tool_filter, session.modality).tools)
+
+    async def list_tools(self, token: str | None, timeout_s: float | None) -> toolgateway_pb2.ListToolsResponse:
+        session = await self.authenticate(token)
+        deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.upstream_timeout_s)
+        cat = await self._catalog(session, deadline)
+        return toolgateway_pb2.ListToolsResponse(tools=[t.spec() for t in self._visible(session, cat)])
+
+    # -- calls --------------------------------------------------------------------------------------------
+    async def call_tool(self, token: str | None, request: toolgateway_pb2.CallToolRequest,
+                        timeout_s: float | None) -> toolgateway_pb2.CallToolResponse:
+        session = await self.authenticate(token)
+        deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.call_timeout_s)
+        name, request_id = request.name, request.request_id
+        if not name:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "name is empty: give a tool name from ListTools")
+        if len(request_id) > MAX_REQUEST_ID:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"request_id is {len(request_id)} characters; at most {MAX_REQUEST_ID}")
+        arguments = dict_from_struct(request.arguments)
+        try:
+            ensure_finite(arguments)
+        except NonFiniteNumberError as exc:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"arguments: {exc}") from exc
+
+        scope = f"call:{session.session_id}"
+        if request_id:
+            try:
+                record, created = await self.store.claim_request(scope, request_id, self.owner)
+            except StoreError as exc:
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+            if not created:
+                return await self._replay(scope, request_id, record.state, record.result, record.owner, deadline)
+
+        started = time.monotonic()
+        endpoint = ""
+        try:
+            result, endpoint, arguments = await self._execute(session, name, arguments, deadline)
+        except CallNotSent as exc:
+            await self._release(scope, request_id)
+            self._count(name, endpoint, "unavailable")
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                               f"upstream unavailable (the tool did not run): {exc}") from exc
+        except UpstreamUnavailable as exc:  # CallLost or a catalog failure after the call may have started
+            lost = isinstance(exc, CallLost)
+            if lost:
+                msg = (f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
+                       "the same request_id returns OUTCOME_UNKNOWN")
+                await self._finish_unknown(session, scope, request_id, name, arguments, endpoint, started, msg)
+            else:
+                await self._release(scope, request_id)
+            self._count(name, endpoint, "unavailable")
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(exc) if not lost else msg) from exc
+        except CallTimedOut as exc:
+            msg = f"deadline exceeded: {exc}; the upstream call was cancelled and may have partly run"
+            await self._finish_unknown(session, scope, request_id, name, arguments, endpoint, started, msg)
+            self._count(name, endpoint, "deadline")
+            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, msg) from exc
+        except GatewayError:
+            await self._release(scope, request_id)  # raised before anything was sent upstream
+            raise
+        except asyncio.CancelledError:
+            # The caller went away (cancel or deadline): the upstream request is cancelled with us. The
+            # record and log are written by an owned task, since this one is being cancelled.
+            self._in_background(self._finish_unknown(
+                session, scope, request_id, name, arguments, endpoint, started,
+                "the call was cancelled by the caller; the tool may have partly run"))
+            raise
+
+        response = toolgateway_pb2.CallToolResponse(result=result)
+        await self._record(session, request_id, name, arguments, endpoint, result, started)
+        if request_id:
+            await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
+        return response
+
+    async def _execute(self, session: Session, name: str, arguments: dict[str, Any],
+                       deadline: _Deadline) -> tuple[common_pb2.ToolResult, str, dict[str, Any]]:
+        """(result, endpoint, arguments as sent). Model mistakes come back as is_error results."""
+        if session.call_budget > 0:
+            used = await self.store.count_tool_calls(session.session_id, session.episode)
+            if used >= session.call_budget:
+                return results.error_result(
+                    Kind.TOOL_ERROR_KIND_BUDGET_EXHAUSTED,
+                    f"The tool-call budget of this episode ({session.call_budget} calls) is spent; "
+                    "the tool was not called. Give your final answer."), "", arguments
+        ups = self.pool.session(session.session_id, session.endpoints)
+        cat = await self._catalog(session, deadline)
+        tool = self._find(session, cat, name)
+        if tool is None and time.monotonic() - ups.last_forced_refresh > UNKNOWN_TOOL_REFRESH_S:
+            ups.last_forced_refresh = time.monotonic()  # the upstream's tool list may have changed
+            cat = await self._catalog(session, deadline, refresh=True)
+            tool = self._find(session, cat, name)
+        if tool is None:
+            if cat.unavailable and cat.catalog.get(name) is None:
+                raise CallNotSent("the tool list is incomplete: " + "; ".join(cat.unavailable.values()))
+            return self._unknown_tool(session, cat, name), "", arguments
+        prepared, problem = prepare_arguments(name, arguments, tool.input_schema)
+        if problem:
+            return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint, prepared
+        timeout_s = deadline.remaining() - DEADLINE_MARGIN_S
+        if timeout_s <= 0:
+            raise CallTimedOut(f"no time left to call {name!r}")
+        start = time.perf_counter()
+        try:
+            mcp_result = await ups.call(tool.endpoint, name, prepared, timeout_s)
+        except CallRejected as exc:
+            return results.error_result(
+                Kind.TOOL_ERROR_KIND_TOOL_FAILED, f"Tool '{name}' was rejected by its server: {exc}"
+            ), tool.endpoint, prepared
+        finally:
+            _latency.labels(name, endpoint_label(tool.endpoint)).observe(time.perf_counter() - start)
+        result = results.truncate(results.tool_result(mcp_result), self.settings.max_output_bytes)
+        return result, tool.endpoint, prepared
+
+    def _find(self, session: Session, cat: SessionCatalog, name: str) -> CatalogTool | None:
+        return next((t for t in self._visible(session, cat) if t.name == name), None)
+
+    def _unknown_tool(self, session: Session, cat: SessionCatalog, name: str) -> common_pb2.ToolResult:
+        visible = [t.name for t in self._visible(session, cat)]
+        hidden = cat.catalog.get(name) is not None
+        why = "is not available in this task" if hidden else "does not exist"
+        listing = ", ".join(visible[:50]) + (" …" if len(visible) > 50 else "")
+        return results.error_result(
+            Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL,
+            f"Tool '{name}' {why}. Available tools: {listing or '(none)'}. Call one of those by its exact name.")
+
+    async def _replay(self, scope: str, request_id: str, state: str, raw: str, owner: str,
+                      deadline: _Deadline) -> toolgateway_pb2.CallToolResponse:
+        """A request_id seen before: its recorded result, OUTCOME_UNKNOWN if its owner died, or wait."""
+        while True:
+            if state == RequestState.DONE:
+                response = decode_response(raw)
+                response.replayed = True
+                return response
+            if not await self.store.owner_alive(owner):
+                _errors.labels("OUTCOME_UNKNOWN").inc()
+                log.info("request %s: first attempt's owner %s died mid-call", request_id, owner)
+                return toolgateway_pb2.CallToolResponse(result=results.error_result(
+                    Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
+                    f"An earlier attempt of request {request_id!r} was in flight when its gateway process died; "
+                    "the tool may or may not have run and is not run again. Check the state before retrying "
+                    "with a new request_id."))
+            await asyncio.sleep(min(REPLAY_POLL_S, max(deadline.remaining(), 0)))
+            deadline.check(f"waiting for the first attempt of request {request_id!r}")
+            record = await self.store.get_request(scope, request_id)
+            if record is None:  # released: the first attempt never reached the upstream
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   f"the first attempt of request {request_id!r} failed before the tool ran; retry")
+            state, raw, owner = record.state, record.result, record.owner
+
+    # -- bookkeeping --------------------------------------------------------------------------------------
+    def _count(self, tool: str, endpoint: str, outcome: str) -> None:
+        _calls.labels(tool, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
+
+    async def _record(self, session: Session, request_id: str, name: str, arguments: Mapping[str, Any], endpoint: str,
+                      result: common_pb2.ToolResult, started: float) -> None:
+        kind = kind_name(result.error_kind)
+        self._count(name, endpoint, "error" if result.is_error else "ok")
+        if kind:
+            _errors.labels(kind).inc()
+            log.info("tool %s -> %s: %s", name, kind, result.error_message[:200])
+        entry = ToolCallEntry(
+            session_id=session.session_id, episode=session.episode, request_id=request_id, tool=name,
+            arguments=dict(arguments), is_error=result.is_error, error_kind=kind,
+            result_summary=results.summary(result), endpoint=endpoint,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+        await self._log_entry(session, entry)
+
+    async def _log_entry(self, session: Session, entry: ToolCallEntry) -> None:
+        await asyncio.gather(
+            self._store_quietly(self.store.append_tool_call(entry)),
+            self._store_quietly(self.store.touch_session(session.session_id, time.time())),
+        )
+
+    async def _finish_unknown(self, session: Session, scope: str, request_id: str, name: str,
+                              arguments: Mapping[str, Any], endpoint: str, started: float, message: str) -> None:
+        """The tool may have run: log it, and make a retry of the request_id answer OUTCOME_UNKNOWN."""
+        _errors.labels("OUTCOME_UNKNOWN").inc()
+        entry = ToolCallEntry(
+            session_id=session.session_id, episode=session.episode, request_id=request_id, tool=name,
+            arguments=dict(arguments), is_error=True, error_kind="OUTCOME_UNKNOWN", result_summary=message[:500],
+            endpoint=endpoint, duration_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+        await self._log_entry(session, entry)
+        if request_id:
+            response = toolgateway_pb2.CallToolResponse(
+                result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message))
+            await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
+
+    async def _release(self, scope: str, request_id: str) -> None:
+        if request_id:
+            await self._store_quietly(self.store.release_request(scope, request_id))
+
+    async def _store_quietly(self, op: Any) -> None:
+        try:
+            await op
+        except StoreError:
+            log.warning("session store write failed", exc_info=True)
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Let bookkeeping of cancelled calls finish (shutdown)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout_s)

@@ -1,0 +1,474 @@
+"""Persistent upstream MCP clients: one per (session, endpoint), each owned by one task.
+
+mcp 2.x constraints this module is built around (see docs/toolgateway.md):
+- a `Client` must be exited in the task that entered it -> each lives inside its owner task (`_Link.run`);
+  callers in other tasks only call its methods (concurrent calls are multiplexed by JSON-RPC id);
+- one transport error tears the whole client down (in-flight calls get -32000 "Connection closed") and a
+  legacy-era session the server forgot answers -32600 "Session not found" forever -> the link is marked
+  dead and the next user builds a new one (counted as a rebuild);
+- an httpx2 read timeout that fires kills the client -> HTTP reads have no timeout; every MCP request
+  carries `read_timeout_seconds` instead (the caller's gRPC deadline for calls);
+- a default client builds its own SSL context (~1 MB, ~30 ms) -> all clients share `HttpSettings`.
+
+Only calls that provably never reached the upstream are retried: a failed handshake, a link found dead
+before sending, or a -32600 session rejection (the server refused the request without running it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import anyio
+import httpx2
+import mcp_types as mt
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+
+from rlgate.runtime import metrics
+from rlgate.toolgateway.catalog import (
+    EndpointNotFound,
+    ToolCatalog,
+    UpstreamUnavailable,
+    list_all_tools,
+    union_tools,
+)
+
+log = logging.getLogger(__name__)
+
+_rebuilds = metrics.counter("rlgate_toolgateway_upstream_rebuilds_total",
+                            "Upstream MCP clients rebuilt after a dead connection or forgotten session", ["reason"])
+_open_clients = metrics.gauge("rlgate_toolgateway_upstream_clients", "Open upstream MCP clients")
+_connects = metrics.counter("rlgate_toolgateway_upstream_connects_total", "Upstream MCP handshakes", ["result"])
+
+
+class CallNotSent(UpstreamUnavailable):
+    """The call provably never reached the upstream (safe to retry, request record released)."""
+
+
+class CallLost(UpstreamUnavailable):
+    """The connection died after the call was sent: the tool may or may not have run."""
+
+
+class CallTimedOut(Exception):
+    """The MCP call timeout (the caller's deadline) passed; the SDK cancelled the upstream request."""
+
+
+class CallRejected(Exception):
+    """The upstream answered the call with a JSON-RPC error (not a tool result)."""
+
+    def __init__(self, error: MCPError) -> None:
+        super().__init__(error.message)
+        self.code = error.code
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Connection settings shared by every upstream client: one SSL context, limits and timeouts."""
+
+    ssl_context: ssl.SSLContext
+    limits: httpx2.Limits
+    timeout: httpx2.Timeout
+    trust_env: bool = False
+
+    _shared: ClassVar[HttpSettings | None] = None
+
+    @classmethod
+    def create(cls, *, connect_timeout: float = 10.0, max_connections: int = 8,
+               trust_env: bool = False) -> HttpSettings:
+        ctx = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+        # Only connecting has an HTTP timeout: any httpx2 timeout that fires (read, write, pool) tears the
+        # whole MCP client down. Every MCP request has its own read_timeout_seconds instead, which also
+        # bounds waiting for a pooled connection. Keep-alive connections live long enough to be reused.
+        timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=None, pool=None)
+        limits = httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
+                               keepalive_expiry=120.0)
+        return cls(ssl_context=ctx, limits=limits, timeout=timeout, trust_env=trust_env)
+
+    @classmethod
+    def shared(cls) -> HttpSettings:
+        if cls._shared is None:
+            cls._shared = cls.create()
+        return cls._shared
+
+    def client(self) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(verify=self.ssl_context, limits=self.limits, timeout=self.timeout,
+                                  trust_env=self.trust_env)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
+def connect_error(url: str, exc: BaseException) -> Exception:
+    """What a failed handshake means: EndpointNotFound (HTTP 404) or UpstreamUnavailable."""
+    for leaf in _leaves(exc):
+        if isinstance(leaf, MCPError) and leaf.code == METHOD_NOT_FOUND:
+            return EndpointNotFound(f"{url} answered 404 Not Found (no MCP endpoint there)")
+    first = _leaves(exc)[0]
+    return CallNotSent(f"{url} unreachable: {type(first).__name__}: {first}".rstrip(": "))
+
+
+@contextlib.asynccontextmanager
+async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIterator[Client]:
+    """An entered mcp `Client` (auto era detection) on a fresh httpx2 client with the shared settings.
+    Enter and exit in the same task. Handshake failures raise EndpointNotFound / CallNotSent."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            hc = await stack.enter_async_context(http.client())
+            client = Client(streamable_http_client(url, http_client=hc), read_timeout_seconds=timeout_s, cache=None)
+            entered = await stack.enter_async_context(client)
+        except Exception as exc:
+            raise connect_error(url, exc) from exc
+        except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
+            raise connect_error(url, exc) from exc
+        yield entered
+
+
+def _is_session_gone(exc: MCPError) -> bool:
+    msg = exc.message.lower()
+    return exc.code == INVALID_REQUEST and ("session not found" in msg or "session terminated" in msg)
+
+
+class _Link:
+    """One mcp `Client` living inside its owner task (entered and exited there). Connecting includes the
+    tool discovery (every page), so the client knows every tool's output schema: the SDK would otherwise
+    list tools *after* a call to validate its result, and a failure there could not be told apart from a
+    rejected call."""
+
+    def __init__(self, url: str, http: HttpSettings, timeout_s: float) -> None:
+        self.url = url
+        self._http = http
+        self._timeout = timeout_s
+        self.client: Client | None = None
+        self.era = ""
+        self.dead = False
+        self.tools: list[mt.Tool] = []
+        self.names: frozenset[str] = frozenset()
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
+        self._stop = anyio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def set_tools(self, tools: list[mt.Tool]) -> None:
+        self.tools, self.names = tools, frozenset(t.name for t in tools)
+
+    async def run(self) -> None:
+        opened = False
+        try:
+            async with open_client(self.url, self._http, self._timeout) as client:
+                self.set_tools(await list_all_tools(client))
+                self.client, self.era, opened = client, client.protocol_version, True
+                _open_clients.inc()
+                _connects.labels("ok").inc()
+                self.ready.set_result(None)
+                await self._stop.wait()
+        except asyncio.CancelledError:
+            if not self.ready.done():
+                self.ready.set_exception(CallNotSent(f"{self.url}: connection closed while connecting"))
+            raise
+        except BaseException as exc:  # the owner must never let an upstream failure escape
+            if not self.ready.done():
+                _connects.labels("failed").inc()
+                err = exc if isinstance(exc, EndpointNotFound | UpstreamUnavailable) else connect_error(self.url, exc)
+                self.ready.set_exception(err)
+            else:
+                leaf = _leaves(exc)[0]
+                log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, leaf)
+        finally:
+            self.dead = True
+            self.client = None
+            if opened:
+                _open_clients.dec()
+
+    def stop(self) -> None:
+        self.dead = True
+        self._stop.set()
+
+
+@dataclass
+class PoolSettings:
+    """Timeouts and lifetimes of upstream clients."""
+
+    upstream_timeout_s: float = 30.0  # handshake and tools/list
+    client_idle_s: float = 300.0  # close a session's clients unused this long
+    tools_refresh_s: float = 300.0  # re-list tools at most this old
+    janitor_interval_s: float = 5.0  # how often idle/closed sessions are looked for
+    connect_timeout_s: float = 10.0
+    http: HttpSettings = field(default_factory=HttpSettings.shared)
+
+
+class EndpointClient:
+    """A session's connection to one MCP endpoint: the current link plus its cached tool list."""
+
+    def __init__(self, url: str, pool: UpstreamPool) -> None:
+        self.url = url
+        self._pool = pool
+        self._link: _Link | None = None
+        self._lock = asyncio.Lock()
+        self._tools_lock = asyncio.Lock()
+        self.tools: list[mt.Tool] | None = None
+        self.tools_at = 0.0
+        self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and not self._link.dead and self._link.client is not None
+
+    def _fresh(self) -> bool:
+        return time.monotonic() - self.tools_at < self._pool.settings.tools_refresh_s
+
+    async def _get_link(self, timeout_s: float) -> tuple[_Link, Client]:
+        async with self._lock:  # single flight: concurrent callers share one handshake
+            link = self._link
+            if link is None or link.dead:
+                if link is not None and link.ready.done() and not link.ready.exception():
+                    _rebuilds.labels("connection_lost").inc()
+                link = self._link = _Link(self.url, self._pool.settings.http, self._pool.settings.upstream_timeout_s)
+                link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
+                link.task = self._pool.spawn(link.run(), f"mcp-owner {self.url}")
+        try:
+            await asyncio.wait_for(asyncio.shield(link.ready), timeout_s)
+        except TimeoutError:
+            raise CallNotSent(f"{self.url}: no MCP handshake within {timeout_s:.1f}s") from None
+        client = link.client
+        if client is None or link.dead:
+            raise CallNotSent(f"{self.url}: connection closed before the call was sent")
+        return link, client
+
+    def _adopt_listing(self, link: _Link, ready: asyncio.Future[None]) -> None:
+        if ready.cancelled():
+            return
+        exc = ready.exception()
+        if isinstance(exc, EndpointNotFound):
+            self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
+        elif exc is None:
+            self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+
+    def _discard(self, link: _Link, reason: str) -> None:
+        if self._link is link:
+            self._link = None
+            _rebuilds.labels(reason).inc()
+        link.stop()
+
+    async def _relist(self, link: _Link, client: Client) -> None:
+        link.set_tools(await list_all_tools(client))
+        self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+
+    async def list_tools(self, timeout_s: float, *, refresh: bool = False) -> list[mt.Tool]:
+        """The endpoint's tools (every page), cached for `tools_refresh_s`. Raises EndpointNotFound (404)
+        or UpstreamUnavailable. Listing is idempotent, so it is retried once on a fresh connection."""
+        async with self._tools_lock:
+            if not refresh and self._fresh():
+                if self.not_found:
+                    raise EndpointNotFound(self.not_found)
+                if self.tools is not None:
+                    return self.tools
+            listed_before = self.tools_at
+            for attempt in range(2):
+                try:
+                    link, client = await self._get_link(timeout_s)
+                    if self.tools_at == listed_before:  # not just listed by a new connection
+                        await self._relist(link, client)
+                except EndpointNotFound:
+                    raise
+                except MCPError as exc:
+                    if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and attempt == 0:
+                        self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
+                        continue
+                    raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
+                except CallNotSent:
+                    if attempt == 0 and self._link is not None and self._link.dead:
+                        continue
+                    raise
+                if self.not_found:
+                    raise EndpointNotFound(self.not_found)
+                return self.tools or []
+            raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
+
+    async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
+        """Call a tool within `timeout_s` seconds. Raises CallNotSent, CallLost, CallTimedOut, CallRejected."""
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(2):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent")
+            link, client = await self._get_link(remaining)
+            try:
+                if name not in link.names:
+                    # This client has not listed the tool: list first (idempotent), so the SDK never lists
+                    # after the call, where a failure would be ambiguous.
+                    await asyncio.wait_for(self._relist(link, client), max(deadline - time.monotonic(), 0.001))
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CallTimedOut(f"deadline passed before {name!r} could be sent")
+                return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
+            except TimeoutError as exc:
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent") from exc
+            except MCPError as exc:
+                if _is_session_gone(exc):
+                    # The server refused the request without running it: rebuild and retry once.
+                    self._discard(link, "session_gone")
+                    if attempt == 0:
+                        continue
+                    raise CallNotSent(f"{self.url}: upstream session rejected twice: {exc.message}") from exc
+                if exc.code == CONNECTION_CLOSED:
+                    self._discard(link, "connection_lost")
+                    raise CallLost(f"{self.url}: connection lost during {name!r}: {exc.message}") from exc
+                if exc.code == REQUEST_TIMEOUT:
+                    raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s") from exc
+                raise CallRejected(exc) from exc
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+                # The client's streams were already closed: nothing was written.
+                self._discard(link, "connection_lost")
+                if attempt == 0:
+                    continue
+                raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
+        raise CallNotSent(f"{self.url}: could not send {name!r}")
+
+    async def close(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.stop()
+            if link.task is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(link.task), 5.0)
+                if not link.task.done():
+                    link.task.cancel()
+
+
+@dataclass
+class SessionCatalog:
+    """A session's unfiltered catalog plus endpoints that could not be reached (url -> reason)."""
+
+    catalog: ToolCatalog
+    unavailable: dict[str, str]
+
+
+class SessionUpstreams:
+    """All endpoint clients of one session, in the session's precedence order."""
+
+    def __init__(self, session_id: str, endpoints: Sequence[str], pool: UpstreamPool) -> None:
+        self.session_id = session_id
+        self.endpoints = tuple(endpoints)
+        self.clients = {url: EndpointClient(url, pool) for url in self.endpoints}
+        self.last_used = time.monotonic()
+        self.last_forced_refresh = 0.0
+
+    async def catalog(self, timeout_s: float, *, refresh: bool = False) -> SessionCatalog:
+        self.last_used = time.monotonic()
+        results = await asyncio.gather(
+            *(self.clients[u].list_tools(timeout_s, refresh=refresh) for u in self.endpoints), return_exceptions=True
+        )
+        per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []
+        dropped: dict[str, str] = {}
+        unavailable: dict[str, str] = {}
+        for url, res in zip(self.endpoints, results, strict=True):
+            if isinstance(res, EndpointNotFound):
+                dropped[url] = str(res)
+            elif isinstance(res, Exception):
+                unavailable[url] = str(res)
+            elif isinstance(res, BaseException):
+                raise res
+            else:
+                per_endpoint.append((url, res))
+        return SessionCatalog(union_tools(per_endpoint, dropped), unavailable)
+
+    async def call(self, endpoint: str, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
+        self.last_used = time.monotonic()
+        try:
+            return await self.clients[endpoint].call(name, arguments, timeout_s)
+        finally:
+            self.last_used = time.monotonic()
+
+    def connected_count(self) -> int:
+        return sum(1 for c in self.clients.values() if c.connected)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+
+class UpstreamPool:
+    """Every upstream client of this gateway process. Owns all owner tasks and the janitor.
+
+    State here is a cache: any replica rebuilds it from the session store and the upstreams."""
+
+    def __init__(self, settings: PoolSettings | None = None) -> None:
+        self.settings = settings or PoolSettings()
+        self._sessions: dict[str, SessionUpstreams] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._janitor: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        if self._closed:
+            coro.close()
+            raise CallNotSent("gateway is shutting down")
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def session(self, session_id: str, endpoints: Sequence[str]) -> SessionUpstreams:
+        """The session's upstreams; a changed endpoint list (instance replaced) starts afresh."""
+        current = self._sessions.get(session_id)
+        if current is not None and current.endpoints == tuple(endpoints):
+            return current
+        if current is not None:
+            self.spawn(current.close(), f"close-upstreams {session_id}")
+        fresh = self._sessions[session_id] = SessionUpstreams(session_id, endpoints, self)
+        return fresh
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def open_clients(self) -> int:
+        return sum(s.connected_count() for s in self._sessions.values())
+
+    async def close_session(self, session_id: str) -> None:
+        ups = self._sessions.pop(session_id, None)
+        if ups is not None:
+            await ups.close()
+
+    def start_janitor(self, still_open: Callable[[str], Any]) -> None:
+        """Close clients of sessions idle for `client_idle_s` or no longer open (`still_open(sid)` is an
+        async predicate reading the store)."""
+        self._janitor = self.spawn(self._janitor_loop(still_open), "upstream-janitor")
+
+    async def _janitor_loop(self, still_open: Callable[[str], Any]) -> None:
+        while True:
+            await asyncio.sleep(self.settings.janitor_interval_s)
+            now = time.monotonic()
+            for sid, ups in list(self._sessions.items()):
+                try:
+                    idle = now - ups.last_used > self.settings.client_idle_s
+                    if idle or not await still_open(sid):
+                        log.info("closing upstream clients of session %s (%s)", sid, "idle" if idle else "closed")
+                        if self._sessions.get(sid) is ups:
+                            del self._sessions[sid]
+                        await ups.close()
+                except Exception:
+                    log.warning("janitor could not check session %s", sid, exc_info=True)
+
+    async def close(self) -> None:
+        """Close every client (each exits in its owner task) and cancel every background task."""
+        if self._janitor is not None:
+            self._janitor.cancel()
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,172 @@
+"""A real grpc.aio server on 127.0.0.1 (port 0) whose OrchestratorService / ToolGatewayService answers
+follow a per-method script: a status code to abort with, a delay, or a response. It runs on its own
+event loop in a thread, so blocking clients in the test thread can call it too."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from rlgate.v1 import (
+    common_pb2,
+    orchestrator_pb2,
+    orchestrator_pb2_grpc,
+    toolgateway_pb2,
+    toolgateway_pb2_grpc,
+)
+
+
+@dataclass
+class Sleep:
+    """Answer after `seconds` (longer than a client's attempt timeout -> DEADLINE_EXCEEDED there)."""
+
+    seconds: float
+    then: Any = None
+
+
+@dataclass
+class Seen:
+    request: Any
+    metadata: dict[str, str]
+
+
+@dataclass
+class Script:
+    # method -> queue of steps; an exhausted queue answers with the default response.
+    steps: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    seen: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
+    defaults: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+    def push(self, method: str, *steps: Any) -> None:
+        self.steps[method].extend(steps)
+
+    def count(self, method: str) -> int:
+        return len(self.seen[method])
+
+
+def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
+    def reset(req: orchestrator_pb2.ResetRequest) -> orchestrator_pb2.ResetResponse:
+        return orchestrator_pb2.ResetResponse(
+            session_id="s-1",
+            episode=1,
+            prompt="do it",
+            messages=[common_pb2.ChatMessage(role="user", content="do it")],
+            tools=[common_pb2.ToolSpec(name="echo", description="echo back")],
+            agent_token="agent-token",
+            gateway_address=gateway_address,
+            task=common_pb2.TaskInfo(key=req.task_key or "t", env_id="demo", version="v1"),
+            max_turns=req.max_turns or 5,
+            modality="tool_use",
+        )
+
+    def step(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+        done = req.HasField("final_answer") or req.done
+        response = orchestrator_pb2.StepResponse(turn=1, done=done)
+        if done:
+            response.reward = 1.0
+            response.verification.status = common_pb2.VERIFICATION_STATUS_OK
+            response.done_reason = orchestrator_pb2.DONE_REASON_FINAL_ANSWER
+        return response
+
+    def call_tool(req: toolgateway_pb2.CallToolRequest) -> toolgateway_pb2.CallToolResponse:
+        text = common_pb2.TextContent(text=f"{req.name} ok")
+        return toolgateway_pb2.CallToolResponse(
+            result=common_pb2.ToolResult(content=[common_pb2.ContentBlock(text=text)])
+        )
+
+    return {
+        "Reset": reset,
+        "Step": step,
+        "State": lambda req: orchestrator_pb2.StateResponse(
+            session=orchestrator_pb2.SessionInfo(session_id=req.session_id)
+        ),
+        "Close": lambda req: orchestrator_pb2.CloseResponse(status=common_pb2.SESSION_STATUS_CLOSED),
+        "CloseSessions": lambda req: orchestrator_pb2.CloseSessionsResponse(session_ids=["s-lost"]),
+        "ListTasks": lambda req: orchestrator_pb2.ListTasksResponse(),
+        "ListSessions": lambda req: orchestrator_pb2.ListSessionsResponse(),
+        "ListTools": lambda req: toolgateway_pb2.ListToolsResponse(tools=[common_pb2.ToolSpec(name="echo")]),
+        "CallTool": call_tool,
+    }
+
+
+class _Handler:
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    async def answer(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.script.seen[method].append(Seen(request, {k: str(v) for k, v in context.invocation_metadata()}))
+        queue = self.script.steps[method]
+        step = queue.pop(0) if queue else None
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            step = step.then
+        if isinstance(step, grpc.StatusCode):
+            await context.abort(step, f"scripted {step.name}")
+        if step is None:
+            return self.script.defaults[method](request)
+        return step(request) if callable(step) else step
+
+
+def _servicer(base: type, handler: _Handler, methods: list[str]) -> Any:
+    def make(method: str) -> Any:
+        async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await handler.answer(method, request, context)
+
+        return rpc
+
+    return type("Scripted" + base.__name__, (base,), {m: make(m) for m in methods})()
+
+
+class ScriptedServer:
+    """Both services on one port, on a private event loop in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.script = Script()
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._server: grpc.aio.Server | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, credentials: grpc.ServerCredentials | None = None) -> ScriptedServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(credentials), self._loop).result(10)
+        self.script.defaults = default_responses(self.address)
+        return self
+
+    async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
+        handler = _Handler(self.script)
+        server = grpc.aio.server()
+        orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
+            _servicer(
+                orchestrator_pb2_grpc.OrchestratorServiceServicer,
+                handler,
+                ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"],
+            ),
+            server,
+        )
+        toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(
+            _servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer, handler, ["ListTools", "CallTool"]), server
+        )
+        if credentials is None:
+            self.port = server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = server.add_secure_port("127.0.0.1:0", credentials)
+        await server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(0), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

@@ -1,0 +1,197 @@
+"""SkyRL and Tinker adapters against a scripted server: registration, construction, the env protocol,
+verifier failures and session closing."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import pytest
+
+import rlgate
+from rlgate.v1 import common_pb2, orchestrator_pb2
+from tests.client.scripted import ScriptedServer
+from tests.client.tinker_support import ScriptedPolicy, renderer
+
+
+def _verifier_error(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+    response = orchestrator_pb2.StepResponse(turn=1, done=True)
+    response.verification.status = common_pb2.VERIFICATION_STATUS_ERROR
+    response.verification.message = "verifier raised KeyError"
+    return response
+
+
+# ------------------------------------------------------------------------------------------------ SkyRL
+
+
+@pytest.fixture
+def skyrl_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer):  # type: ignore[no-untyped-def]
+    import skyrl_gym
+
+    from rlgate.adapters.skyrl import register
+
+    register()
+    register()  # idempotent
+    monkeypatch.setenv("RLGATE_ORCHESTRATOR", server.address)
+
+    def make(**extras: object):  # type: ignore[no-untyped-def]
+        return skyrl_gym.make("rlgate", env_config={}, extras={"task_key": "t1", "max_turns": 4, **extras})
+
+    return make
+
+
+def test_skyrl_registration_and_settings(skyrl_env, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from rlgate.adapters.skyrl import RlgateTextEnv
+
+    env = skyrl_env(orchestrator="10.0.0.1:1", api_key="k")
+    assert isinstance(env, RlgateTextEnv)
+    assert env.orchestrator == "10.0.0.1:1" and env.api_key == "k" and env.max_turns == 4
+    via_info = skyrl_env(task_key=None, extra_info={"task_key": "from-info"})
+    assert via_info.task_key == "from-info"
+    with pytest.raises(ValueError, match="on_verifier_error"):
+        skyrl_env(on_verifier_error="ignore")
+    monkeypatch.delenv("RLGATE_ORCHESTRATOR")
+    with pytest.raises(ValueError, match="orchestrator"):
+        skyrl_env()
+
+
+def test_skyrl_episode_like_the_generator(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+    env = skyrl_env()
+    chat, meta = env.init([{"role": "user", "content": "ignored: the task comes from rlgate"}])
+    assert [m["role"] for m in chat] == ["system", "user"] and chat[1]["content"] == "do it"
+    assert meta["task_key"] == "t1" and meta["env_key"] == "demo:v1" and meta["modality"] == "tool_use"
+    assert meta["tools"][0]["name"] == "echo"
+    out = env.step('<tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
+    assert not out["done"] and out["reward"] == 0.0
+    assert out["metadata"]["tool_call"][0]["name"] == "echo" and out["metadata"]["tool_result"] == ["echo ok"]
+    assert out["observations"][0]["content"].startswith("<tool_response>")
+    out = env.step("<final_answer>42</final_answer>")
+    assert out["done"] and out["reward"] == 1.0 and out["observations"] == []
+    assert out["metadata"]["verification_status"] == "OK" and out["metadata"]["done_reason"] == "FINAL_ANSWER"
+    assert env.get_metrics()["tool_calls"] == 1
+    env.close()
+    env.close()
+    assert server.script.count("Close") == 1
+    assert server.script.seen["Reset"][0].request.max_turns == 4
+
+
+def test_skyrl_verifier_error_raises_and_closes(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+    server.script.push("Step", _verifier_error)
+    env = skyrl_env()
+    env.init([])
+    with pytest.raises(rlgate.VerifierError, match="ERROR"):
+        env.step("<final_answer>x</final_answer>")
+    assert server.script.count("Close") == 1  # SkyRL skips close() after a failed step
+
+
+def test_skyrl_verifier_error_zero_mode(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+    server.script.push("Step", _verifier_error)
+    env = skyrl_env(on_verifier_error="zero")
+    env.init([])
+    out = env.step("<done/>")
+    assert out["done"] and out["reward"] == 0.0 and out["metadata"]["verification_status"] == "ERROR"
+    assert env.get_metrics()["verifier_failed"] == 1.0
+
+
+# ----------------------------------------------------------------------------------------------- Tinker
+
+
+def _builder(server: ScriptedServer, **kwargs: object):  # type: ignore[no-untyped-def]
+    from rlgate.adapters.tinker import RlgateEnvGroupBuilder
+
+    return RlgateEnvGroupBuilder(task_key="t1", renderer=renderer(), orchestrator=server.address, **kwargs)  # type: ignore[arg-type]
+
+
+def _answer_on_turn_two(prompt: str, turn: int) -> str:
+    if turn == 0:
+        return '<tool_call>\n{"name": "echo", "arguments": {"x": 1}}\n</tool_call>'
+    return "<final_answer>42</final_answer>"
+
+
+async def test_tinker_builder_is_lazy_picklable_and_closes_in_cleanup(server: ScriptedServer) -> None:
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    builder = _builder(server, group_size=3, max_turns=5)
+    envs = await builder.make_envs()
+    assert len(envs) == 3 and server.script.count("Reset") == 0  # no session until the first observation
+    clone = pickle.loads(pickle.dumps(builder))
+    assert clone.task_key == "t1" and clone.sessions_opened == 0
+
+    policy = ScriptedPolicy(_answer_on_turn_two)
+    group = await do_group_rollout(builder, policy)
+    assert group.get_total_rewards() == [1.0, 1.0, 1.0]
+    assert server.script.count("Reset") == 3 and server.script.count("Close") == 3
+    assert server.script.seen["Reset"][0].request.max_turns == 5
+    await builder.cleanup()  # idempotent
+    assert server.script.count("Close") == 3
+
+
+async def test_tinker_lenient_parse_of_calls_the_renderer_rejects(server: ScriptedServer) -> None:
+    from tinker_cookbook.rl.rollouts import do_single_rollout
+
+    def script(prompt: str, turn: int) -> str:
+        if turn == 0:  # "tool"/"params": the Qwen3 renderer leaves it unparsed; rlgate's parser repairs it
+            return '<tool_call>\n{"tool": "echo", "params": {"x": 1}}\n</tool_call>'
+        assert "<tool_response>\necho ok\n</tool_response>" in prompt
+        return "<final_answer>42</final_answer>"
+
+    builder = _builder(server)
+    (env,) = await builder.make_envs()
+    trajectory = await do_single_rollout(ScriptedPolicy(script), env)
+    assert [t.reward for t in trajectory.transitions] == [0.0, 1.0]
+    assert server.script.count("CallTool") == 1
+    await builder.cleanup()
+
+
+async def test_tinker_verifier_error_fails_the_rollout_and_cleanup_closes(server: ScriptedServer) -> None:
+    from tinker_cookbook.rl.rollout_strategy import RetryOnFailure
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    server.script.push("Step", _verifier_error)
+    builder = _builder(server, group_size=2)
+    group = await do_group_rollout(builder, ScriptedPolicy(lambda p, t: "<done/>"), strategy=RetryOnFailure(max_retries=2))
+    assert len(group.trajectories_G) == 2
+    assert [e.error_type for e in group.rollout_errors] == ["VerifierError"]
+    # One failed trajectory -> one new session (not a new group): 2 + 1 Resets, all closed.
+    assert server.script.count("Reset") == 3 and server.script.count("Close") == 3
+
+
+async def test_tinker_env_raising_still_closes_every_session(server: ScriptedServer) -> None:
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    def script(prompt: str, turn: int) -> str:
+        raise RuntimeError("policy crashed")
+
+    builder = _builder(server, group_size=2)
+    with pytest.raises(RuntimeError, match="policy crashed"):
+        await do_group_rollout(builder, ScriptedPolicy(script))
+    # FailFast's gather leaves the sibling rollout running after cleanup(); its session is closed too.
+    for _ in range(100):
+        if server.script.count("Close") + server.script.count("CloseSessions") >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert server.script.count("Reset") == 2
+    assert server.script.count("Close") + server.script.count("CloseSessions") == 2
+
+
+async def test_tinker_dataset_builder(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlgate.adapters.tinker import RlgateDatasetBuilder
+    from tests.client.tinker_support import TOKENIZER_NAME
+
+    renderer()  # registers the in-process tokenizer
+    builder = RlgateDatasetBuilder(
+        renderer_name="qwen3_instruct",
+        model_name_for_tokenizer=TOKENIZER_NAME,
+        orchestrator=server.address,
+        tasks="a,b,c",
+        test_tasks="c",
+        batch_size=2,
+        group_size=4,
+        epochs=2,
+    )
+    train, test = await builder()
+    assert len(train) == 2 and [b.task_key for b in train.get_batch(0)] == ["a", "b"]
+    assert [b.task_key for b in train.get_batch(1)] == ["a", "b"]
+    assert test is not None and [b.task_key for b in test.get_batch(0)] == ["c"]
+    batch = train.get_batch(0)
+    assert pickle.loads(pickle.dumps(batch[0])).group_size == 4

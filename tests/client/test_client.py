@@ -1,0 +1,218 @@
+"""Client and AsyncClient against real grpc.aio servers with scripted answers: retries, request ids,
+metadata, status mapping, deadlines, round-robin and failover."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+import rlgate
+from rlgate import AsyncClient, Client, RetryPolicy
+from rlgate.client import TRACE_HEADER
+from rlgate.retry import RetryState
+from tests.client.scripted import ScriptedServer, Sleep
+from tests.support.ports import free_port
+
+FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05)
+U = grpc.StatusCode.UNAVAILABLE
+
+
+def test_reset_retries_unavailable_with_one_request_id(server: ScriptedServer) -> None:
+    server.script.push("Reset", U, U)
+    with Client(server.address, api_key="k1", retry=FAST) as client:
+        response = client.reset(task_key="t1", max_turns=3, trace_id="trace-1")
+    assert response.session_id == "s-1"
+    seen = server.script.seen["Reset"]
+    assert len(seen) == 3
+    ids = {s.request.request_id for s in seen}
+    assert len(ids) == 1 and ids.pop()
+    assert all(s.metadata["authorization"] == "Bearer k1" for s in seen)
+    assert all(s.metadata[TRACE_HEADER] == "trace-1" for s in seen)
+    assert seen[0].request.task_key == "t1" and seen[0].request.max_turns == 3
+
+
+async def test_async_step_retries_unavailable_with_one_request_id(server: ScriptedServer) -> None:
+    server.script.push("Step", U)
+    async with AsyncClient(server.address, retry=FAST) as client:
+        response = await client.step("s-1", assistant_text="hi", final_answer="42")
+    assert response.done and response.reward == 1.0
+    seen = server.script.seen["Step"]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id != ""
+    assert seen[0].request.final_answer == "42"
+    assert "authorization" not in seen[0].metadata  # no API key configured
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (grpc.StatusCode.UNAUTHENTICATED, rlgate.Unauthenticated),
+        (grpc.StatusCode.PERMISSION_DENIED, rlgate.PermissionDenied),
+        (grpc.StatusCode.NOT_FOUND, rlgate.NotFound),
+        (grpc.StatusCode.FAILED_PRECONDITION, rlgate.FailedPrecondition),
+        (grpc.StatusCode.INVALID_ARGUMENT, rlgate.InvalidArgument),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, rlgate.ResourceExhausted),
+        (grpc.StatusCode.INTERNAL, rlgate.Internal),
+    ],
+)
+def test_statuses_map_to_exceptions_without_retry(
+    server: ScriptedServer, code: grpc.StatusCode, error: type[Exception]
+) -> None:
+    server.script.push("Step", code)
+    with Client(server.address, retry=FAST) as client, pytest.raises(error) as info:
+        client.step("s-1", assistant_text="x")
+    assert server.script.count("Step") == 1
+    assert isinstance(info.value, rlgate.RlgateError) and info.value.code == code
+    assert "scripted" in str(info.value)
+
+
+async def test_async_statuses_map_too(server: ScriptedServer) -> None:
+    server.script.push("State", grpc.StatusCode.NOT_FOUND)
+    async with AsyncClient(server.address, retry=FAST) as client:
+        with pytest.raises(rlgate.NotFound):
+            await client.state("nope")
+
+
+def test_retries_are_bounded_by_the_deadline(server: ScriptedServer) -> None:
+    server.script.push("Reset", *([U] * 1000))
+    policy = RetryPolicy(max_attempts=1000, initial_backoff=0.05, max_backoff=0.2)
+    started = time.monotonic()
+    with Client(server.address, retry=policy) as client, pytest.raises((rlgate.Unavailable, rlgate.DeadlineExceeded)):
+        client.reset(task_key="t", timeout=1.0)
+    assert time.monotonic() - started < 3.0
+    assert 2 < server.script.count("Reset") < 100
+
+
+def test_max_attempts_bounds_retries(server: ScriptedServer) -> None:
+    server.script.push("Close", *([U] * 10))
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01)
+    with Client(server.address, retry=policy) as client, pytest.raises(rlgate.Unavailable, match="after 3 attempts"):
+        client.close_session("s-1")
+    assert server.script.count("Close") == 3
+
+
+def test_attempt_timeout_retries_a_hung_step_with_the_same_request_id(server: ScriptedServer) -> None:
+    server.script.push("Step", Sleep(3.0))
+    policy = RetryPolicy(initial_backoff=0.01, attempt_timeout=0.5)
+    with Client(server.address, retry=policy) as client:
+        response = client.step("s-1", assistant_text="x", timeout=10.0)
+    assert response.turn == 1
+    seen = server.script.seen["Step"]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
+
+
+def test_deadline_without_attempt_timeout_is_not_retried(server: ScriptedServer) -> None:
+    server.script.push("Step", Sleep(3.0))
+    with Client(server.address, retry=FAST) as client, pytest.raises(rlgate.DeadlineExceeded):
+        client.step("s-1", timeout=0.5)
+    assert server.script.count("Step") == 1
+
+
+def test_call_tool_retries_unavailable_with_the_same_request_id_and_agent_token(server: ScriptedServer) -> None:
+    server.script.push("CallTool", U)
+    with Client(server.address, api_key="orchestrator-key", retry=FAST) as client:
+        response = client.call_tool("agent-token", "echo", {"x": 1}, gateway=server.address)
+    assert response.result.content[0].text.text == "echo ok"
+    seen = server.script.seen["CallTool"]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id != ""
+    assert all(s.metadata["authorization"] == "Bearer agent-token" for s in seen)
+    assert dict(seen[0].request.arguments) == {"x": 1.0}
+
+
+def test_call_tool_is_not_retried_after_its_deadline(server: ScriptedServer) -> None:
+    server.script.push("CallTool", Sleep(3.0))
+    policy = RetryPolicy(initial_backoff=0.01, attempt_timeout=0.3)  # even with per-attempt timeouts
+    with Client(server.address, retry=policy) as client, pytest.raises(rlgate.DeadlineExceeded):
+        client.call_tool("agent-token", "echo", gateway=server.address, timeout=5.0)
+    assert server.script.count("CallTool") == 1
+
+
+def test_call_tool_is_not_retried_on_other_errors(server: ScriptedServer) -> None:
+    server.script.push("CallTool", grpc.StatusCode.FAILED_PRECONDITION)
+    with Client(server.address, retry=FAST) as client, pytest.raises(rlgate.FailedPrecondition):
+        client.call_tool("agent-token", "echo", gateway=server.address)
+    assert server.script.count("CallTool") == 1
+
+
+def test_round_robin_over_addresses(server: ScriptedServer, server2: ScriptedServer) -> None:
+    with Client([server.address, server2.address], retry=FAST) as client:
+        for _ in range(6):
+            client.state("s-1")
+    assert server.script.count("State") == 3 and server2.script.count("State") == 3
+
+
+async def test_failover_to_a_live_address(server: ScriptedServer) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with AsyncClient(f"{dead},{server.address}", retry=FAST) as client:
+        for _ in range(4):
+            assert (await client.reset(task_key="t")).session_id == "s-1"
+    assert server.script.count("Reset") == 4
+
+
+def test_gateway_addresses_override(server: ScriptedServer, server2: ScriptedServer) -> None:
+    with Client(server.address, gateway_addresses=server2.address, retry=FAST) as client:
+        client.call_tool("tok", "echo", gateway="10.255.255.1:1")
+    assert server2.script.count("CallTool") == 1 and server.script.count("CallTool") == 0
+
+
+def test_tls_with_root_certificates() -> None:
+    cert, key = _self_signed()
+    srv = ScriptedServer().start(grpc.ssl_server_credentials([(key, cert)]))
+    try:
+        with Client(f"localhost:{srv.port}", tls=True, root_certificates=cert, retry=FAST) as client:
+            assert client.state("s-1").session.session_id == "s-1"
+        plain = Client(f"localhost:{srv.port}", retry=RetryPolicy(max_attempts=1))
+        with plain, pytest.raises(rlgate.Unavailable):
+            plain.state("s-1", timeout=2.0)
+    finally:
+        srv.stop()
+
+
+def test_retry_state_jitter_and_backoff_bounds() -> None:
+    policy = RetryPolicy(initial_backoff=0.1, max_backoff=1.0, multiplier=2.0, jitter=0.5)
+    assert policy.backoff(0, rng=lambda: 0.0) == pytest.approx(0.05)
+    assert policy.backoff(0, rng=lambda: 1.0) == pytest.approx(0.15)
+    assert policy.backoff(10, rng=lambda: 0.5) == pytest.approx(1.0)
+    state = RetryState("Reset", policy, timeout=0.0)
+    with pytest.raises(rlgate.DeadlineExceeded):
+        state.attempt_timeout()
+
+
+def test_errors_pickle() -> None:
+    import pickle
+
+    err = rlgate.VerifierError("boom", status="TIMEOUT", session_id="s", task_key="t")
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, rlgate.VerifierError) and back.status == "TIMEOUT" and back.task_key == "t"
+    nf = pickle.loads(pickle.dumps(rlgate.NotFound("x", trace_id="tr")))
+    assert isinstance(nf, rlgate.NotFound) and nf.trace_id == "tr" and nf.code == grpc.StatusCode.NOT_FOUND
+
+
+def _self_signed() -> tuple[bytes, bytes]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return (
+        cert.public_bytes(serialization.Encoding.PEM),
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+    )

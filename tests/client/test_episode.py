@@ -1,0 +1,168 @@
+"""Episode / AsyncEpisode against a scripted server: the turn protocol, verifier failures, and closing
+in every path (normal end, exceptions, cancellation, a Reset whose answer was lost)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+import rlgate
+from rlgate import AsyncClient, Client, RetryPolicy
+from rlgate.episode import RESET_LABEL
+from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
+from tests.client.scripted import ScriptedServer, Sleep
+
+FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05)
+
+
+def _verifier_failed(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+    response = orchestrator_pb2.StepResponse(turn=1, done=True)
+    response.verification.status = common_pb2.VERIFICATION_STATUS_TIMEOUT
+    response.verification.message = "verifier timed out after 30s"
+    return response
+
+
+def test_turns_call_tools_then_step_and_close(server: ScriptedServer) -> None:
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t1", max_turns=4) as ep:
+        messages = ep.initial_messages()
+        assert messages[0]["role"] == "system" and '"name": "echo"' in messages[0]["content"]
+        assert messages[1] == {"role": "user", "content": "do it"}
+        first = ep.turn('Sure. <tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
+        assert not first.done and first.reward is None
+        assert first.observations == [{"role": "user", "content": "<tool_response>\necho ok\n</tool_response>"}]
+        last = ep.turn("<final_answer>42</final_answer>")
+        assert last.done and last.reward == 1.0 and last.observations == []
+        assert last.verification_status == "OK" and last.done_reason == "FINAL_ANSWER"
+    steps = server.script.seen["Step"]
+    assert [s.request.HasField("final_answer") for s in steps] == [False, True]
+    summary = steps[0].request.tool_calls[0]
+    assert summary.name == "echo" and summary.request_id == server.script.seen["CallTool"][0].request.request_id
+    assert server.script.seen["CallTool"][0].metadata["authorization"] == "Bearer agent-token"
+    assert server.script.count("Close") == 1
+    traces = {
+        s.metadata["x-rlgate-trace-id"] for m in ("Reset", "Step", "CallTool", "Close") for s in server.script.seen[m]
+    }
+    assert len(traces) == 1  # one trace id for the whole episode
+
+
+def test_unparseable_text_is_an_observation_and_the_turn_counts(server: ScriptedServer) -> None:
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
+        bad = ep.turn('<tool_call>{"name": "echo", "arguments": [}</tool_call>')
+        assert not bad.done and bad.error and "not valid JSON" in bad.observations[0]["content"]
+        prose = ep.turn("I am thinking about it.")
+        assert "<tool_call>" in prose.observations[0]["content"]  # the format reminder
+    assert server.script.count("Step") == 2 and server.script.count("CallTool") == 0
+
+
+def test_outcome_unknown_reaches_the_model_and_is_not_retried(server: ScriptedServer) -> None:
+    unknown = toolgateway_pb2.CallToolResponse(
+        result=common_pb2.ToolResult(
+            is_error=True,
+            error_kind=common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
+            error_message="the first attempt's owner died; the tool may have run",
+        ),
+        replayed=True,
+    )
+    server.script.push("CallTool", grpc.StatusCode.UNAVAILABLE, unknown)
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
+        result = ep.turn('<tool_call>{"name": "echo", "arguments": {}}</tool_call>')
+    assert "Error (outcome unknown)" in result.observations[0]["content"]
+    assert result.tool_calls[0].is_error and result.tool_calls[0].replayed
+    seen = server.script.seen["CallTool"]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
+
+
+def test_verifier_failure_raises_and_the_episode_still_closes(server: ScriptedServer) -> None:
+    server.script.push("Step", _verifier_failed)
+    with Client(server.address, retry=FAST) as client:
+        with pytest.raises(rlgate.VerifierError, match="TIMEOUT") as info, client.episode(task_key="t9") as ep:
+            ep.turn("<final_answer>x</final_answer>")
+        assert info.value.task_key == "t" or info.value.task_key == "t9"
+        assert info.value.session_id == "s-1"
+    assert server.script.count("Close") == 1
+
+
+def test_verifier_failure_can_be_returned_instead(server: ScriptedServer) -> None:
+    server.script.push("Step", _verifier_failed)
+    client = Client(server.address, retry=FAST)
+    with client, client.episode(task_key="t", raise_on_verifier_error=False) as ep:
+        result = ep.turn("<done/>")
+    assert result.done and result.reward is None and result.verification_status == "TIMEOUT"
+
+
+def test_exception_in_body_closes_once_and_close_is_idempotent(server: ScriptedServer) -> None:
+    with Client(server.address, retry=FAST) as client:
+        with pytest.raises(KeyError), client.episode(task_key="t") as ep:
+            raise KeyError("trainer bug")
+        ep.close()
+        ep.close()
+    assert server.script.count("Close") == 1
+
+
+def test_close_failure_does_not_mask_the_original_error(server: ScriptedServer) -> None:
+    server.script.push("Close", grpc.StatusCode.INTERNAL)
+    with Client(server.address, retry=FAST) as client, pytest.raises(KeyError), client.episode(task_key="t"):
+        raise KeyError("original")
+
+
+def test_lost_reset_is_closed_by_label(server: ScriptedServer) -> None:
+    server.script.push("Reset", *([grpc.StatusCode.UNAVAILABLE] * 3))
+    client = Client(server.address, retry=RetryPolicy(max_attempts=3, initial_backoff=0.01))
+    with client, pytest.raises(rlgate.Unavailable), client.episode(task_key="t"):
+        pass
+    reset_id = server.script.seen["Reset"][0].request.request_id
+    assert server.script.seen["Reset"][0].request.labels[RESET_LABEL] == reset_id
+    assert dict(server.script.seen["CloseSessions"][0].request.labels) == {RESET_LABEL: reset_id}
+    assert server.script.count("Close") == 0
+
+
+def test_rejected_reset_closes_nothing(server: ScriptedServer) -> None:
+    server.script.push("Reset", grpc.StatusCode.NOT_FOUND)
+    client = Client(server.address, retry=FAST)
+    with client, pytest.raises(rlgate.NotFound), client.episode(task_key="missing"):
+        pass
+    assert server.script.count("CloseSessions") == 0 and server.script.count("Close") == 0
+
+
+async def test_async_episode_turns_and_closes(server: ScriptedServer) -> None:
+    async with AsyncClient(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
+        first = await ep.turn('<tool_call>{"tool": "echo", "params": {"a": "b"}}')
+        assert "echo ok" in first.observations[0]["content"]
+        assert (await ep.list_tools())[0].name == "echo"
+        last = await ep.turn("<final_answer>1</final_answer>")
+        assert last.reward == 1.0
+    assert server.script.count("Close") == 1
+
+
+async def test_cancelled_async_episode_still_closes(server: ScriptedServer) -> None:
+    server.script.push("Step", Sleep(5.0))
+    async with AsyncClient(server.address, retry=FAST) as client:
+        started = asyncio.Event()
+
+        async def run() -> None:
+            async with client.episode(task_key="t") as ep:
+                started.set()
+                await ep.turn("<done/>")
+
+        task = asyncio.create_task(run())
+        await started.wait()
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            if server.script.count("Close"):
+                break
+            await asyncio.sleep(0.05)
+    assert server.script.count("Close") == 1
+
+
+async def test_async_verifier_error_closes(server: ScriptedServer) -> None:
+    server.script.push("Step", _verifier_failed)
+    async with AsyncClient(server.address, retry=FAST) as client:
+        with pytest.raises(rlgate.VerifierError):
+            async with client.episode(task_key="t") as ep:
+                await ep.turn("<final_answer>x</final_answer>")
+    assert server.script.count("Close") == 1

@@ -1,0 +1,250 @@
+"""Several replicas of the rlgate services as processes on loopback, for the multi-replica tests.
+
+`Replicas` starts localfleet, N orchestrators and M gateways over one shared store (Redis), each as
+`python -m rlgate.cli <service>` with its own log file, and guarantees they are all gone at teardown
+(SIGTERM, then SIGKILL). Settings are passed as environment variables, each checked against the CLI's
+config (`env_vars`), so a renamed setting fails here instead of being silently ignored.
+
+`CountingProxy` sits in front of localfleet's control plane and counts requests per (method, path): it is
+how the reconciliation test sees every DELETE an orchestrator sends, including ones localfleet would
+answer idempotently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rlgate.runtime.config import env_vars
+from rlgate.runtime.stack import grpc_serving, http_ok
+from tests.deploy.cli_contract import config_class
+from tests.support.ports import free_port
+
+
+def checked_env(command: str, settings: dict[str, Any]) -> dict[str, str]:
+    """Settings as environment variables, refusing any the command's config does not declare."""
+    known = set(env_vars(config_class(command)))
+    unknown = sorted(set(settings) - known - {"FLEET_API_KEY", "FLEET_BASE_URL"})
+    assert not unknown, f"`rlgate {command}` has no settings {unknown}"
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in settings.items()}
+
+
+@dataclass
+class Service:
+    """One service process."""
+
+    name: str  # e.g. "orchestrator-1"
+    command: str  # orchestrator | toolgateway | localfleet
+    port: int
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("RLGATE_", "FLEET_"))}
+        environ.update(self.env, PYTHONUNBUFFERED="1")
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rlgate.cli", self.command], env=environ, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    def ready(self) -> bool:
+        if self.command == "localfleet":
+            return http_ok(f"{self.url}/health")
+        return grpc_serving(self.address)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"{self.name} exited ({code}):\n{self.tail()}")
+            if self.ready():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing cleaned up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class Replicas:
+    """localfleet + orchestrators + gateways over one store."""
+
+    directory: Path
+    store_url: str
+    run_id: str
+    orchestrators: int = 2
+    gateways: int = 2
+    orchestrator_settings: dict[str, Any] = field(default_factory=dict)
+    gateway_settings: dict[str, Any] = field(default_factory=dict)
+    fleet_url: str = ""  # where orchestrators reach the control plane (default: localfleet itself)
+    services: dict[str, Service] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        (self.directory / "logs").mkdir(parents=True, exist_ok=True)
+        lf_port = free_port()
+        self._add("localfleet", "localfleet", lf_port, {
+            "RLGATE_LOCALFLEET_LISTEN": f"127.0.0.1:{lf_port}",
+            "RLGATE_LOCALFLEET_DATA_DIR": self.directory / "localfleet",
+        })
+        gateway_ports = [free_port() for _ in range(self.gateways)]
+        for i, port in enumerate(gateway_ports, 1):
+            self._add(f"toolgateway-{i}", "toolgateway", port, {
+                "RLGATE_TOOLGATEWAY_LISTEN": f"127.0.0.1:{port}",
+                "RLGATE_STORE_URL": self.store_url,
+                "RLGATE_DATA_DIR": self.directory / f"toolgateway-{i}",
+                **self.gateway_settings,
+            })
+        for i in range(1, self.orchestrators + 1):
+            port = free_port()
+            self._add(f"orchestrator-{i}", "orchestrator", port, {
+                "RLGATE_ORCHESTRATOR_LISTEN": f"127.0.0.1:{port}",
+                "RLGATE_STORE_URL": self.store_url,
+                "RLGATE_DATA_DIR": self.directory / f"orchestrator-{i}",
+                "RLGATE_RUN_ID": self.run_id,
+                "FLEET_BASE_URL": self.fleet_url or f"http://127.0.0.1:{lf_port}",
+                "FLEET_API_KEY": "localfleet",
+                # Each orchestrator hands out "its" gateway; any gateway serves any session.
+                "RLGATE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_ports[(i - 1) % len(gateway_ports)]}",
+                **self.orchestrator_settings,
+            })
+
+    def _add(self, name: str, command: str, port: int, settings: dict[str, Any]) -> None:
+        self.services[name] = Service(name, command, port, checked_env(command, settings),
+                                      self.directory / "logs" / f"{name}.log")
+
+    def named(self, command: str) -> list[Service]:
+        return [s for s in self.services.values() if s.command == command]
+
+    @property
+    def localfleet(self) -> Service:
+        return self.services["localfleet"]
+
+    def start(self, names: list[str] | None = None) -> None:
+        """Start services (all by default): localfleet first (orchestrators load tasks from it), then the
+        replicas of each plane at once, waiting until each is ready."""
+        chosen = [self.services[n] for n in names] if names else list(self.services.values())
+        try:
+            for wave in (["localfleet"], ["toolgateway", "orchestrator"]):
+                batch = [s for s in chosen if s.command in wave]
+                for svc in batch:
+                    svc.start()
+                for svc in batch:
+                    svc.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Orchestrators first (they close what they own while localfleet is up), localfleet last."""
+        order = [*self.named("orchestrator"), *self.named("toolgateway"), *self.named("localfleet")]
+        for svc in order:
+            svc.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {s.name}\n{s.tail(30)}" for s in self.services.values())
+
+    # -- localfleet's test routes (blocking: call through asyncio.to_thread) ------------------------------
+    def counters(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.localfleet.url}/_admin/counters", timeout=10) as reply:
+            data: dict[str, Any] = json.loads(reply.read())
+            return data
+
+    def instances(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        query = f"?run_id={run_id}" if run_id else ""
+        request = urllib.request.Request(f"{self.localfleet.url}/v1/env/instances{query}",
+                                         headers={"Authorization": "Bearer localfleet"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            data: list[dict[str, Any]] = json.loads(reply.read())
+            return [i for i in data if i.get("status") not in ("stopped", "terminated")]
+
+
+class CountingProxy:
+    """A loopback HTTP proxy that forwards everything to `upstream` and counts (method, path)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = free_port()
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(60.0))
+        app = Starlette(routes=[Route("/{path:path}", self._forward,
+                                      methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                     lifespan="off"))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _forward(self, request: Request) -> Response:
+        self.requests[(request.method, request.url.path)] += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
+        reply = await self._client.request(request.method, request.url.path, params=request.query_params,
+                                           headers=headers, content=await request.body())
+        drop = {"content-length", "transfer-encoding", "connection", "content-encoding"}
+        return Response(reply.content, reply.status_code,
+                        {k: v for k, v in reply.headers.items() if k.lower() not in drop})
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[CountingProxy]:
+        task = asyncio.create_task(self._server.serve())
+        try:
+            while not self._server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.05)
+            yield self
+        finally:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, 30)
+            await self._client.aclose()

@@ -1,0 +1,243 @@
+"""Each fault happens when configured (file or admin route) and not otherwise; counters count what clients did."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client
+
+from tests.support.localfleet import LocalfleetProcess
+
+AUTH = {"Authorization": "Bearer f-key"}
+TINY = "tests.support.localfleet:tiny_environments"
+
+
+@pytest.fixture(scope="module")
+def lf() -> Iterator[LocalfleetProcess]:
+    with LocalfleetProcess(environments=TINY) as proc:
+        yield proc
+
+
+@pytest.fixture(autouse=True)
+def clean(lf: LocalfleetProcess) -> Iterator[None]:
+    lf.set_faults({})
+    lf.reset_counters()
+    yield
+    lf.set_faults({})
+    for inst in httpx.get(f"{lf.base_url}/v1/env/instances", headers=AUTH).json():
+        httpx.delete(f"{lf.base_url}/v1/env/instances/{inst['instance_id']}", headers=AUTH)
+
+
+def create(lf: LocalfleetProcess, env_key: str = "notes") -> dict[str, Any]:
+    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key}, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def only(env: str, **faults: Any) -> dict[str, Any]:
+    return {"environments": {env: faults}}
+
+
+async def wait_for(pred: Any, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def timed_call(url: str, tool: str, args: dict[str, Any]) -> tuple[float, Any]:
+    async with Client(url, read_timeout_seconds=60) as client:
+        started = time.monotonic()
+        result = await client.call_tool(tool, args)
+        return time.monotonic() - started, result
+
+
+async def test_tool_latency(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", tool_latency_s=2.0))
+    slow, fast = create(lf, "notes"), create(lf, "notes-legacy")
+    took, _ = await timed_call(slow["urls"]["root"] + "mcp", "count_notes", {})
+    assert took >= 2.0
+    took, _ = await timed_call(fast["urls"]["root"] + "mcp", "count_notes", {})
+    assert took < 2.0
+
+
+async def test_tool_error_rate(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", tool_error_rate=1.0))
+    broken, fine = create(lf, "notes"), create(lf, "notes-legacy")
+    _, result = await timed_call(broken["urls"]["root"] + "mcp", "add_note", {"title": "x", "body": "y"})
+    assert result.is_error and "injected fault" in result.content[0].text
+    _, count = await timed_call(broken["urls"]["root"] + "mcp", "count_notes", {})
+    assert count.is_error
+    lf.set_faults({})
+    _, count = await timed_call(broken["urls"]["root"] + "mcp", "count_notes", {})
+    assert count.content[0].text == "50"  # the failed add_note never ran
+    _, ok = await timed_call(fine["urls"]["root"] + "mcp", "add_note", {"title": "x", "body": "y"})
+    assert not ok.is_error
+    assert lf.counters()["tool_errors_injected"] == 2
+
+
+def test_reset_hang(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", reset_hang=True))
+    hung, fine = create(lf, "notes"), create(lf, "notes-legacy")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(hung["urls"]["manager"]["reset"], json={}, timeout=1.5)
+    r = httpx.post(fine["urls"]["manager"]["reset"], json={}, timeout=10)
+    assert r.status_code == 200 and r.json()["success"]
+    assert lf.counters()["reset_hangs"] == 1
+
+
+async def test_mcp_404(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", mcp_404=True))
+    inst, other = create(lf, "notes"), create(lf, "notes-legacy")
+    async with httpx.AsyncClient() as http:
+        r = await http.post(inst["urls"]["root"] + "mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert r.status_code == 404
+    with pytest.raises(BaseException):  # noqa: B017 - the SDK surfaces this as an error group
+        async with Client(inst["urls"]["root"] + "mcp", read_timeout_seconds=10) as client:
+            await client.list_tools()
+    async with Client(inst["urls"]["root"] + "api/v1/mcp") as client:  # the aggregator still serves
+        assert "count_notes" in {t.name for t in (await client.list_tools()).tools}
+    async with Client(other["urls"]["root"] + "mcp") as client:
+        assert (await client.list_tools()).tools
+    assert lf.counters()["mcp_404"] >= 1
+
+
+@pytest.mark.parametrize("env_key", ["notes", "notes-legacy"])
+async def test_hang_until_cancelled(lf: LocalfleetProcess, env_key: str) -> None:
+    lf.set_faults(only(env_key, hang_tools=["count_notes"]))
+    inst = create(lf, env_key)
+    async with Client(inst["urls"]["root"] + "mcp", read_timeout_seconds=60) as client:
+        assert not (await client.call_tool("whoami", {})).is_error  # other tools are unaffected
+        call = asyncio.create_task(client.call_tool("count_notes", {}))
+        await wait_for(lambda: lf.counters()["tool_calls"] == 2)
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await wait_for(lambda: lf.counters()["cancellations"] == 1)
+    lf.set_faults({})
+    _, result = await timed_call(inst["urls"]["root"] + "mcp", "count_notes", {})
+    assert result.content[0].text == "50"
+    assert lf.counters()["cancellations"] == 1
+
+
+@pytest.mark.parametrize("env_key", ["notes", "notes-legacy"])
+async def test_crash_mid_call(lf: LocalfleetProcess, env_key: str) -> None:
+    lf.set_faults(only(env_key, crash_tools=["add_note"]))
+    inst = create(lf, env_key)
+    url = inst["urls"]["root"] + "mcp"
+    with pytest.raises(BaseException) as info:
+        async with Client(url, read_timeout_seconds=20) as client:
+            await client.call_tool("add_note", {"title": "x", "body": "y"})
+    assert not isinstance(info.value, AssertionError | asyncio.CancelledError)
+    assert lf.counters()["crashes"] == 1
+    _, result = await timed_call(url, "count_notes", {})  # a new client works; the call never ran
+    assert result.content[0].text == "50"
+    lf.set_faults({})
+    _, ok = await timed_call(url, "add_note", {"title": "x", "body": "y"})
+    assert not ok.is_error
+
+
+async def test_forget_sessions(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes-legacy", forget_sessions=True))
+    inst = create(lf, "notes-legacy")
+    url = inst["urls"]["root"] + "mcp"
+    with pytest.raises(BaseException) as info:
+        async with Client(url, read_timeout_seconds=20) as client:
+            assert not (await client.call_tool("count_notes", {})).is_error
+            await client.call_tool("count_notes", {})  # its session is gone now
+    assert "Session not found" in repr(info.value) or "terminated" in repr(info.value).lower()
+    assert lf.counters()["sessions_forgotten"] >= 1
+    lf.set_faults({})
+    async with Client(url) as client:  # without the fault a session serves many calls
+        for _ in range(3):
+            assert not (await client.call_tool("count_notes", {})).is_error
+
+
+async def test_forget_sessions_now(lf: LocalfleetProcess) -> None:
+    inst = create(lf, "notes-legacy")
+    with pytest.raises(BaseException):  # noqa: B017
+        async with Client(inst["urls"]["root"] + "mcp", read_timeout_seconds=20) as client:
+            await client.call_tool("count_notes", {})
+            assert lf.forget_sessions() >= 1
+            await client.call_tool("count_notes", {})
+
+
+def test_instance_limit_per_environment_and_global(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", instance_limit=1))
+    create(lf, "notes")
+    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=AUTH)
+    assert r.status_code == 403 and r.json()["detail"]["error_type"] == "instance_limit_exceeded"
+    create(lf, "notes-legacy")  # other environments are not limited
+    lf.set_faults({"instance_limit": 2})
+    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes-legacy"}, headers=AUTH)
+    assert r.status_code == 403 and "out of a maximum of 2" in r.json()["detail"]["message"]
+    lf.set_faults({})
+    create(lf, "notes")
+
+
+def test_slow_create(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", create_delay_s=2.0))
+    seen: list[str] = []
+
+    def watch() -> None:
+        for _ in range(30):
+            for inst in httpx.get(f"{lf.base_url}/v1/env/instances", headers=AUTH).json():
+                seen.append(inst["status"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    create(lf, "notes")
+    assert time.monotonic() - started >= 2.0
+    watcher.join()
+    assert "pending" in seen
+    started = time.monotonic()
+    create(lf, "notes-legacy")
+    assert time.monotonic() - started < 2.0
+
+
+def test_faults_are_validated(lf: LocalfleetProcess) -> None:
+    for bad in ({"environments": {"notes": {"no_such_fault": 1}}}, {"environments": {"notes": {"tool_error_rate": 2}}},
+                {"unknown": 1}, [1]):
+        assert httpx.post(f"{lf.base_url}/_admin/faults", json=bad).status_code == 400
+    assert httpx.get(f"{lf.base_url}/_admin/faults").json() == {"instance_limit": None, "environments": {}}
+
+
+async def test_faults_from_file_and_wildcard() -> None:
+    faults = {"environments": {"*": {"mcp_404": True}, "notes-legacy": {"mcp_404": False}}}
+    with LocalfleetProcess(environments=TINY, faults=faults) as proc:
+        a, b = create(proc, "notes"), create(proc, "notes-legacy")
+        async with httpx.AsyncClient() as http:
+            assert (await http.post(a["urls"]["root"] + "mcp", json={})).status_code == 404
+        async with Client(b["urls"]["root"] + "mcp") as client:
+            assert (await client.list_tools()).tools
+
+
+async def test_counters(lf: LocalfleetProcess) -> None:
+    modern, legacy = create(lf, "notes"), create(lf, "notes-legacy")
+    before = lf.counters()["tcp_connections"]
+    async with Client(modern["urls"]["root"] + "mcp") as client:
+        await client.list_tools()
+        await client.call_tool("count_notes", {})
+    async with Client(legacy["urls"]["root"] + "api/v1/mcp") as client:
+        await client.list_tools()
+        await client.call_tool("count_notes", {})
+    c = lf.counters()
+    assert c["tool_calls"] == 2 and c["mcp_tools_list"] == 2
+    assert c["by_env"]["notes"]["mcp_discover"] == 1 and c["by_env"]["notes"]["mcp_initialize"] == 0
+    # the legacy env refuses the discover probe (counted) and the client falls back to initialize
+    assert c["by_env"]["notes-legacy"]["mcp_discover"] == 1 and c["by_env"]["notes-legacy"]["mcp_initialize"] == 1
+    assert c["mcp_handshakes"] == 3
+    assert c["tcp_connections"] >= before + 2  # each client opened its own connection(s)
+    lf.reset_counters()
+    after = lf.counters()
+    assert after["tool_calls"] == 0 and after["by_env"] == {}

@@ -1,0 +1,142 @@
+"""Every localfleet task: its reference solution earns 1.0, a fresh instance 0.0, and a partial solution (the last
+state-changing call dropped, or a wrong final answer) 0.0 — scored the way Fleet scores locally
+(`fleet.verifiers.local_executor.execute_verifier_local`) and through the SDK's own task loader."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleet import Fleet
+from fleet.verifiers.local_executor import LocalEnvironment, execute_verifier_local
+from mcp import Client
+from mcp.server import MCPServer
+
+from rlgate.localfleet.environments import all_environments, get_environment
+from tests.localfleet.test_environments import bound_copy, build_server, error_text, write_seed
+
+TASK_DIR = Path(str(resources.files("rlgate.localfleet") / "tasks"))
+
+
+def _load() -> list[dict[str, Any]]:
+    tasks: list[dict[str, Any]] = []
+    for path in sorted(TASK_DIR.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        tasks.extend(data["tasks"] if isinstance(data, dict) else data)
+    return tasks
+
+
+TASKS = _load()
+BY_KEY = {t["key"]: t for t in TASKS}
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("task-seeds")
+    return {spec.env_id: write_seed(spec, root / f"{spec.env_id}.db") for spec in all_environments()}
+
+
+@pytest.fixture(scope="module")
+def servers() -> dict[str, MCPServer]:
+    return {spec.env_id: build_server(spec) for spec in all_environments()}
+
+
+@pytest.fixture(scope="module")
+def read_only_tools(servers: dict[str, MCPServer]) -> dict[str, set[str]]:
+    """Per environment, the tools annotated read-only (the rest change state)."""
+    out: dict[str, set[str]] = {}
+    for env_id, server in servers.items():
+        out[env_id] = {t.name for t in server._tool_manager.list_tools()
+                       if t.annotations is not None and t.annotations.read_only_hint}
+    return out
+
+
+def score(task: dict[str, Any], seed: Path, current: Path, final_answer: str | None) -> float:
+    """Run the verifier as Fleet does locally; a verifier that crashes fails the test (never a silent 0)."""
+    out = execute_verifier_local(task["verifier_code"], str(seed), str(current), final_answer)
+    assert out["success"], f"verifier crashed: {out['error']}\n{out['stdout']}"
+    return float(out["result"])
+
+
+async def run_calls(server: MCPServer, calls: list[dict[str, Any]]) -> None:
+    async with Client(server) as client:
+        for call in calls:
+            result = await client.call_tool(call["name"], call["arguments"])
+            assert not result.is_error, f"{call['name']} failed: {error_text(result)}"
+
+
+def test_task_set_shape() -> None:
+    keys = [t["key"] for t in TASKS]
+    assert len(keys) == len(set(keys))
+    assert len(TASKS) >= 30
+    per_env: dict[str, int] = {}
+    for t in TASKS:
+        per_env[t["env_id"]] = per_env.get(t["env_id"], 0) + 1
+    assert all(per_env.get(spec.env_id, 0) >= 10 for spec in all_environments()), per_env
+    judged = {t["metadata"]["judged_by"] for t in TASKS}
+    assert judged == {"database", "final_answer", "both"}
+    assert sum(len(t["metadata"]["reference_solution"]["tool_calls"]) >= 3 for t in TASKS) >= 8
+
+
+@pytest.mark.parametrize("key", sorted(BY_KEY))
+def test_task_format(key: str) -> None:
+    task = BY_KEY[key]
+    assert task["key"].startswith(task["env_id"] + "-")
+    assert get_environment(f"{task['env_id']}:{task['version']}").env_id == task["env_id"]
+    assert task["task_modality"] == "tool_use"
+    assert len(task["prompt"]) > 20
+    # The SDK runs the FIRST function in the code: it must be verify(env, final_answer=None).
+    tree = ast.parse(task["verifier_code"])
+    first = next(node for node in tree.body if isinstance(node, ast.FunctionDef))
+    assert first.name == "verify"
+    assert [a.arg for a in first.args.args] == ["env", "final_answer"]
+    assert len(first.args.defaults) == 1 and isinstance(first.args.defaults[0], ast.Constant)
+    meta = task["metadata"]
+    calls = meta["reference_solution"]["tool_calls"]
+    assert calls and all(set(c) == {"name", "arguments"} for c in calls)
+    assert meta["max_turns"] >= len(calls)
+    if meta["judged_by"] != "database":
+        assert meta["reference_solution"]["final_answer"] and meta["wrong_final_answer"]
+
+
+@pytest.mark.parametrize("key", sorted(BY_KEY))
+async def test_reference_solution_scores(key: str, seeds: dict[str, Path], servers: dict[str, MCPServer],
+                                         read_only_tools: dict[str, set[str]], tmp_path: Path) -> None:
+    task = BY_KEY[key]
+    env_id = task["env_id"]
+    seed = seeds[env_id]
+    solution = task["metadata"]["reference_solution"]
+    calls, answer = solution["tool_calls"], solution["final_answer"]
+    judged_by = task["metadata"]["judged_by"]
+
+    # A fresh instance scores 0.
+    fresh = tmp_path / "fresh.db"
+    shutil.copyfile(seed, fresh)
+    assert score(task, seed, fresh, None) == 0.0
+
+    # The full reference solution scores 1, locally and through the SDK's loader (its stricter namespace).
+    with bound_copy(seed, tmp_path / "solved.db") as inst:
+        await run_calls(servers[env_id], calls)
+    assert score(task, seed, inst.path, answer) == 1.0
+    sdk_task = Fleet(api_key="offline", base_url="http://127.0.0.1:9").load_task_from_json(task)
+    assert sdk_task.verifier is not None
+    assert float(sdk_task.verifier(LocalEnvironment(str(seed), str(inst.path)), answer)) == 1.0
+
+    # A wrong final answer on the solved state scores 0.
+    if judged_by != "database":
+        assert score(task, seed, inst.path, task["metadata"]["wrong_final_answer"]) == 0.0
+        assert score(task, seed, inst.path, None) == 0.0
+
+    # The solution without its last state-changing call scores 0.
+    if judged_by != "final_answer":
+        writes = [i for i, c in enumerate(calls) if c["name"] not in read_only_tools[env_id]]
+        assert writes, "a database-judged task must change state"
+        partial = calls[: writes[-1]] + calls[writes[-1] + 1:]
+        with bound_copy(seed, tmp_path / "partial.db") as part:
+            await run_calls(servers[env_id], partial)
+        assert score(task, seed, part.path, answer) == 0.0

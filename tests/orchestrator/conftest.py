@@ -1,0 +1,116 @@
+"""Fixtures for orchestrator tests: a real localfleet (subprocess, driven through fleet-python), a real
+SQLite store, the orchestrator in-process on 127.0.0.1:0, and a gRPC stub.
+
+Each test gets its own `run_id`, so tests sharing one localfleet never see each other's instances.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.server import OrchestratorHandle, start_orchestrator
+from rlgate.store import SessionStore
+from rlgate.store.sqlite import SqliteStore
+from rlgate.v1 import orchestrator_pb2_grpc
+
+from tests.support.localfleet import LocalfleetProcess
+
+REPO = Path(__file__).resolve().parents[2]
+TASK_DIR = REPO / "services" / "localfleet" / "tasks"
+
+
+def bundled_tasks() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted(TASK_DIR.glob("*.json")):
+        data = json.loads(path.read_text())
+        out.extend(data["tasks"] if isinstance(data, dict) else data)
+    return out
+
+
+def fast_config(localfleet: LocalfleetProcess, **overrides: Any) -> OrchestratorConfig:
+    """Short timeouts and intervals so lifecycle behaviour shows within seconds."""
+    base = OrchestratorConfig(
+        listen="127.0.0.1:0", provider="fleet", fleet_base_url=localfleet.base_url, fleet_api_key="test",
+        run_id=f"test-{uuid.uuid4().hex[:10]}", gateway_address="127.0.0.1:1", default_max_turns=10,
+        provision_timeout_s=30.0, reset_timeout_s=3.0, verify_timeout_s=20.0, verify_retries=1,
+        reconcile_interval_s=2.0, reap_interval_s=0.5, heartbeat_interval_s=60, instance_ttl_s=600,
+        owner_ttl_s=3.0, drain_s=20.0, capacity_wait_s=5.0, provider_timeout_s=10.0, tools_timeout_s=15.0,
+    )
+    return replace(base, **overrides)
+
+
+@pytest.fixture(scope="module")
+def fleet_lf() -> Iterator[LocalfleetProcess]:
+    """One localfleet per module (faults reset by `lf`)."""
+    with LocalfleetProcess() as lf:
+        yield lf
+
+
+@pytest.fixture
+def lf(fleet_lf: LocalfleetProcess) -> LocalfleetProcess:
+    fleet_lf.set_faults({})
+    return fleet_lf
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = await SqliteStore.open(str(tmp_path / "store.db"))
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@dataclass
+class Running:
+    handle: OrchestratorHandle
+    channel: grpc.aio.Channel
+    stub: orchestrator_pb2_grpc.OrchestratorServiceStub
+
+    @property
+    def config(self) -> OrchestratorConfig:
+        return self.handle.config
+
+
+@pytest.fixture
+async def orchestrator_factory(
+    store: SessionStore,
+) -> AsyncIterator[Callable[[OrchestratorConfig], Any]]:
+    """Start orchestrators on the test's store; every one is stopped (drained) at teardown."""
+    started: list[Running] = []
+
+    async def start(config: OrchestratorConfig) -> Running:
+        handle = await start_orchestrator(config, store)
+        channel = grpc.aio.insecure_channel(handle.address)
+        running = Running(handle, channel, orchestrator_pb2_grpc.OrchestratorServiceStub(channel))
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        await running.channel.close()
+        await running.handle.stop()
+
+
+@pytest.fixture
+async def orch(orchestrator_factory: Callable[[OrchestratorConfig], Any], lf: LocalfleetProcess) -> Running:
+    running: Running = await orchestrator_factory(fast_config(lf))
+    return running
+
+
+def instances_of(lf: LocalfleetProcess, run_id: str) -> list[dict[str, Any]]:
+    """Live instances localfleet holds for a run (through its control plane, as Fleet would answer)."""
+    r = httpx.get(f"{lf.base_url}/v1/env/instances", params={"run_id": run_id},
+                  headers={"Authorization": "Bearer test"}, timeout=10)
+    r.raise_for_status()
+    return [i for i in r.json() if i.get("status") in ("pending", "running") and i.get("run_id") == run_id]

@@ -1,0 +1,349 @@
+"""Episodes end to end: localfleet through the real fleet-python SDK, the real SQLite store, the real
+toolgateway in-process, the orchestrator over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_status import rpc_status
+
+from rlgate.convert import dict_from_struct, struct_from_dict
+from rlgate.store import SessionStore
+from rlgate.toolgateway.config import GatewayConfig
+from rlgate.toolgateway.server import GatewayHandle, start_gateway
+from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc
+
+from tests.orchestrator.conftest import Running, bundled_tasks, fast_config, instances_of
+from tests.support.localfleet import LocalfleetProcess
+
+# One task per environment whose reference solution needs nothing from earlier results.
+PREFERRED = ["mailbox-count-unread-from-kenji", "tracker-assign-self", "booking-cancel-tokyo-hotel"]
+
+
+def _reference_tasks() -> list[dict[str, Any]]:
+    tasks = {t["key"]: t for t in bundled_tasks()}
+    chosen: dict[str, dict[str, Any]] = {}
+    for key in PREFERRED:
+        if key in tasks:
+            chosen.setdefault(tasks[key]["env_id"], tasks[key])
+    return list(chosen.values())
+
+
+@pytest.fixture
+async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
+    handle = await start_gateway(GatewayConfig(listen="127.0.0.1:0"), store)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+async def call_tool(address: str, token: str, name: str, arguments: dict[str, Any]) -> common_pb2.ToolResult:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+        response = await stub.CallTool(
+            toolgateway_pb2.CallToolRequest(name=name, arguments=struct_from_dict(arguments)),
+            metadata=[("authorization", f"Bearer {token}")], timeout=30)
+        return response.result
+
+
+def result_text(result: common_pb2.ToolResult) -> str:
+    return "".join(block.text.text for block in result.content if block.HasField("text"))
+
+
+@pytest.mark.parametrize("task", _reference_tasks(), ids=lambda t: t["env_id"])
+async def test_full_episode_with_reference_solution_scores_1(
+    task: dict[str, Any], lf: LocalfleetProcess, gateway: GatewayHandle,
+    orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=task["key"], request_id="ep-1"),
+                                  timeout=60)
+    assert reset.episode == 1 and reset.agent_token and reset.gateway_address == gateway.address
+    assert reset.prompt == task["prompt"] and reset.messages[0].content == task["prompt"]
+    assert reset.task.metadata["reference_solution"]  # the metadata travels (reference solution included)
+    names = {t.name for t in reset.tools}
+    assert "computer" not in names  # tool_use modality filter
+    # The gateway serves exactly the tools Reset announced.
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        listed = await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
+            toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {reset.agent_token}")],
+            timeout=30)
+    assert [t.name for t in listed.tools] == [t.name for t in reset.tools]
+
+    solution = task["metadata"]["reference_solution"]
+    for i, call in enumerate(solution["tool_calls"]):
+        result = await call_tool(gateway.address, reset.agent_token, call["name"], call["arguments"])
+        assert not result.is_error, result_text(result)
+        step = await orch.stub.Step(orchestrator_pb2.StepRequest(
+            session_id=reset.session_id, request_id=f"turn-{i}", assistant_text=f"calling {call['name']}",
+            tool_calls=[orchestrator_pb2.ToolCallSummary(name=call["name"],
+                                                         arguments=struct_from_dict(call["arguments"]))]),
+            timeout=60)
+        assert not step.done and step.turn == i + 1
+    final: dict[str, Any] = {}
+    if solution.get("final_answer") is not None:
+        final["final_answer"] = solution["final_answer"]
+    else:
+        final["done"] = True
+    step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, **final), timeout=60)
+    assert step.done and not step.truncated
+    assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK, step.verification.message
+    assert step.HasField("reward") and step.reward == 1.0
+    state = await orch.stub.State(orchestrator_pb2.StateRequest(session_id=reset.session_id,
+                                                                include_tool_calls=True), timeout=30)
+    assert state.session.status == common_pb2.SESSION_STATUS_DONE and state.session.reward == 1.0
+    assert [c.tool for c in state.tool_calls] == [c["name"] for c in solution["tool_calls"]]
+    closed = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
+    assert closed.status == common_pb2.SESSION_STATUS_CLOSED and not closed.already_closed
+    assert instances_of(lf, orch.config.run_id) == []
+    # The token died with the session.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call_tool(gateway.address, reset.agent_token, "list_folders", {})
+    assert err.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+
+
+async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
+                                  timeout=60)
+    step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="9999"),
+                                timeout=60)
+    assert step.done and step.done_reason == orchestrator_pb2.DONE_REASON_FINAL_ANSWER
+    assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK
+    assert step.HasField("reward") and step.reward == 0.0
+    assert "expected" in step.verification.stdout  # the verifier's own output travels
+
+
+def _broken_tasks(path: Path) -> str:
+    tasks = [t for t in bundled_tasks() if t["key"] == "mailbox-count-unread-from-kenji"]
+    base = dict(tasks[0])
+    raising = dict(base, key="broken-raises",
+                   verifier_code="def verify(env, final_answer=None):\n    raise RuntimeError('verifier bug 42')\n")
+    hanging = dict(base, key="broken-hangs",
+                   verifier_code="def verify(env, final_answer=None):\n    import time\n    time.sleep(120)\n"
+                                 "    return 1.0\n")
+    none = dict(base, key="broken-none", verifier_code="def verify(env, final_answer=None):\n    return None\n")
+    path.write_text(json.dumps({"tasks": [base, raising, hanging, none]}))
+    return str(path)
+
+
+async def test_verifier_failures_are_never_reward_zero(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], tmp_path: Path,
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, tasks_file=_broken_tasks(tmp_path / "t.json"),
+                                                           verify_timeout_s=3.0))
+    listed = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)
+    assert {t.key for t in listed.tasks} >= {"broken-raises", "broken-hangs", "broken-none"}
+
+    async def finish(key: str) -> tuple[orchestrator_pb2.StepResponse, float]:
+        reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=key), timeout=60)
+        start = time.monotonic()
+        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
+                                    timeout=60)
+        return step, time.monotonic() - start
+
+    (raised, _), (hung, hung_s), (none, _) = await asyncio.gather(
+        finish("broken-raises"), finish("broken-hangs"), finish("broken-none"))
+    assert raised.verification.status == common_pb2.VERIFICATION_STATUS_ERROR
+    assert "verifier bug 42" in raised.verification.message
+    assert not raised.HasField("reward")
+    assert hung.verification.status == common_pb2.VERIFICATION_STATUS_TIMEOUT
+    assert not hung.HasField("reward")
+    assert hung_s < 3.0 + 5.0  # rlgate's timeout bounds it, not the SDK's 30 s or localfleet's
+    assert none.verification.status == common_pb2.VERIFICATION_STATUS_ERROR and not none.HasField("reward")
+
+
+async def test_env_only_session_is_skipped(orch: Running) -> None:
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1", max_turns=3), timeout=60)
+    assert reset.prompt == "" and reset.task.key == "" and reset.max_turns == 3 and reset.tools
+    step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, done=True), timeout=30)
+    assert step.done_reason == orchestrator_pb2.DONE_REASON_AGENT_DONE
+    assert step.verification.status == common_pb2.VERIFICATION_STATUS_SKIPPED and not step.HasField("reward")
+
+
+async def test_reset_with_session_id_restores_seed_and_rotates_token(
+    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
+                                  timeout=60)
+    made = await call_tool(gateway.address, first.agent_token, "create_folder", {"name": "Scratch-42"})
+    assert not made.is_error, result_text(made)
+    folders = await call_tool(gateway.address, first.agent_token, "list_folders", {})
+    assert "Scratch-42" in result_text(folders)
+
+    second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id, max_turns=4),
+                                   timeout=60)
+    assert second.session_id == first.session_id and second.episode == 2 and second.max_turns == 4
+    assert second.agent_token != first.agent_token
+    assert dict_from_struct(second.info)["instance_id"] == dict_from_struct(first.info)["instance_id"]
+    folders = await call_tool(gateway.address, second.agent_token, "list_folders", {})
+    assert "Scratch-42" not in result_text(folders)  # seed state restored
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # the old episode's token is dead
+        await call_tool(gateway.address, first.agent_token, "list_folders", {})
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_hung_reset_on_reused_instance_replaces_it(
+    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address,
+                                                           reset_timeout_s=2.0))
+    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
+                                  timeout=60)
+    old_id = dict_from_struct(first.info)["instance_id"]
+    assert not (await call_tool(gateway.address, first.agent_token, "create_folder", {"name": "Dirty"})).is_error
+    lf.set_faults({"environments": {"mailbox": {"reset_hang": True}}})
+    start = time.monotonic()
+    second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id), timeout=60)
+    elapsed = time.monotonic() - start
+    lf.set_faults({})
+    new_id = dict_from_struct(second.info)["instance_id"]
+    assert new_id != old_id and second.episode == 2
+    assert elapsed < 2.0 + 30.0  # the reset timeout, then a fresh create; never the SDK's 300 s
+    live = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
+    assert live == {new_id}  # the dirty instance is gone
+    folders = await call_tool(gateway.address, second.agent_token, "list_folders", {})
+    assert "Dirty" not in result_text(folders)
+
+
+async def test_hung_reset_on_fresh_instance_is_not_fatal(lf: LocalfleetProcess,
+                                                         orchestrator_factory: Callable[..., Any]) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, reset_timeout_s=1.5))
+    lf.set_faults({"environments": {"mailbox": {"reset_hang": True}}})
+    start = time.monotonic()
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
+                                  timeout=60)
+    assert reset.session_id and time.monotonic() - start < 1.5 + 20
+    assert lf.counters()["reset_hangs"] >= 1
+
+
+async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Running) -> None:
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji",
+                                                                max_turns=2), timeout=60)
+    assert reset.max_turns == 2
+    one = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, assistant_text="hm"),
+                               timeout=30)
+    assert (one.turn, one.done, one.status) == (1, False, common_pb2.SESSION_STATUS_ACTIVE)
+    assert one.verification.status == common_pb2.VERIFICATION_STATUS_UNSPECIFIED
+    two = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=60)
+    assert (two.turn, two.done, two.truncated) == (2, True, True)
+    assert two.done_reason == orchestrator_pb2.DONE_REASON_MAX_TURNS
+    assert two.verification.status == common_pb2.VERIFICATION_STATUS_OK and two.reward == 0.0  # verified
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
+                             timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, orch: Running) -> None:
+    created_before = lf.counters()["instances_created"]
+    req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="dup-reset")
+    a, b = await asyncio.gather(orch.stub.Reset(req, timeout=60), orch.stub.Reset(req, timeout=60))
+    c = await orch.stub.Reset(req, timeout=60)
+    assert a.session_id == b.session_id == c.session_id
+    assert a.agent_token == b.agent_token == c.agent_token
+    assert lf.counters()["instances_created"] - created_before == 1
+    assert len(instances_of(lf, orch.config.run_id)) == 1
+
+    step = orchestrator_pb2.StepRequest(session_id=a.session_id, request_id="dup-step", assistant_text="x")
+    s1, s2 = await asyncio.gather(orch.stub.Step(step, timeout=30), orch.stub.Step(step, timeout=30))
+    s3 = await orch.stub.Step(step, timeout=30)
+    assert s1.turn == s2.turn == s3.turn == 1
+    other = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=a.session_id, request_id="step-2"),
+                                 timeout=30)
+    assert other.turn == 2
+
+
+async def test_errors_are_precise_statuses(orch: Running) -> None:
+    async def code(call: Any) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        return err.value.code(), err.value.details() or ""
+
+    stub = orch.stub
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(env_key="no-such-env:v9"), timeout=30)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(session_id="s-missing"), timeout=10)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(), timeout=10))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and "task_key" in msg
+    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(session_id="x", task_key="y"), timeout=10))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and "session_id" in msg
+    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="x", request_id="r" * 200), timeout=10))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in msg
+    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="x", labels={"k": "v" * 64}),
+                                   timeout=10))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and "labels" in msg
+    assert (await code(stub.Step(orchestrator_pb2.StepRequest(session_id="s-missing"), timeout=10)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Step(orchestrator_pb2.StepRequest(), timeout=10)))[0] \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await code(stub.State(orchestrator_pb2.StateRequest(session_id="s-missing"), timeout=10)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Close(orchestrator_pb2.CloseRequest(session_id="s-missing"), timeout=10)))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(), timeout=10)))[0] \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    for bad in (orchestrator_pb2.ListTasksRequest(page_token="garbage!!"),
+                orchestrator_pb2.ListTasksRequest(page_size=5000)):
+        assert (await code(stub.ListTasks(bad, timeout=10)))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(page_token="%%%"), timeout=10)))[0] \
+        == grpc.StatusCode.INVALID_ARGUMENT
+    # Details ride in google.rpc.Status.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)
+    status = rpc_status.from_call(err.value)
+    assert status is not None and status.details
+
+
+async def test_list_tasks_and_sessions_page(orch: Running) -> None:
+    first = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=3), timeout=10)
+    assert len(first.tasks) == 3 and first.next_page_token and first.total >= 3
+    keys = [t.key for t in first.tasks]
+    token = first.next_page_token
+    while token:
+        page = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=3, page_token=token),
+                                         timeout=10)
+        keys += [t.key for t in page.tasks]
+        token = page.next_page_token
+    assert keys == sorted(keys) and len(keys) == first.total == len(set(keys))
+    only = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key="tracker"), timeout=10)
+    assert only.tasks and all(t.env_id == "tracker" for t in only.tasks)
+    # A token from one filter is refused for another.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key="tracker", page_token=first.next_page_token),
+                                  timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    ids = []
+    for i in range(3):
+        r = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1", labels={"batch": "b1"},
+                                                                run_id="trainer-7", request_id=f"ls-{i}"), timeout=60)
+        ids.append(r.session_id)
+    page1 = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(labels={"batch": "b1"}, page_size=2),
+                                         timeout=10)
+    page2 = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(
+        labels={"batch": "b1"}, page_size=2, page_token=page1.next_page_token), timeout=10)
+    got = [s.session_id for s in page1.sessions] + [s.session_id for s in page2.sessions]
+    assert sorted(got) == sorted(ids) and not page2.next_page_token
+    assert got == list(reversed(ids))  # newest first
+    assert all(s.run_id == "trainer-7" for s in page1.sessions)
+    closed = await orch.stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(labels={"batch": "b1"}), timeout=60)
+    assert sorted(closed.session_ids) == sorted(ids)
+    again = await orch.stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(run_id="trainer-7"), timeout=60)
+    assert list(again.session_ids) == []
+    active = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(
+        status=common_pb2.SESSION_STATUS_ACTIVE, run_id="trainer-7"), timeout=10)
+    assert list(active.sessions) == []
+    c = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=ids[0]), timeout=10)
+    assert c.already_closed and c.status == common_pb2.SESSION_STATUS_CLOSED

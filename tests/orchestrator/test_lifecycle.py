@@ -1,0 +1,263 @@
+"""Pools, reaping, limits, reconciliation, shutdown, the mcp provider and auth — against localfleet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from fleet import AsyncFleet
+from grpc_status import rpc_status
+
+from rlgate.convert import dict_from_struct
+from rlgate.orchestrator.server import InsecureListenError, check_listen
+from rlgate.store import SessionStatus, SessionStore
+from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
+
+from tests.orchestrator.conftest import Running, fast_config, instances_of
+from tests.support.localfleet import LocalfleetProcess
+
+TASK = "mailbox-count-unread-from-kenji"
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if isinstance(result, Awaitable):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+async def test_warm_pool_serves_without_create_and_refills(lf: LocalfleetProcess,
+                                                           orchestrator_factory: Callable[..., Any]) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=2"))
+    pool = orch.handle.orchestrator.pool
+    await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool filled")
+    created = lf.counters()["instances_created"]
+    start = time.monotonic()
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    pooled_reset_s = time.monotonic() - start
+    assert lf.counters()["instances_created"] == created  # served from the pool: no create call
+    assert reset.tools
+    await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool refilled")
+    assert lf.counters()["instances_created"] == created + 1
+    live = instances_of(lf, orch.config.run_id)
+    assert len(live) == 3  # one in use, two idle: all tagged with the run id
+    print(f"pooled Reset took {pooled_reset_s * 1000:.0f} ms")
+
+
+async def test_pool_on_close_returns_a_clean_instance(lf: LocalfleetProcess,
+                                                      orchestrator_factory: Callable[..., Any]) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1", pool_on_close=True))
+    pool = orch.handle.orchestrator.pool
+    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
+    a = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool refilled")
+    b = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    # Pool empty now; closing a returns its instance to the pool (reset first), b's is deleted (pool full).
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=a.session_id), timeout=30)
+    instance_a = dict_from_struct(a.info)["instance_id"]
+    assert instance_a in pool.instance_ids() or pool.size("mailbox:v1") == 1
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=b.session_id), timeout=30)
+    await eventually(lambda: len(instances_of(lf, orch.config.run_id)) == 1, 30, "only the pooled instance left")
+
+
+async def test_idle_session_is_reaped(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+                                      store: SessionStore) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, idle_timeout_s=1.5))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    kept = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+
+    async def expired() -> bool:
+        s = await store.get_session(reset.session_id)
+        # keep the other one busy
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=kept.session_id), timeout=10)
+        return s is not None and s.status == SessionStatus.EXPIRED
+
+    await eventually(expired, 20, "idle session expired")
+    s = await store.get_session(reset.session_id)
+    assert s is not None and s.token_hash == ""
+    live = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
+    assert dict_from_struct(reset.info)["instance_id"] not in live
+    assert dict_from_struct(kept.info)["instance_id"] in live
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_session_ttl_expires(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+                                   store: SessionStore) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, session_ttl_s=1.0))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+
+    async def expired() -> bool:
+        s = await store.get_session(reset.session_id)
+        return s is not None and s.status == SessionStatus.EXPIRED
+
+    await eventually(expired, 20, "TTL expiry")
+    await eventually(lambda: instances_of(lf, orch.config.run_id) == [], 20, "instance released")
+
+
+async def test_max_sessions(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, max_sessions=2))
+    a = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max sessions" in (err.value.details() or "")
+    assert len(instances_of(lf, orch.config.run_id)) == 2
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=a.session_id), timeout=30)
+    await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)  # room again
+
+
+async def test_instance_limit_waits_for_capacity_then_exhausts(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf))
+    running = len([i for i in await AsyncFleet(api_key="t", base_url=lf.base_url).instances(status="running")])
+    lf.set_faults({"instance_limit": running + 1})
+    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+
+    start = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=3.0)
+    elapsed = time.monotonic() - start
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+    assert elapsed < 3.0 + 1.0  # answered within the caller's deadline, not after it
+    status = rpc_status.from_call(err.value)
+    assert status is not None and len(status.details) >= 2  # ErrorInfo + QuotaFailure (+ RetryInfo)
+
+    # A Reset waiting at the limit gets the capacity a Close frees.
+    waiting = asyncio.create_task(orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=30))
+    await asyncio.sleep(1.0)
+    assert not waiting.done()
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=first.session_id), timeout=30)
+    second = await waiting
+    assert second.session_id
+
+
+async def test_slow_create_past_deadline_is_unavailable_and_leaves_nothing(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf))
+    lf.set_faults({"environments": {"mailbox": {"create_delay_s": 4.0}}})
+    start = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=2.0)
+    assert time.monotonic() - start < 2.0 + 1.0
+    assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    # The create localfleet finishes later is an orphan of a failed intent: reconciliation deletes it.
+    await asyncio.sleep(4.0)
+    await orch.handle.orchestrator.reconciler.run_once()
+    assert instances_of(lf, orch.config.run_id) == []
+
+
+async def test_reconcile_deletes_orphans_and_fails_lost_sessions(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore,
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf))
+    fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
+    orphan = await fleet.make("mailbox:v1", run_id=orch.config.run_id, ttl_seconds=300)  # no intent, no session
+    live = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    lost = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    await fleet.delete(dict_from_struct(lost.info)["instance_id"])  # died behind our back (TTL, manual)
+
+    report = await orch.handle.orchestrator.reconciler.run_once()
+    assert report.ran and report.orphans_deleted == 1 and report.sessions_failed == 1
+    ids = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
+    assert ids == {dict_from_struct(live.info)["instance_id"]}
+    assert orphan.instance_id not in ids
+    s = await store.get_session(lost.session_id)
+    assert s is not None and s.status == SessionStatus.FAILED
+    again = await orch.handle.orchestrator.reconciler.run_once()
+    assert again.orphans_deleted == 0 and again.sessions_failed == 0  # exactly once
+
+
+async def test_reconcile_lease_excludes_a_second_orchestrator(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    config = fast_config(lf)
+    a: Running = await orchestrator_factory(config)
+    b: Running = await orchestrator_factory(config)
+    ra = await a.handle.orchestrator.reconciler.run_once()
+    rb = await b.handle.orchestrator.reconciler.run_once()
+    assert [ra.ran, rb.ran].count(True) == 1
+
+
+async def test_graceful_stop_closes_everything(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+                                               store: SessionStore) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1"))
+    ids = [(await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)).session_id
+           for _ in range(3)]
+    await eventually(lambda: orch.handle.orchestrator.pool.size("mailbox:v1") == 1, 60, "pool filled")
+    assert len(instances_of(lf, orch.config.run_id)) == 4
+    await orch.handle.stop()
+    assert instances_of(lf, orch.config.run_id) == []
+    for sid in ids:
+        s = await store.get_session(sid)
+        assert s is not None and s.status == SessionStatus.CLOSED and s.token_hash == ""
+    assert await store.list_intents(orch.config.run_id) == []
+
+
+async def test_mcp_provider_bring_your_own_endpoints(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], tmp_path: Path,
+) -> None:
+    fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
+    inst = await fleet.make("mailbox:v1", ttl_seconds=300)
+    try:
+        root = inst.urls.root
+        tasks = tmp_path / "mcp_tasks.json"
+        tasks.write_text(json.dumps([
+            {"key": "byo-answer", "prompt": "Say 42.", "env_id": "byo", "version": "v1",
+             "mcp_endpoints": [f"{root}mcp"], "metadata": {"expected_answer": "42"}},
+            {"key": "byo-free", "prompt": "Explore.", "env_id": "byo", "version": "v1",
+             "mcp_endpoints": [f"{root}mcp"]},
+        ]))
+        orch: Running = await orchestrator_factory(fast_config(
+            lf, provider="mcp", tasks_file=str(tasks), mcp_envs=f"mailbox:v1={root}mcp|{root}api/v1/mcp"))
+        env_only = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1"), timeout=30)
+        assert {t.name for t in env_only.tools} >= {"list_folders", "search_messages"}
+        assert dict_from_struct(env_only.info)["provider"] == "mcp"
+        scored = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="byo-answer"), timeout=30)
+        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=scored.session_id, final_answer="42"),
+                                    timeout=30)
+        assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK and step.reward == 1.0
+        free = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="byo-free"), timeout=30)
+        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=free.session_id, final_answer="x"),
+                                    timeout=30)
+        assert step.verification.status == common_pb2.VERIFICATION_STATUS_SKIPPED and not step.HasField("reward")
+        again = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=free.session_id), timeout=30)
+        assert again.episode == 2  # Reset is a no-op on the instance, a new episode for the session
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="unknown:v1"), timeout=30)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await fleet.delete(inst.instance_id)
+
+
+async def test_api_keys_and_listen_guard(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, api_keys=["secret-key"]))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    ok = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10,
+                                   metadata=[("authorization", "Bearer secret-key")])
+    assert ok.total > 0
+    async with grpc.aio.insecure_channel(orch.handle.address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await orchestrator_pb2_grpc.OrchestratorServiceStub(ch).ListTasks(
+                orchestrator_pb2.ListTasksRequest(), timeout=10, metadata=[("authorization", "Bearer wrong")])
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(InsecureListenError):
+        check_listen(fast_config(lf, listen="0.0.0.0:0"))
+    check_listen(fast_config(lf, listen="0.0.0.0:0", insecure=True))
+    check_listen(fast_config(lf, listen="0.0.0.0:0", api_keys=["k"]))

@@ -1,0 +1,112 @@
+"""Fixtures for the toolgateway tests: localfleet with the gateway test environments, a real SQLite store,
+an in-process gateway, and sessions pointing at localfleet instances."""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from rlgate.runtime.interceptors import token_hash
+from rlgate.store import Session, SessionStatus, SessionStore
+from rlgate.store.sqlite import SqliteStore
+from rlgate.toolgateway.config import GatewayConfig
+from rlgate.toolgateway.server import GatewayHandle, start_gateway
+from rlgate.v1 import toolgateway_pb2_grpc
+from tests.support.localfleet import LocalfleetProcess
+
+ENVIRONMENTS = "tests.toolgateway.envs:gateway_environments"
+ERAS = ["gw", "gw-legacy"]  # env ids: modern (2026-07-28) and legacy (initialize + Mcp-Session-Id)
+ERA_HANDSHAKE = {"gw": "mcp_discover", "gw-legacy": "mcp_initialize"}
+
+
+def new_localfleet() -> LocalfleetProcess:
+    return LocalfleetProcess(environments=ENVIRONMENTS)
+
+
+@pytest.fixture(scope="module")
+def lf() -> Iterator[LocalfleetProcess]:
+    with new_localfleet() as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def fleet(lf: LocalfleetProcess) -> Iterator[LocalfleetProcess]:
+    """The module's localfleet with faults off at the start and end of the test."""
+    lf.set_faults({})
+    yield lf
+    lf.set_faults({})
+
+
+@pytest.fixture(params=ERAS)
+def era(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s = await SqliteStore.open(str(tmp_path / "store.db"))
+    yield s
+    await s.close()
+
+
+def gateway_config(**overrides: Any) -> GatewayConfig:
+    base = GatewayConfig(listen="127.0.0.1:0", call_timeout_s=30.0, upstream_timeout_s=15.0,
+                         janitor_interval_s=0.5, owner_ttl_s=2.0, drain_s=1.0)
+    return replace(base, **overrides)
+
+
+@pytest.fixture
+async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
+    handle = await start_gateway(gateway_config(max_output_bytes=4096), store)
+    yield handle
+    await handle.stop(grace=0)
+
+
+def create_instance(fleet: LocalfleetProcess, env_key: str) -> dict[str, Any]:
+    r = httpx.post(f"{fleet.base_url}/v1/env/instances", json={"env_key": env_key},
+                   headers={"Authorization": "Bearer test"}, timeout=30)
+    r.raise_for_status()
+    return dict(r.json())
+
+
+@dataclass
+class AgentSession:
+    session: Session
+    token: str
+    instance: dict[str, Any]
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),)
+
+
+async def make_session(store: SessionStore, fleet: LocalfleetProcess, env_key: str = "gw", *,
+                       instance: dict[str, Any] | None = None, **fields: Any) -> AgentSession:
+    """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it."""
+    inst = instance or create_instance(fleet, env_key)
+    token = secrets.token_urlsafe(24)
+    urls = inst["urls"]["mcp"]
+    modality = fields.pop("modality", "tool_use")
+    session = Session(
+        session_id=uuid.uuid4().hex, env_key=f"{env_key}:v1", status=SessionStatus.ACTIVE, modality=modality,
+        instance_id=inst["instance_id"], endpoints=[urls["api"], urls["aggregator"]],
+        tool_filter={"modality": modality, **fields.pop("tool_filter", {})}, token_hash=token_hash(token),
+        expires_at=time.time() + 3600, **fields,
+    )
+    created = await store.create_session(session)
+    return AgentSession(created, token, inst)
+
+
+@pytest.fixture
+async def stub(gateway: GatewayHandle) -> AsyncIterator[toolgateway_pb2_grpc.ToolGatewayServiceStub]:
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        yield toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)

@@ -1,0 +1,133 @@
+"""Catalog, argument and result conversions (pure logic, no network)."""
+
+from __future__ import annotations
+
+import base64
+
+import mcp_types as mt
+import pytest
+
+from rlgate.convert import dict_from_struct, py_from_value
+from rlgate.toolgateway.arguments import prepare_arguments, restore_integers
+from rlgate.toolgateway.catalog import tool_allowed, union_tools
+from rlgate.toolgateway.results import summary, tool_result, truncate
+from rlgate.v1 import common_pb2
+
+Kind = common_pb2.ToolErrorKind
+
+
+def _tool(name: str, **schema: object) -> mt.Tool:
+    return mt.Tool(name=name, input_schema={"type": "object", **schema})
+
+
+def test_union_first_endpoint_wins_and_order_is_deterministic() -> None:
+    a = [_tool("search"), _tool("send")]
+    b = [_tool("computer"), _tool("send", description="shadowed")]
+    cat = union_tools([("A", a), ("B", b)])
+    assert [(t.name, t.endpoint) for t in cat.tools] == [("search", "A"), ("send", "A"), ("computer", "B")]
+    assert union_tools([("A", a), ("B", b)]).names() == cat.names()
+    assert union_tools([("B", b), ("A", a)]).get("send").endpoint == "B"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("modality", "tool_filter", "visible"),
+    [
+        ("tool_use", {}, ["search", "send"]),
+        ("", {"modality": "tool_use"}, ["search", "send"]),
+        ("computer_use", {}, ["computer"]),
+        ("tool_use", {"modality": "browser_use"}, ["computer"]),
+        ("all", {}, ["search", "send", "computer"]),
+        ("tool_use", {"allow": ["se*"]}, ["search", "send"]),
+        ("tool_use", {"allow": ["search", "computer"]}, ["search"]),
+        ("tool_use", {"deny": ["send"]}, ["search"]),
+    ],
+)
+def test_modality_and_allow_deny(modality: str, tool_filter: dict, visible: list[str]) -> None:
+    cat = union_tools([("A", [_tool("search"), _tool("send")]), ("B", [_tool("computer")])])
+    assert cat.filtered(tool_filter, modality).names() == visible
+    assert all(tool_allowed(n, tool_filter, modality) for n in visible)
+
+
+def test_tool_spec_keeps_schemas_and_annotations() -> None:
+    tool = mt.Tool(
+        name="t", title="T", description="d",
+        input_schema={"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}},
+        output_schema={"type": "object"}, annotations=mt.ToolAnnotations(read_only_hint=True),
+    )
+    spec = union_tools([("E", [tool])]).specs()[0]
+    assert (spec.name, spec.title, spec.description, spec.endpoint) == ("t", "T", "d", "E")
+    assert dict_from_struct(spec.input_schema)["properties"]["n"]["type"] == "integer"
+    assert dict_from_struct(spec.annotations) == {"readOnlyHint": True}
+    assert spec.HasField("output_schema")
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer"},
+        "x": {"type": "number"},
+        "ids": {"type": "array", "items": {"type": "integer"}},
+        "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "item": {"$ref": "#/$defs/Item"},
+        "tags": {"type": "object", "additionalProperties": {"type": "integer"}},
+    },
+    "required": ["n"],
+    "$defs": {"Item": {"type": "object", "properties": {"qty": {"type": "integer"}}}},
+}
+
+
+def test_integers_restored_from_schema() -> None:
+    args = {"n": 5.0, "x": 2.0, "ids": [1.0, 2.0], "opt": 3.0, "item": {"qty": 4.0}, "tags": {"a": 1.0}}
+    out = restore_integers(args, SCHEMA)
+    assert out == {"n": 5, "x": 2.0, "ids": [1, 2], "opt": 3, "item": {"qty": 4}, "tags": {"a": 1}}
+    assert type(out["n"]) is int and type(out["x"]) is float and type(out["item"]["qty"]) is int
+    assert restore_integers({"n": 5.5}, SCHEMA) == {"n": 5.5}  # not whole: left for validation to reject
+
+
+def test_invalid_arguments_message_names_the_problem() -> None:
+    _, problem = prepare_arguments("t", {"n": 5.5}, SCHEMA)
+    assert "$.n" in problem and "integer" in problem and "t" in problem
+    _, problem = prepare_arguments("t", {}, SCHEMA)
+    assert "'n' is a required property" in problem
+    args, problem = prepare_arguments("t", {"n": 2.0}, SCHEMA)
+    assert problem == "" and args == {"n": 2}
+
+
+def test_result_conversion_all_block_kinds() -> None:
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(20))
+    res = mt.CallToolResult(content=[
+        mt.TextContent(text="hello"),
+        mt.ImageContent(data=base64.b64encode(png).decode(), mime_type="image/png"),
+        mt.AudioContent(data=base64.b64encode(b"RIFF").decode(), mime_type="audio/wav"),
+        mt.ResourceLink(uri="file:///a.txt", name="a", mime_type="text/plain", size=3),
+        mt.EmbeddedResource(resource=mt.TextResourceContents(uri="mem://x", text="inner")),
+        mt.EmbeddedResource(resource=mt.BlobResourceContents(uri="mem://y", blob=base64.b64encode(b"\0\1").decode())),
+    ], structured_content={"count": 2, "items": ["a"]})
+    out = tool_result(res)
+    kinds = [b.WhichOneof("kind") for b in out.content]
+    assert kinds == ["text", "image", "audio", "resource_link", "resource", "resource"]
+    assert out.content[1].image.data == png and out.content[1].image.mime_type == "image/png"
+    assert out.content[3].resource_link.size == 3
+    assert out.content[4].resource.text == "inner" and out.content[5].resource.blob == b"\0\1"
+    assert py_from_value(out.structured_content) == {"count": 2.0, "items": ["a"]}
+    assert not out.is_error and out.error_kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED
+    assert "[image image/png" in summary(out)
+
+
+def test_tool_failure_becomes_tool_failed() -> None:
+    out = tool_result(mt.CallToolResult(content=[mt.TextContent(text="Error executing tool x: boom")], is_error=True))
+    assert out.is_error and out.error_kind == Kind.TOOL_ERROR_KIND_TOOL_FAILED and "boom" in out.error_message
+
+
+def test_truncation_marks_and_keeps_within_limit() -> None:
+    big = tool_result(mt.CallToolResult(content=[mt.TextContent(text="é" * 1000), mt.TextContent(text="tail")]))
+    out = truncate(big, 100)
+    assert out.error_kind == Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED and not out.is_error
+    assert "truncated" in out.content[0].text.text and len(out.content[0].text.text.split("\n…")[0].encode()) <= 100
+    assert "truncated" in out.error_message
+    small = tool_result(mt.CallToolResult(content=[mt.TextContent(text="ok")]))
+    assert truncate(small, 100) == small
+    img = tool_result(mt.CallToolResult(content=[
+        mt.ImageContent(data=base64.b64encode(b"x" * 500).decode(), mime_type="image/png")]))
+    cut = truncate(img, 100)
+    assert cut.content[0].WhichOneof("kind") == "text" and "omitted" in cut.content[0].text.text
