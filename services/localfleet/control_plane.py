@@ -23,6 +23,7 @@ from rlgate.localfleet.instances import (
     Instance,
     InstanceGone,
     LimitExceeded,
+    RateLimited,
     iso,
 )
 from rlgate.localfleet.platform import Platform
@@ -145,6 +146,8 @@ def routes(platform: Platform) -> list[Route]:
         except LimitExceeded as exc:
             return error(403, {"error_type": "instance_limit_exceeded", "message": str(exc),
                                "running_instances": exc.running, "instance_limit": exc.limit})
+        except RateLimited as exc:
+            return error(429, str(exc))
         except DuplicateRequest as exc:
             return error(409, {"error": "duplicate_request_id", "instance_id": exc.instance_id,
                                "message": str(exc)})

@@ -36,6 +36,7 @@ class EnvFaults:
     forget_sessions: bool = False  # legacy era: a session is forgotten after each tools/call it served
     instance_limit: int | None = None  # running instances of this environment allowed
     create_delay_s: float = 0.0  # POST /v1/env/instances takes this long
+    max_inflight_creates: int | None = None  # more concurrent creates than this get 429 (Fleet's burst cap)
 
     def hangs(self, tool: str) -> bool:
         return "*" in self.hang_tools or tool in self.hang_tools
@@ -69,7 +70,7 @@ def _parse_env(name: str, raw: Any) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise FaultError(f"{name}.{key} must be true or false")
             out[key] = value
-        elif key == "instance_limit":
+        elif key in ("instance_limit", "max_inflight_creates"):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise FaultError(f"{name}.{key} must be a non-negative integer or null")
             out[key] = value

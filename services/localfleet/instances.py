@@ -72,6 +72,10 @@ class LimitExceeded(Exception):
         self.running, self.limit = running, limit
 
 
+class RateLimited(Exception):
+    """Too many creations in flight (Fleet's per-team burst cap); the SDK raises FleetRateLimitError."""
+
+
 class DuplicateRequest(Exception):
     def __init__(self, instance_id: str) -> None:
         super().__init__(f"Request was already processed for instance '{instance_id}'")
@@ -224,6 +228,9 @@ class InstanceRegistry:
             raise LimitExceeded(self.running_count(), limit, "")
         if faults.instance_limit is not None and self.running_count(spec.env_key) >= faults.instance_limit:
             raise LimitExceeded(self.running_count(spec.env_key), faults.instance_limit, f" for {spec.env_key}")
+        inflight = sum(1 for i in self.live.values() if i.status == "pending" and i.spec.env_key == spec.env_key)
+        if faults.max_inflight_creates is not None and inflight >= faults.max_inflight_creates:
+            raise RateLimited(f"Too many in-flight instance creations for this team ({inflight} for {spec.env_key})")
         now = time.time()
         inst = Instance(
             instance_id=uuid.uuid4().hex[:16], spec=spec, directory=self.root / "", created_at=now,

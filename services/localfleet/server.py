@@ -87,7 +87,7 @@ async def serve(config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = 
     app.platform.endpoints.connections = tracker
     server = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, http=tracker.protocol_class(), lifespan="on", ws="none",
-        log_level="warning", access_log=False, timeout_graceful_shutdown=3, timeout_keep_alive=30,
+        log_level="warning", access_log=False, timeout_graceful_shutdown=1, timeout_keep_alive=30,
     ))
     log.info("localfleet on http://%s:%d (%d environments, %d tasks) %s", host, port,
              len(app.platform.catalog.specs), len(app.platform.tasks), redacted(config))

@@ -480,9 +480,10 @@ class EpisodeManager:
                 log.info("instance %s not pooled: %s", handle.instance_id, exc)
         await self.provisioner.release(session.instance_id, session.intent_id)
 
-    async def expire(self, session_id: str, reason: str) -> bool:
+    async def expire(self, session_id: str, reason: str,
+                     only_if: Callable[[Session], bool] | None = None) -> bool:
         try:
-            _, changed = await self._finish(session_id, SessionStatus.EXPIRED, reason)
+            _, changed = await self._finish(session_id, SessionStatus.EXPIRED, reason, only_if=only_if)
         except NotFound:
             return False
         return changed

@@ -16,7 +16,7 @@ from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import EpisodeManager
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import InstanceGone, Provider, ProviderError
-from rlgate.store import SessionStatus, SessionStore
+from rlgate.store import Session, SessionStatus, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -28,20 +28,26 @@ class Reaper:
 
     async def run_once(self, now: float | None = None) -> list[str]:
         """Expire due sessions of this run; returns the ids this call expired."""
-        now = time.time() if now is None else now
+        at = time.time() if now is None else now
         reaped: list[str] = []
         for s in await self._episodes.open_sessions(orchestrator_run=self._config.run_id):
-            if s.status == SessionStatus.PROVISIONING:
-                continue  # a reset in flight; reconciliation handles one that never finishes
-            reason = ""
-            if s.expires_at and s.expires_at <= now:
-                reason = "ttl"
-            elif self._config.idle_timeout_s > 0 and s.last_active_at + self._config.idle_timeout_s <= now:
-                reason = "idle"
-            if reason and await self._episodes.expire(s.session_id, f"reaped: {reason}"):
+            reason = self.due(s, at)
+            # Re-checked on the fresh record inside the compare-and-set: activity since the listing wins.
+            if reason and await self._episodes.expire(s.session_id, f"reaped: {reason}",
+                                                      only_if=lambda fresh: bool(self.due(fresh, at))):
                 metrics.REAPED.labels(reason).inc()
                 reaped.append(s.session_id)
         return reaped
+
+    def due(self, s: Session, now: float) -> str:
+        """Why `s` should be reaped now ("ttl", "idle") or ""."""
+        if s.status == SessionStatus.PROVISIONING:
+            return ""  # a reset in flight; reconciliation handles one that never finishes
+        if s.expires_at and s.expires_at <= now:
+            return "ttl"
+        if self._config.idle_timeout_s > 0 and s.last_active_at + self._config.idle_timeout_s <= now:
+            return "idle"
+        return ""
 
 
 class Heartbeater:

@@ -363,11 +363,11 @@ class RedisStore(SessionStore):
     # -- plumbing ---------------------------------------------------------------------------------------
     async def _call(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
         """Run `op`, retrying connection failures with backoff for up to `retry_s`; StoreError after."""
-        if self._closed:
-            raise StoreError("store is closed")
         deadline = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
+            if self._closed:
+                raise StoreError("store is closed")
             try:
                 return await op()
             except (RedisConnectionError, RedisTimeoutError) as exc:  # includes BusyLoadingError

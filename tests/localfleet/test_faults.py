@@ -205,6 +205,18 @@ def test_slow_create(lf: LocalfleetProcess) -> None:
     assert time.monotonic() - started < 2.0
 
 
+async def test_max_inflight_creates_is_a_429(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", create_delay_s=1.5, max_inflight_creates=1))
+    async with httpx.AsyncClient(base_url=lf.base_url, headers=AUTH, timeout=30) as http:
+        first = asyncio.create_task(http.post("/v1/env/instances", json={"env_key": "notes"}))
+        await wait_for(lambda: any(i["status"] == "pending" for i in httpx.get(
+            f"{lf.base_url}/v1/env/instances", headers=AUTH).json()))
+        second = await http.post("/v1/env/instances", json={"env_key": "notes"})
+        assert second.status_code == 429 and "Too many in-flight" in second.json()["detail"]
+        assert (await first).status_code == 200
+        assert (await http.post("/v1/env/instances", json={"env_key": "notes-legacy"})).status_code == 200
+
+
 def test_faults_are_validated(lf: LocalfleetProcess) -> None:
     for bad in ({"environments": {"notes": {"no_such_fault": 1}}}, {"environments": {"notes": {"tool_error_rate": 2}}},
                 {"unknown": 1}, [1]):

@@ -202,3 +202,25 @@ def test_instances_survive_a_restart(tmp_path: Any) -> None:
         rows = httpx.post(f"{api}/resources/sqlite/current/query",
                           json={"query": "SELECT starred FROM notes WHERE id = 1"}).json()["rows"]
         assert rows == [[1]]
+
+
+async def test_app_factory_in_process(tmp_path: Any) -> None:
+    """`create_app` runs without a socket (httpx ASGITransport); the platform's lifespan owns its tasks."""
+    from rlgate.localfleet.config import LocalfleetConfig
+    from rlgate.localfleet.server import create_app
+    from tests.support.localfleet import TINY_TASKS, tiny_environments
+
+    config = LocalfleetConfig(listen="127.0.0.1:9", data_dir=str(tmp_path))
+    app = create_app(config, specs=tiny_environments(), tasks=TINY_TASKS)
+    async with app.platform.running():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9", headers=AUTH) as http:
+            inst = (await http.post("/v1/env/instances", json={"env_key": "notes"})).json()
+            assert inst["urls"]["root"] == f"http://127.0.0.1:9/instances/{inst['instance_id']}/"
+            q = {"query": "SELECT COUNT(*) FROM notes"}
+            r = await http.post(f"/instances/{inst['instance_id']}/api/v1/env/resources/sqlite/seed/query", json=q)
+            assert r.json()["rows"] == [[50]]
+            assert (await http.get("/v1/tasks")).json()["total"] == 2
+        reaper = app.platform.registry._reaper
+        assert reaper is not None and not reaper.done()
+    assert reaper.done()  # cancelled on shutdown

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet import Fleet
+from fleet import AsyncFleet, Fleet
 from fleet.verifiers.local_executor import LocalEnvironment, execute_verifier_local
 from mcp import Client
 from mcp.server import MCPServer
 
 from rlgate.localfleet.environments import all_environments, get_environment
 from tests.localfleet.test_environments import bound_copy, build_server, error_text, write_seed
+from tests.support.localfleet import LocalfleetProcess
 
 TASK_DIR = Path(str(resources.files("rlgate.localfleet") / "tasks"))
 
@@ -140,3 +141,47 @@ async def test_reference_solution_scores(key: str, seeds: dict[str, Path], serve
         with bound_copy(seed, tmp_path / "partial.db") as part:
             await run_calls(servers[env_id], partial)
         assert score(task, seed, part.path, answer) == 0.0
+
+
+# One task per environment (multi-call, judged by the database; the booking one also by its final answer),
+# run against a real localfleet over HTTP: both MCP eras, the platform's verifier, and /reset.
+OVER_HTTP = ["mailbox-clients-folder", "tracker-comment-and-close", "booking-cancel-flight-report-refund"]
+
+
+async def _table_rows(env: Any, name: str) -> dict[str, list[list[Any]]]:
+    db = env.db(name)
+    tables = [t.name for t in (await db.describe()).tables]
+    return {t: (await db.query(f'SELECT * FROM "{t}" ORDER BY rowid')).rows for t in tables}
+
+
+@pytest.mark.parametrize("key", OVER_HTTP)
+async def test_reference_solution_over_http(key: str, localfleet_module: LocalfleetProcess) -> None:
+    task = BY_KEY[key]
+    solution = task["metadata"]["reference_solution"]
+    fleet = AsyncFleet(api_key="test", base_url=localfleet_module.base_url)
+    env = await fleet.make(f"{task['env_id']}:{task['version']}")
+    try:
+        assert env.urls is not None
+        async with Client(env.urls.root + "mcp", read_timeout_seconds=30) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert "computer" not in names
+            for call in solution["tool_calls"]:
+                result = await client.call_tool(call["name"], call["arguments"])
+                assert not result.is_error, f"{call['name']} failed: {error_text(result)}"
+        async with Client(env.urls.root + "api/v1/mcp", read_timeout_seconds=30) as aggregator:
+            assert {t.name for t in (await aggregator.list_tools()).tools} == names | {"computer"}
+            screen = await aggregator.call_tool("computer", {"action": "screenshot"})
+            assert not screen.is_error and screen.content[0].type == "image"
+
+        tasks = {t.key: t for t in await fleet.load_tasks(env_key=task["env_id"])}
+        assert key in tasks
+        solved = await tasks[key].verify_detailed_async(env, final_answer=solution["final_answer"])
+        assert solved.success and solved.result == 1, solved
+
+        assert (await env.reset()).success
+        await env.instance.load()
+        assert await _table_rows(env, "current") == await _table_rows(env, "seed")
+        fresh = await tasks[key].verify_detailed_async(env, final_answer=solution["final_answer"])
+        assert fresh.success and fresh.result == 0, fresh
+    finally:
+        await env.close()

@@ -22,7 +22,6 @@ from rlgate.orchestrator.server import OrchestratorHandle, start_orchestrator
 from rlgate.store import SessionStore
 from rlgate.store.sqlite import SqliteStore
 from rlgate.v1 import orchestrator_pb2_grpc
-
 from tests.support.localfleet import LocalfleetProcess
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,6 @@ from rlgate.store import SessionStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc
-
 from tests.orchestrator.conftest import Running, bundled_tasks, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
 
@@ -321,8 +320,8 @@ async def test_list_tasks_and_sessions_page(orch: Running) -> None:
     assert only.tasks and all(t.env_id == "tracker" for t in only.tasks)
     # A token from one filter is refused for another.
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key="tracker", page_token=first.next_page_token),
-                                  timeout=10)
+        await orch.stub.ListTasks(
+            orchestrator_pb2.ListTasksRequest(env_key="tracker", page_token=first.next_page_token), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
     ids = []

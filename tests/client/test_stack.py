@@ -1,0 +1,271 @@
+"""The client, both adapters and `rlgate rollout` against the real local stack (localfleet + orchestrator +
+toolgateway processes, SQLite store): reference solutions score 1.0 on every task, messy model text still
+scores, wrong answers score 0.0 with verification OK, a failing verifier raises, and no session is left
+open."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rlgate
+from rlgate.policies import reference_turns
+from rlgate.runtime.stack import LocalStack
+from rlgate.v1 import common_pb2
+from tests.client.tinker_support import ScriptedPolicy, renderer
+from tests.support.ports import free_port, wait_for_port
+
+pytestmark = pytest.mark.slow
+
+OPEN = {
+    common_pb2.SESSION_STATUS_PROVISIONING,
+    common_pb2.SESSION_STATUS_ACTIVE,
+    common_pb2.SESSION_STATUS_DONE,
+}
+
+
+@pytest.fixture(scope="module")
+def tasks(stack: LocalStack) -> dict[str, common_pb2.TaskInfo]:
+    with rlgate.Client(stack.orchestrator_address) as client:
+        found = {t.key: t for t in client.list_tasks()}
+    assert len(found) >= 3
+    return found
+
+
+def _open_sessions(address: str, run_id: str) -> list[str]:
+    with rlgate.Client(address) as client:
+        return [s.session_id for s in client.list_sessions(run_id=run_id) if s.status in OPEN]
+
+
+def _skyrl_episode(address: str, task: common_pb2.TaskInfo, run_id: str, rewrite: Callable[[str], str] = str) -> dict:
+    """Drive one env the way SkyRL's generator does: make, init, step until done, get_metrics, close."""
+    import skyrl_gym
+
+    from rlgate.adapters.skyrl import register
+
+    register()
+    env = skyrl_gym.make(
+        "rlgate",
+        env_config={},
+        extras={"task_key": task.key, "max_turns": 12, "orchestrator": address, "run_id": run_id},
+    )
+    chat, meta = env.init([{"role": "user", "content": "(dataset prompt)"}])
+    assert chat[0]["role"] == "system" and meta["task_key"] == task.key and meta["tools"]
+    out: dict = {}
+    for text in reference_turns(task, env.max_turns):
+        out = env.step(rewrite(text))
+        if out["done"]:
+            break
+    env.get_metrics()
+    env.close()
+    return dict(out)
+
+
+def messy(text: str) -> str:
+    """What models do: params for arguments, no closing tag, prose around, a code fence."""
+    text = text.replace('"arguments":', '"params":').replace("</tool_call>", "")
+    text = text.replace("<tool_call>\n", "<tool_call>\n```json\n", 1)
+    return "Okay, let me think.\n" + text + "\nThat should do it."
+
+
+def test_skyrl_reference_solutions_score_one_on_every_task_from_32_threads(
+    stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]
+) -> None:
+    run_id = f"skyrl-{uuid.uuid4().hex[:8]}"
+    with ThreadPoolExecutor(max_workers=32) as pool:  # SkyRL's default max_env_workers
+        outs = dict(
+            zip(tasks, pool.map(lambda t: _skyrl_episode(stack.orchestrator_address, t, run_id), tasks.values()))
+        )
+    rewards = {key: out["reward"] for key, out in outs.items()}
+    assert rewards == dict.fromkeys(tasks, 1.0)
+    assert all(out["metadata"]["verification_status"] == "OK" for out in outs.values())
+    assert _open_sessions(stack.orchestrator_address, run_id) == []
+
+
+def test_skyrl_messy_text_still_scores(stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]) -> None:
+    run_id = f"messy-{uuid.uuid4().hex[:8]}"
+    one_per_env = {t.env_id: t for t in tasks.values()}.values()
+    for task in one_per_env:
+        out = _skyrl_episode(stack.orchestrator_address, task, run_id, rewrite=messy)
+        assert out["reward"] == 1.0, (task.key, out["metadata"])
+    assert _open_sessions(stack.orchestrator_address, run_id) == []
+
+
+def test_skyrl_wrong_final_answer_scores_zero_with_verification_ok(
+    stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]
+) -> None:
+    with_answer = [t for t in tasks.values() if '"final_answer": null' not in json.dumps(_solution(t))]
+    task = with_answer[0]
+
+    def wrong(text: str) -> str:
+        return re.sub(r"<final_answer>.*?</final_answer>", "<final_answer>no idea</final_answer>", text, flags=re.S)
+
+    out = _skyrl_episode(stack.orchestrator_address, task, f"wrong-{uuid.uuid4().hex[:8]}", rewrite=wrong)
+    assert out["done"] and out["reward"] == 0.0
+    assert out["metadata"]["verification_status"] == "OK"
+
+
+def _solution(task: common_pb2.TaskInfo) -> Any:
+    from rlgate.convert import dict_from_struct
+
+    return dict_from_struct(task.metadata)["reference_solution"]
+
+
+def test_faulted_verifier_raises_and_closes(stack_factory: Callable[..., LocalStack]) -> None:
+    faulted = stack_factory(env={"RLGATE_VERIFY_TIMEOUT_S": "0.001", "RLGATE_VERIFY_RETRIES": "0"})
+    with rlgate.Client(faulted.orchestrator_address) as client:
+        task = client.list_tasks()[0]
+    run_id = f"faulted-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(rlgate.VerifierError) as info:
+        _skyrl_episode(faulted.orchestrator_address, task, run_id)
+    assert info.value.status in ("ERROR", "TIMEOUT")
+    assert _open_sessions(faulted.orchestrator_address, run_id) == []
+
+
+# ----------------------------------------------------------------------------------------------- Tinker
+
+
+def _reference_policy(tasks: dict[str, common_pb2.TaskInfo], fail_first: int = 0) -> ScriptedPolicy:
+    failures = {"left": fail_first}
+
+    def script(prompt: str, turn: int) -> str:
+        task = next(t for t in tasks.values() if t.prompt in prompt)
+        if turn == 0 and failures["left"] > 0:
+            failures["left"] -= 1
+            raise RuntimeError("sampler hiccup")
+        turns = reference_turns(task, 12)
+        return turns[min(turn, len(turns) - 1)]
+
+    return ScriptedPolicy(script)
+
+
+async def test_tinker_reference_solutions_through_the_cookbook(
+    stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]
+) -> None:
+    from tinker_cookbook.rl.rollout_strategy import RetryOnFailure
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    from rlgate.adapters.tinker import RlgateEnvGroupBuilder
+
+    run_id = f"tinker-{uuid.uuid4().hex[:8]}"
+    one_per_env = list({t.env_id: t for t in tasks.values()}.values())
+    builders = [
+        RlgateEnvGroupBuilder(
+            task_key=t.key,
+            renderer=renderer(),
+            group_size=2,
+            orchestrator=stack.orchestrator_address,
+            max_turns=12,
+            run_id=run_id,
+        )
+        for t in one_per_env
+    ]
+    groups = await asyncio.gather(*(do_group_rollout(b, _reference_policy(tasks)) for b in builders))
+    assert [g.get_total_rewards() for g in groups] == [[1.0, 1.0]] * len(builders)
+
+    # A retried trajectory opens one new session (the retry's make_envs() builds a group, uses one env).
+    retried = RlgateEnvGroupBuilder(
+        task_key=one_per_env[0].key,
+        renderer=renderer(),
+        group_size=3,
+        orchestrator=stack.orchestrator_address,
+        run_id=run_id + "-retry",
+        max_turns=12,
+    )
+    group = await do_group_rollout(retried, _reference_policy(tasks, fail_first=1), strategy=RetryOnFailure(2))
+    assert group.get_total_rewards() == [1.0, 1.0, 1.0] and len(group.rollout_errors) == 1
+    with rlgate.Client(stack.orchestrator_address) as client:
+        assert len(client.list_sessions(run_id=run_id + "-retry")) == 4
+    assert _open_sessions(stack.orchestrator_address, run_id) == []
+    assert _open_sessions(stack.orchestrator_address, run_id + "-retry") == []
+
+
+# ---------------------------------------------------------------------------------------------- rollout
+
+
+def _rollout(stack: LocalStack, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    summary_path = tmp_path / "summary.json"
+    out_path = tmp_path / "traj.jsonl"
+    cmd = [sys.executable, "-m", "rlgate.cli", "rollout", "--orchestrator", stack.orchestrator_address,
+           "--no-progress", "--summary-json", str(summary_path), "--out", str(out_path), *args]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    summary = json.loads(summary_path.read_text())
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert len(lines) == summary["episodes"]
+    assert all(line["messages"][-1]["role"] == "assistant" for line in lines)
+    return summary
+
+
+def test_rollout_reference_all_tasks(stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo], tmp_path: Path) -> None:
+    summary = _rollout(stack, tmp_path, "--tasks", "all", "--concurrency", "16", "--policy", "reference")
+    assert summary["episodes"] == len(tasks)
+    assert summary["reward_mean"] == 1.0
+    assert summary["errors"] == 0 and summary["verifier_errors"] == 0 and summary["truncated"] == 0
+    assert summary["sessions_left_open"] == 0
+    assert _open_sessions(stack.orchestrator_address, summary["run_id"]) == []
+    assert set(summary["per_env"]) == {f"{t.env_id}:{t.version}" for t in tasks.values()}
+
+
+@pytest.fixture
+def openai_server(tasks: dict[str, common_pb2.TaskInfo]) -> Iterator[str]:
+    """A tiny OpenAI-compatible chat endpoint on loopback that replays reference solutions."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> JSONResponse:
+        if request.headers.get("authorization") != "Bearer sk-test":
+            return JSONResponse({"error": "bad key"}, status_code=401)
+        body = await request.json()
+        messages = body["messages"]
+        user = next(m["content"] for m in messages if m["role"] == "user")
+        task = next(t for t in tasks.values() if t.prompt in user)
+        turn = sum(m["role"] == "assistant" for m in messages)
+        turns = reference_turns(task, 12)
+        text = turns[min(turn, len(turns) - 1)]
+        return JSONResponse({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+                             "model": body["model"]})  # fmt: skip
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
+                       host="127.0.0.1", port=port, log_level="warning")  # fmt: skip
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for_port(port)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    with socket.socket() as probe:  # the port is free again
+        probe.bind(("127.0.0.1", port))
+
+
+def test_rollout_openai_policy(
+    stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo], openai_server: str, tmp_path: Path
+) -> None:
+    import os
+
+    keys = ",".join(list({t.env_id: t.key for t in tasks.values()}.values()))
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test"}
+    summary = _rollout(stack, tmp_path, "--tasks", keys, "--policy", "openai", "--base-url", openai_server,
+                       "--model", "replay", "--concurrency", "3", env=env)  # fmt: skip
+    assert summary["episodes"] == 3 and summary["reward_mean"] == 1.0 and summary["errors"] == 0
+    assert summary["sessions_left_open"] == 0
