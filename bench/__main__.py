@@ -1,6 +1,7 @@
 """`python -m bench [--quick|--full] [--only NAME,...]`: run the benchmarks, merge bench/results.json.
 
-Each benchmark is a module with `NAME` and `async def run(ctx) -> list[Entry]`; it starts what it needs
+Each benchmark is a module with `NAME`, `async def run(ctx) -> list[Entry]` and optionally
+`async def prepare(ctx)` (one-time setup outside the per-benchmark time limit); it starts what it needs
 on loopback (stopped again after it, also when it fails), prints its own table, and its entries are merged
 into results.json as soon as it ends, so an interrupted run keeps what it measured. A benchmark that fails
 is recorded with its error, never with a figure. Exit status 1 when any benchmark failed.
@@ -49,6 +50,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 async def run_one(name: str, ctx: BenchContext, limit_s: float) -> list[Entry]:
     try:
         module = importlib.import_module(f"bench.{name}")
+        prepare = getattr(module, "prepare", None)
+        if prepare is not None:  # one-time setup (e.g. a virtualenv to build): outside the time limit
+            await prepare(ctx)
         async with asyncio.timeout(limit_s):
             return list(await module.run(ctx))
     except Exception as exc:  # recorded as the benchmark's result; the run goes on with the next one

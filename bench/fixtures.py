@@ -47,7 +47,7 @@ class ToolCall:
 
 BENCH_TOOLS = {
     "mailbox:v1": ToolCall("read_message", {"message_id": 1}),
-    "tracker:v1": ToolCall("get_issue", {"issue_id": 1}),
+    "tracker:v1": ToolCall("get_issue", {"repo": "northwind/atlas-api", "number": 1}),
 }
 
 
@@ -58,9 +58,20 @@ class BenchContext:
     quick: bool
     out_dir: Path
     stacks: dict[str, LocalStack] = field(default_factory=dict)
+    prepared: dict[str, object] = field(default_factory=dict)  # what a benchmark's prepare() set up
 
     def size(self, quick: int, full: int) -> int:
         return quick if self.quick else full
+
+    @property
+    def rounds(self) -> int:
+        """How many times rlgate and its baseline alternate (noise on a shared machine hits both)."""
+        return 2 if self.quick else 3
+
+    @property
+    def duration_s(self) -> float:
+        """Time budget of one measured path in one round (fewer samples on a slow machine, same wall time)."""
+        return 2.5 if self.quick else 10.0
 
     async def stack(self, name: str = "default", **settings: Any) -> LocalStack:
         """A running local stack, started on first use with `settings` (StackSettings fields)."""

@@ -23,7 +23,7 @@ GOALS = (Goal("ratio", "<=", 1.5), Goal("throughput_ratio_seq", ">=", 0.67),
 async def measure_era(ctx: BenchContext, rl: Rlgate, era: str) -> dict[str, Stats]:
     env_key = ERA_ENV[era]
     call = BENCH_TOOLS[env_key]
-    total, rounds = ctx.size(600, 3000), ctx.size(2, 3)
+    total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
     session = await rl.reset(env_key)
     try:
         url = await rl.mcp_url(session)
@@ -35,12 +35,13 @@ async def measure_era(ctx: BenchContext, rl: Rlgate, era: str) -> dict[str, Stat
             async def direct_op(_slot: int) -> None:
                 await direct_call(client, call)
 
-            per_round = total // rounds
             return await alternate(rounds, {
-                f"{era} gateway seq": lambda: closed_loop(gateway_op, per_round, 1, warmup=30),
-                f"{era} direct seq": lambda: closed_loop(direct_op, per_round, 1, warmup=30),
-                f"{era} gateway c16": lambda: closed_loop(gateway_op, per_round, CONCURRENT, warmup=32),
-                f"{era} direct c16": lambda: closed_loop(direct_op, per_round, CONCURRENT, warmup=32),
+                f"{era} gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=30, duration_s=budget),
+                f"{era} direct seq": lambda: closed_loop(direct_op, total, 1, warmup=30, duration_s=budget),
+                f"{era} gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32,
+                                                          duration_s=budget),
+                f"{era} direct c16": lambda: closed_loop(direct_op, total, CONCURRENT, warmup=32,
+                                                         duration_s=budget),
             })
     finally:
         await rl.close_session(session)

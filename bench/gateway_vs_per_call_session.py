@@ -23,8 +23,7 @@ GOALS = (Goal("ratio", ">=", 3.0),)
 async def run(ctx: BenchContext) -> list[Entry]:
     env_key = ERA_ENV["legacy"]
     call = BENCH_TOOLS[env_key]
-    rounds = ctx.size(2, 3)
-    gateway_total, baseline_total = ctx.size(400, 2000), ctx.size(160, 800)
+    total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
     ssl_context = httpx2.create_ssl_context()
     stack = await ctx.stack()
     async with Rlgate(stack) as rl:
@@ -39,11 +38,11 @@ async def run(ctx: BenchContext) -> list[Entry]:
                 await per_call_session(url, call, ssl_context)
 
             stats = await alternate(rounds, {
-                "gateway seq": lambda: closed_loop(gateway_op, gateway_total // rounds, 1, warmup=20),
-                "per-call session seq": lambda: closed_loop(baseline_op, baseline_total // rounds, 1, warmup=5),
-                "gateway c16": lambda: closed_loop(gateway_op, gateway_total // rounds, CONCURRENT, warmup=32),
-                "per-call session c16": lambda: closed_loop(baseline_op, baseline_total // rounds, CONCURRENT,
-                                                            warmup=16),
+                "gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=20, duration_s=budget),
+                "per-call session seq": lambda: closed_loop(baseline_op, total, 1, warmup=5, duration_s=budget),
+                "gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32, duration_s=budget),
+                "per-call session c16": lambda: closed_loop(baseline_op, total, CONCURRENT, warmup=16,
+                                                            duration_s=budget),
             })
         finally:
             await rl.close_session(session)

@@ -88,29 +88,36 @@ class Stats:
 Operation = Callable[[int], Awaitable[object]]  # called with the worker's slot, 0..concurrency-1
 
 
-async def closed_loop(op: Operation, total: int, concurrency: int = 1, warmup: int = 0) -> Stats:
+async def closed_loop(op: Operation, total: int, concurrency: int = 1, warmup: int = 0,
+                      duration_s: float | None = None) -> Stats:
     """Run `op(slot)` `total` times with `concurrency` workers (each starts its next op when its last ends).
 
-    A worker always passes its own slot, so a benchmark can give each worker its own session.
+    A worker always passes its own slot, so a benchmark can give each worker its own session. With
+    `duration_s`, no operation starts after that many seconds (those in flight finish and count), so a
+    slow, shared machine shortens the sample rather than the run overrunning its budget.
     `warmup` operations run first with the same concurrency and are not measured. An exception in any
     operation stops the run and propagates (a benchmark never reports figures from a failing path).
     """
     if total < 1 or concurrency < 1:
         raise ValueError("total and concurrency must be >= 1")
     if warmup:
-        await _drive(op, warmup, min(concurrency, warmup), None)
+        await _drive(op, warmup, min(concurrency, warmup), None, None)
     latencies: list[float] = []
     start = time.perf_counter()
-    await _drive(op, total, min(concurrency, total), latencies)
+    deadline = None if duration_s is None else start + duration_s
+    await _drive(op, total, min(concurrency, total), latencies, deadline)
     return Stats.from_latencies(latencies, time.perf_counter() - start, concurrency)
 
 
-async def _drive(op: Operation, total: int, concurrency: int, latencies: list[float] | None) -> None:
+async def _drive(op: Operation, total: int, concurrency: int, latencies: list[float] | None,
+                 deadline: float | None) -> None:
     counter = iter(range(total))
 
     async def worker(slot: int) -> None:
         for _ in counter:  # shared iterator: `total` operations in all, whichever worker is free
             t0 = time.perf_counter()
+            if deadline is not None and t0 >= deadline:
+                return
             await op(slot)
             if latencies is not None:
                 latencies.append(time.perf_counter() - t0)

@@ -9,8 +9,9 @@ Not importable from the rlgate venv (and imports nothing from rlgate or bench). 
          client to it, the best case for this design), or answers in-process with a canned result of the same size
          (--mode local: the ceiling, no tool hop). Prints its port once ready.
   drive  openenv-core's own client (`GenericEnvClient`, one WebSocket session per worker). Prints "ready",
-         then for each stdin line {"total", "sessions", "warmup"}: connect and reset `sessions` clients,
-         run `warmup` then `total` steps of one `CallToolAction` spread over them, and print one JSON line
+         then for each stdin line {"url", "total", "sessions", "warmup", "duration_s"}: connect and reset
+         `sessions` clients, run `warmup` then up to `total` steps of one `CallToolAction` spread over
+         them (none started after `duration_s`), and print one JSON line
          {"latencies_s": [...], "elapsed_s": ...}. A step whose observation carries an error fails the run.
 """
 
@@ -155,29 +156,34 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def drive(args: argparse.Namespace) -> None:
-    """Print "ready", then answer each stdin line {"total", "sessions", "warmup"} with one JSON line."""
+    """Print "ready", then answer each stdin line (one measurement request) with one JSON line."""
     action = {"type": "call_tool", "tool_name": args.tool, "arguments": json.loads(args.arguments)}
     print("ready", flush=True)
     loop = asyncio.get_running_loop()
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         request = json.loads(line)
-        result = await measure(args.url, action, request["total"], request["sessions"], request["warmup"])
+        result = await measure(request["url"], action, request["total"], request["sessions"], request["warmup"],
+                               request.get("duration_s"))
         print(json.dumps(result), flush=True)
 
 
-async def measure(url: str, action: dict[str, Any], total: int, sessions: int, warmup: int) -> dict[str, Any]:
+async def measure(url: str, action: dict[str, Any], total: int, sessions: int, warmup: int,
+                  duration_s: float | None) -> dict[str, Any]:
+    """Same closed loop as bench.harness.closed_loop: no step starts after `duration_s`."""
     clients = [GenericEnvClient(base_url=url, message_timeout_s=TIMEOUT_S) for _ in range(sessions)]
     try:
         for client in clients:
             await client.connect()
             await client.reset()
 
-        async def run(count: int, latencies: list[float] | None) -> None:
+        async def run(count: int, latencies: list[float] | None, deadline: float | None) -> None:
             counter = iter(range(count))
 
             async def worker(client: GenericEnvClient) -> None:
                 for _ in counter:
                     t0 = time.perf_counter()
+                    if deadline is not None and t0 >= deadline:
+                        return
                     result = await client.step(action)
                     if result.observation.get("error"):
                         raise RuntimeError(f"OpenEnv step returned an error: {result.observation['error']}")
@@ -186,10 +192,10 @@ async def measure(url: str, action: dict[str, Any], total: int, sessions: int, w
 
             await asyncio.gather(*(worker(c) for c in clients))
 
-        await run(warmup, None)
+        await run(warmup, None, None)
         latencies: list[float] = []
         start = time.perf_counter()
-        await run(total, latencies)
+        await run(total, latencies, None if duration_s is None else start + duration_s)
         return {"latencies_s": latencies, "elapsed_s": time.perf_counter() - start}
     finally:
         for client in clients:
@@ -205,7 +211,6 @@ def main(argv: list[str]) -> None:
     s.add_argument("--upstream", action="append", default=[], help="MCP endpoint URL (forward mode)")
     s.add_argument("--max-sessions", type=int, default=64)
     d = sub.add_parser("drive")
-    d.add_argument("--url", required=True)
     d.add_argument("--tool", required=True)
     d.add_argument("--arguments", default="{}")
     args = parser.parse_args(argv)

@@ -23,8 +23,7 @@ CONCURRENT = 16
 
 
 async def run(ctx: BenchContext) -> list[Entry]:
-    total = ctx.size(1000, 5000)
-    rounds = ctx.size(2, 3)
+    total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
     env_key = ERA_ENV["modern"]
     call = BENCH_TOOLS[env_key]
     stack = await ctx.stack()
@@ -48,16 +47,16 @@ async def run(ctx: BenchContext) -> list[Entry]:
             await rl.step(sessions[slot], call)
 
         stats = await alternate(rounds, {
-            "echo_seq": lambda: closed_loop(echo_op, total // rounds, 1, warmup=50),
-            "step_seq": lambda: closed_loop(step_op, total // rounds, 1, warmup=50),
-            "echo_c16": lambda: closed_loop(echo_op, total // rounds, CONCURRENT, warmup=50),
-            "step_c16": lambda: closed_loop(step_op, total // rounds, CONCURRENT, warmup=50),
+            "echo seq": lambda: closed_loop(echo_op, total, 1, warmup=50, duration_s=budget),
+            "step seq": lambda: closed_loop(step_op, total, 1, warmup=50, duration_s=budget),
+            "echo c16": lambda: closed_loop(echo_op, total, CONCURRENT, warmup=50, duration_s=budget),
+            "step c16": lambda: closed_loop(step_op, total, CONCURRENT, warmup=50, duration_s=budget),
         })
         for session in sessions:
             await rl.close_session(session)
 
-    print(stats_table(stats))
-    seq_step, seq_echo, c_step, c_echo = stats["step_seq"], stats["echo_seq"], stats["step_c16"], stats["echo_c16"]
+    print(stats_table(stats, "calls/s"))
+    seq_step, seq_echo, c_step, c_echo = stats["step seq"], stats["echo seq"], stats["step c16"], stats["echo c16"]
     return [Entry(
         name=NAME, value=seq_step.per_s, baseline=seq_echo.per_s, unit="calls/s",
         baseline_name="bare grpc.aio unary echo server (same run)", goals=(Goal("ratio", ">=", 0.5),),

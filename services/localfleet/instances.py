@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 TEAM_ID = "localfleet"
 REGION = "local"
 _TOMBSTONES = 10_000  # stopped instances remembered (GET shows them as "stopped")
+_REQUEST_IDS = 100_000  # create request ids remembered for duplicate detection
 
 _call_conns: contextvars.ContextVar[list[sqlite3.Connection] | None] = contextvars.ContextVar(
     "localfleet_call_conns", default=None)
@@ -244,6 +245,8 @@ class InstanceRegistry:
         self.live[inst.instance_id] = inst
         if request_id:
             self._request_ids[request_id] = inst.instance_id
+            while len(self._request_ids) > _REQUEST_IDS:
+                self._request_ids.pop(next(iter(self._request_ids)))
         try:
             if faults.create_delay_s:
                 await asyncio.sleep(faults.create_delay_s)

@@ -179,7 +179,11 @@ async def _read_capped(stream: asyncio.StreamReader) -> bytes:
 def _limits(memory_mb: int, timeout: float) -> Any:
     cpu = math.ceil(timeout) + 1
 
+    libc = _libc()
+
     def apply() -> None:  # runs in the child between fork and exec
+        if libc is not None:  # die with localfleet (even on SIGKILL): a sleeping verifier uses no CPU time
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
@@ -187,6 +191,21 @@ def _limits(memory_mb: int, timeout: float) -> Any:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     return apply
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
 
 
 def _default(value: Any) -> Any:

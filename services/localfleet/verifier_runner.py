@@ -10,12 +10,15 @@ offers `env.db("seed")` / `env.db("current")` as the SDK's `DatabaseSnapshot` an
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import json
+import os
 import re
 import string
 import sys
 import traceback
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,25 @@ _STRIP = (
     (r"^import fleet\.verifiers.*$\n?", re.MULTILINE),
     (r"^import fleet$\n?", re.MULTILINE),
 )
+
+
+def _light_fleet() -> None:
+    """Make `fleet.verifiers.*` importable without running `fleet/__init__.py`.
+
+    The package's __init__ imports the whole SDK (httpx, pydantic models: ~1.5 s per run); the verifier
+    helpers (`db`, `code`, `local_executor`, `sql_differ`) need only the standard library.
+    """
+    if "fleet" in sys.modules:
+        return
+    spec = importlib.util.find_spec("fleet")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = next(iter(spec.submodule_search_locations))
+    for name, path in (("fleet", root), ("fleet.verifiers", os.path.join(root, "verifiers"))):
+        module = types.ModuleType(name)
+        module.__path__ = [path]
+        module.__package__ = name
+        sys.modules[name] = module
 
 
 def _namespace(env: Any) -> dict[str, Any]:
@@ -72,6 +94,7 @@ def _call(func: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def run(inp: dict[str, Any], workdir: Path) -> Any:
+    _light_fleet()
     from fleet.verifiers.local_executor import LocalEnvironment
 
     env = LocalEnvironment(str(workdir / "seed.db"), str(workdir / "current.db"))

@@ -94,6 +94,8 @@ class EpisodeManager:
         self.idempotency = Idempotency(store, owner)
         self._admit = asyncio.Lock()
         self._reserved = 0  # sessions being created by this process (not yet in the store)
+        self._no_creations = asyncio.Event()  # set while no new-session Reset is in flight here
+        self._no_creations.set()
         self.accepting = True
 
     # -- helpers ----------------------------------------------------------------------------------------
@@ -143,6 +145,12 @@ class EpisodeManager:
                 raise ResourceExhausted(f"max sessions reached ({limit} open)", subject="sessions",
                                         reason="MAX_SESSIONS", metadata={"limit": limit}, retry_after_s=5.0)
             self._reserved += 1
+            self._no_creations.clear()
+
+    async def wait_creations(self) -> None:
+        """Until every admitted new-session Reset of this process has finished (shutdown drains them
+        before closing sessions, so none registers a session after the close sweep)."""
+        await self._no_creations.wait()
 
     # -- Reset ------------------------------------------------------------------------------------------
     async def reset(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
@@ -247,6 +255,8 @@ class EpisodeManager:
             raise
         finally:
             self._reserved -= 1
+            if self._reserved == 0:
+                self._no_creations.set()
         log.info("session %s started on %s (%s)", session_id, handle.instance_id or env_key, env_key)
         return self._reset_response(session, task, tools, token)
 
@@ -293,11 +303,12 @@ class EpisodeManager:
         except BaseException as exc:
             await asyncio.shield(self.fail(session.session_id, f"reset failed: {exc}"))
             raise
-        if new_intent is not None and new_handle.instance_id != handle.instance_id:
-            await self.provisioner.set_intent(new_intent.intent_id, IntentState.BOUND, session.session_id)
         token = secrets.token_urlsafe(32)
 
         def start(s: Session) -> bool:
+            if s.status != SessionStatus.PROVISIONING:  # closed or reaped while we were resetting
+                raise FailedPrecondition(f"session {s.session_id} was {s.status} during the reset",
+                                         reason="SESSION_CLOSED")
             s.status = SessionStatus.ACTIVE
             s.episode += 1
             s.turn = 0
@@ -313,7 +324,16 @@ class EpisodeManager:
             s.last_active_at = time.time()
             return True
 
-        session, _ = await self._mutate(session.session_id, start)
+        try:
+            session, _ = await self._mutate(session.session_id, start)
+        except BaseException:
+            if new_handle.instance_id != handle.instance_id:  # the replacement belongs to no one now
+                await asyncio.shield(self.provisioner.release(new_handle.instance_id,
+                                                              new_intent.intent_id if new_intent else ""))
+            raise
+        if new_intent is not None and new_handle.instance_id != handle.instance_id:
+            # Only now: a BOUND intent is kept by reconciliation only while its session uses the instance.
+            await self.provisioner.set_intent(new_intent.intent_id, IntentState.BOUND, session.session_id)
         tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
                                      per_instance=self.provider.manages_instances)
         log.info("session %s episode %d started", session.session_id, session.episode)

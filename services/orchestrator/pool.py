@@ -100,7 +100,7 @@ class WarmPool:
         try:
             while True:
                 self._wake.clear()
-                for env_key, target in self.targets.items():
+                for env_key, target in ({} if self._closed else self.targets).items():
                     missing = target - len(self._idle[env_key]) - self._filling[env_key]
                     for _ in range(max(0, missing)):
                         self._filling[env_key] += 1

@@ -96,7 +96,10 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
 def run(config: OrchestratorConfig) -> None:
     """`rlgate orchestrator`: serve until SIGTERM/SIGINT, then drain."""
     setup_logging(config.log_level, config.log_json, service="orchestrator")
-    check_listen(config)
+    try:
+        check_listen(config)
+    except InsecureListenError as exc:
+        raise SystemExit(f"rlgate orchestrator: {exc}") from None
     log.info("config: %s", redacted(config))
 
     async def main() -> None:

@@ -161,6 +161,7 @@ class Orchestrator:
         self.episodes.accepting = False
         try:
             async with asyncio.timeout(self.config.drain_s):
+                await self.episodes.wait_creations()  # admitted Resets finish, then get closed below
                 if self.config.shutdown_mode == "close":
                     sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
                     sem = asyncio.Semaphore(32)

@@ -98,6 +98,15 @@ class _Deadline:
         return left
 
 
+@dataclass
+class _CallState:
+    """How far a call got: `sent` once it is handed to the upstream client (it may run from then on)."""
+
+    sent: bool = False
+    endpoint: str = ""
+    arguments: dict[str, Any] | None = None
+
+
 class ToolGateway:
     """ListTools / CallTool for the session an agent token selects."""
 
@@ -194,11 +203,12 @@ class ToolGateway:
 
         started = time.monotonic()
         endpoint = ""
+        state = _CallState()
         try:
-            result, endpoint, arguments = await self._execute(session, name, arguments, deadline)
+            result, endpoint, arguments = await self._execute(session, name, arguments, deadline, state)
         except CallNotSent as exc:
             await self._release(scope, request_id)
-            self._count(name, endpoint, "unavailable")
+            self._count(name, state.endpoint, "unavailable")
             raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                                f"upstream unavailable (the tool did not run): {exc}") from exc
         except UpstreamUnavailable as exc:  # CallLost or a catalog failure after the call may have started
@@ -206,25 +216,39 @@ class ToolGateway:
             if lost:
                 msg = (f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
                        "the same request_id returns OUTCOME_UNKNOWN")
-                await self._finish_unknown(session, scope, request_id, name, arguments, endpoint, started, msg)
+                await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
+                                           state.endpoint, started, msg)
             else:
                 await self._release(scope, request_id)
-            self._count(name, endpoint, "unavailable")
+            self._count(name, state.endpoint, "unavailable")
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(exc) if not lost else msg) from exc
         except CallTimedOut as exc:
+            self._count(name, state.endpoint, "deadline")
+            if not exc.sent:
+                await self._release(scope, request_id)
+                raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}") from exc
             msg = f"deadline exceeded: {exc}; the upstream call was cancelled and may have partly run"
-            await self._finish_unknown(session, scope, request_id, name, arguments, endpoint, started, msg)
-            self._count(name, endpoint, "deadline")
+            await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
+                                       state.endpoint, started, msg)
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, msg) from exc
         except GatewayError:
             await self._release(scope, request_id)  # raised before anything was sent upstream
             raise
+        except StoreError as exc:
+            await self._settle(state, session, scope, request_id, name, arguments, started, f"store failed: {exc}")
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+        except Exception as exc:  # a bug: never leave the request PENDING under a live owner
+            await self._settle(state, session, scope, request_id, name, arguments, started, f"internal error: {exc}")
+            raise
         except asyncio.CancelledError:
             # The caller went away (cancel or deadline): the upstream request is cancelled with us. The
             # record and log are written by an owned task, since this one is being cancelled.
-            self._in_background(self._finish_unknown(
-                session, scope, request_id, name, arguments, endpoint, started,
-                "the call was cancelled by the caller; the tool may have partly run"))
+            if state.sent:
+                self._in_background(self._finish_unknown(
+                    session, scope, request_id, name, state.arguments or arguments, state.endpoint, started,
+                    "the call was cancelled by the caller; the tool may have partly run"))
+            else:
+                self._in_background(self._release(scope, request_id))
             raise
 
         response = toolgateway_pb2.CallToolResponse(result=result)
@@ -233,8 +257,8 @@ class ToolGateway:
             await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
         return response
 
-    async def _execute(self, session: Session, name: str, arguments: dict[str, Any],
-                       deadline: _Deadline) -> tuple[common_pb2.ToolResult, str, dict[str, Any]]:
+    async def _execute(self, session: Session, name: str, arguments: dict[str, Any], deadline: _Deadline,
+                       state: _CallState) -> tuple[common_pb2.ToolResult, str, dict[str, Any]]:
         """(result, endpoint, arguments as sent). Model mistakes come back as is_error results."""
         if session.call_budget > 0:
             used = await self.store.count_tool_calls(session.session_id, session.episode)
@@ -259,8 +283,9 @@ class ToolGateway:
             return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint, prepared
         timeout_s = deadline.remaining() - DEADLINE_MARGIN_S
         if timeout_s <= 0:
-            raise CallTimedOut(f"no time left to call {name!r}")
+            raise CallTimedOut(f"no time left to call {name!r}", sent=False)
         start = time.perf_counter()
+        state.sent, state.endpoint, state.arguments = True, tool.endpoint, prepared
         try:
             mcp_result = await ups.call(tool.endpoint, name, prepared, timeout_s)
         except CallRejected as exc:
@@ -347,6 +372,15 @@ class ToolGateway:
             response = toolgateway_pb2.CallToolResponse(
                 result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message))
             await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
+
+    async def _settle(self, state: _CallState, session: Session, scope: str, request_id: str, name: str,
+                      arguments: dict[str, Any], started: float, why: str) -> None:
+        """After an unexpected failure: release the record if nothing was sent, else OUTCOME_UNKNOWN."""
+        if state.sent:
+            await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
+                                       state.endpoint, started, f"{why}; the tool may have run")
+        else:
+            await self._release(scope, request_id)
 
     async def _release(self, scope: str, request_id: str) -> None:
         if request_id:

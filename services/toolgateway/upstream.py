@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import os
 import ssl
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,7 +63,12 @@ class CallLost(UpstreamUnavailable):
 
 
 class CallTimedOut(Exception):
-    """The MCP call timeout (the caller's deadline) passed; the SDK cancelled the upstream request."""
+    """The MCP call timeout (the caller's deadline) passed. `sent`: the request had gone out (the SDK then
+    cancelled it upstream) and the tool may have partly run; otherwise it provably never started."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
 
 
 class CallRejected(Exception):
@@ -101,8 +109,28 @@ class HttpSettings:
         return cls._shared
 
     def client(self) -> httpx2.AsyncClient:
-        return httpx2.AsyncClient(verify=self.ssl_context, limits=self.limits, timeout=self.timeout,
-                                  trust_env=self.trust_env)
+        transport = _NoStandaloneStream(httpx2.AsyncHTTPTransport(
+            verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env))
+        return httpx2.AsyncClient(transport=transport, timeout=self.timeout, trust_env=self.trust_env)
+
+
+class _NoStandaloneStream(httpx2.AsyncBaseTransport):
+    """Declines the legacy era's standalone GET SSE stream locally (HTTP 405, which the spec allows and the
+    SDK accepts). The gateway does not consume server-initiated messages (it re-lists tools on a timer and
+    on unknown names), and that stream would hold a connection, a task and buffers per client.
+    GETs resuming a request's stream (`Last-Event-ID`) go through."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if (request.method == "GET" and "text/event-stream" in request.headers.get("accept", "")
+                and "last-event-id" not in request.headers):
+            return httpx2.Response(405, request=request)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -141,28 +169,62 @@ def _is_session_gone(exc: MCPError) -> bool:
     return exc.code == INVALID_REQUEST and ("session not found" in msg or "session terminated" in msg)
 
 
+class _SharedTools:
+    """A tool list shared by every client whose endpoint lists exactly these tools (same env version)."""
+
+    __slots__ = ("__weakref__", "tools")
+
+    def __init__(self, tools: list[mt.Tool]) -> None:
+        self.tools = tools
+
+
+class ToolListInterner:
+    """Sessions of one environment list identical tools; keep one parsed copy instead of one per client."""
+
+    def __init__(self) -> None:
+        self._lists: weakref.WeakValueDictionary[str, _SharedTools] = weakref.WeakValueDictionary()
+
+    def intern(self, tools: list[mt.Tool]) -> _SharedTools:
+        key = hashlib.sha256(json.dumps(
+            [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools], sort_keys=True,
+        ).encode()).hexdigest()
+        shared = self._lists.get(key)
+        if shared is None:
+            shared = self._lists[key] = _SharedTools(tools)
+        return shared
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+
 class _Link:
     """One mcp `Client` living inside its owner task (entered and exited there). Connecting includes the
     tool discovery (every page), so the client knows every tool's output schema: the SDK would otherwise
     list tools *after* a call to validate its result, and a failure there could not be told apart from a
     rejected call."""
 
-    def __init__(self, url: str, http: HttpSettings, timeout_s: float) -> None:
+    def __init__(self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner) -> None:
         self.url = url
         self._http = http
         self._timeout = timeout_s
+        self._interner = interner
         self.client: Client | None = None
         self.era = ""
         self.dead = False
-        self.tools: list[mt.Tool] = []
+        self.shared = _SharedTools([])
         self.names: frozenset[str] = frozenset()
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
         self._stop = anyio.Event()
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def tools(self) -> list[mt.Tool]:
+        return self.shared.tools
+
     def set_tools(self, tools: list[mt.Tool]) -> None:
-        self.tools, self.names = tools, frozenset(t.name for t in tools)
+        self.shared = self._interner.intern(tools)
+        self.names = frozenset(t.name for t in tools)
 
     async def run(self) -> None:
         opened = False
@@ -219,6 +281,7 @@ class EndpointClient:
         self._lock = asyncio.Lock()
         self._tools_lock = asyncio.Lock()
         self.tools: list[mt.Tool] | None = None
+        self._shared: _SharedTools | None = None
         self.tools_at = 0.0
         self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
 
@@ -235,7 +298,8 @@ class EndpointClient:
             if link is None or link.dead:
                 if link is not None and link.ready.done() and not link.ready.exception():
                     _rebuilds.labels("connection_lost").inc()
-                link = self._link = _Link(self.url, self._pool.settings.http, self._pool.settings.upstream_timeout_s)
+                link = self._link = _Link(self.url, self._pool.settings.http, self._pool.settings.upstream_timeout_s,
+                                          self._pool.tool_lists)
                 link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
                 link.task = self._pool.spawn(link.run(), f"mcp-owner {self.url}")
         try:
@@ -255,6 +319,7 @@ class EndpointClient:
             self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
         elif exc is None:
             self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+            self._shared = link.shared  # keeps the interned list alive while this endpoint caches it
 
     def _discard(self, link: _Link, reason: str) -> None:
         if self._link is link:
@@ -265,6 +330,7 @@ class EndpointClient:
     async def _relist(self, link: _Link, client: Client) -> None:
         link.set_tools(await list_all_tools(client))
         self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+        self._shared = link.shared
 
     async def list_tools(self, timeout_s: float, *, refresh: bool = False) -> list[mt.Tool]:
         """The endpoint's tools (every page), cached for `tools_refresh_s`. Raises EndpointNotFound (404)
@@ -303,7 +369,7 @@ class EndpointClient:
         for attempt in range(2):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise CallTimedOut(f"deadline passed before {name!r} could be sent")
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
             link, client = await self._get_link(remaining)
             try:
                 if name not in link.names:
@@ -312,10 +378,10 @@ class EndpointClient:
                     await asyncio.wait_for(self._relist(link, client), max(deadline - time.monotonic(), 0.001))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise CallTimedOut(f"deadline passed before {name!r} could be sent")
+                    raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
                 return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
             except TimeoutError as exc:
-                raise CallTimedOut(f"deadline passed before {name!r} could be sent") from exc
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
             except MCPError as exc:
                 if _is_session_gone(exc):
                     # The server refused the request without running it: rebuild and retry once.
@@ -327,7 +393,7 @@ class EndpointClient:
                     self._discard(link, "connection_lost")
                     raise CallLost(f"{self.url}: connection lost during {name!r}: {exc.message}") from exc
                 if exc.code == REQUEST_TIMEOUT:
-                    raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s") from exc
+                    raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=True) from exc
                 raise CallRejected(exc) from exc
             except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
                 # The client's streams were already closed: nothing was written.
@@ -410,6 +476,7 @@ class UpstreamPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._janitor: asyncio.Task[None] | None = None
         self._closed = False
+        self.tool_lists = ToolListInterner()
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         if self._closed:

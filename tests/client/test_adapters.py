@@ -149,7 +149,9 @@ async def test_tinker_verifier_error_fails_the_rollout_and_cleanup_closes(server
 
     server.script.push("Step", _verifier_error)
     builder = _builder(server, group_size=2)
-    group = await do_group_rollout(builder, ScriptedPolicy(lambda p, t: "<done/>"), strategy=RetryOnFailure(max_retries=2))
+    group = await do_group_rollout(
+        builder, ScriptedPolicy(lambda p, t: "<done/>"), strategy=RetryOnFailure(max_retries=2)
+    )
     assert len(group.trajectories_G) == 2
     assert [e.error_type for e in group.rollout_errors] == ["VerifierError"]
     # One failed trajectory -> one new session (not a new group): 2 + 1 Resets, all closed.

@@ -216,3 +216,17 @@ def _self_signed() -> tuple[bytes, bytes]:
         cert.public_bytes(serialization.Encoding.PEM),
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
     )
+
+
+def test_list_tasks_walks_every_page(server: ScriptedServer) -> None:
+    from rlgate.v1 import common_pb2, orchestrator_pb2
+
+    server.script.push(
+        "ListTasks",
+        orchestrator_pb2.ListTasksResponse(tasks=[common_pb2.TaskInfo(key="a")], next_page_token="p2"),
+        orchestrator_pb2.ListTasksResponse(tasks=[common_pb2.TaskInfo(key="b")]),
+    )
+    with Client(server.address, retry=FAST) as client:
+        assert [t.key for t in client.list_tasks("mailbox")] == ["a", "b"]
+    seen = server.script.seen["ListTasks"]
+    assert [s.request.page_token for s in seen] == ["", "p2"] and seen[1].request.env_key == "mailbox"

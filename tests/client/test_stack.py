@@ -86,7 +86,11 @@ def test_skyrl_reference_solutions_score_one_on_every_task_from_32_threads(
     run_id = f"skyrl-{uuid.uuid4().hex[:8]}"
     with ThreadPoolExecutor(max_workers=32) as pool:  # SkyRL's default max_env_workers
         outs = dict(
-            zip(tasks, pool.map(lambda t: _skyrl_episode(stack.orchestrator_address, t, run_id), tasks.values()))
+            zip(
+                tasks,
+                pool.map(lambda t: _skyrl_episode(stack.orchestrator_address, t, run_id), tasks.values()),
+                strict=True,
+            )
         )
     rewards = {key: out["reward"] for key, out in outs.items()}
     assert rewards == dict.fromkeys(tasks, 1.0)
@@ -243,8 +247,12 @@ def openai_server(tasks: dict[str, common_pb2.TaskInfo]) -> Iterator[str]:
 
     port = free_port()
     server = uvicorn.Server(
-        uvicorn.Config(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
-                       host="127.0.0.1", port=port, log_level="warning")  # fmt: skip
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -269,3 +277,38 @@ def test_rollout_openai_policy(
                        "--model", "replay", "--concurrency", "3", env=env)  # fmt: skip
     assert summary["episodes"] == 3 and summary["reward_mean"] == 1.0 and summary["errors"] == 0
     assert summary["sessions_left_open"] == 0
+
+
+async def test_gateway_sigkill_during_rollout_loses_no_episode(
+    stack_factory: Callable[..., LocalStack], tmp_path: Path
+) -> None:
+    """SIGKILL and restart the toolgateway mid-rollout: every episode still ends scored (none lost to an
+    exception), and no tool call request runs twice (the gateway's log has each request_id once)."""
+    from rlgate.rollout import RolloutConfig, run_rollout
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"environments": {"*": {"tool_latency_s": 0.4}}}))
+    crashy = await asyncio.to_thread(stack_factory, env={"RLGATE_LOCALFLEET_FAULTS": str(faults)})
+    config = RolloutConfig(
+        orchestrator=crashy.orchestrator_address, tasks="all", concurrency=12, progress=False,
+        out=tmp_path / "traj.jsonl",
+    )  # fmt: skip
+    rollout = asyncio.create_task(run_rollout(config))
+    await asyncio.sleep(4.0)
+    assert not rollout.done()
+    await asyncio.to_thread(crashy.restart, "toolgateway")
+    summary, records = await rollout
+    assert summary["errors"] == 0, [r.error for r in records if r.error]
+    assert summary["verifier_errors"] == 0
+    assert all(r.done and r.reward is not None for r in records)
+    assert summary["sessions_left_open"] == 0
+
+    async with rlgate.AsyncClient(crashy.orchestrator_address) as client:
+        logged: list[str] = []
+        for record in records:
+            state = await client.state(record.session_id, include_tool_calls=True)
+            logged.extend(entry.request_id for entry in state.tool_calls)
+    ours = [call["request_id"] for r in records for call in r.tool_calls]
+    assert logged, "the gateway logged no tool calls"
+    assert len(logged) == len(set(logged)), "a tool call request ran twice"
+    assert set(logged) <= set(ours)

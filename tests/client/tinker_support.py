@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tinker_cookbook.completers import StopCondition, TokenCompleter, TokensWithLogprobs
+
 TOKENIZER_NAME = "rlgate-test/bytes"
 
 
@@ -41,23 +43,20 @@ def renderer() -> Any:
     return get_renderer("qwen3_instruct", get_tokenizer(TOKENIZER_NAME), model_name=TOKENIZER_NAME)
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(TokenCompleter):
     """A TokenCompleter whose reply is `script(prompt_text, turn_index)`, encoded and ended with <|im_end|>."""
 
     def __init__(self, script: Callable[[str, int], str]) -> None:
-        from tinker_cookbook.completers import TokenCompleter
-
-        assert TokenCompleter  # the interface this mirrors
         self.script = script
         self.tokenizer = make_tokenizer()
         self.calls = 0
 
-    async def __call__(self, model_input: Any, stop: Any, *, max_tokens: int | None = None) -> Any:
-        from tinker_cookbook.completers import TokensWithLogprobs
-
+    async def __call__(
+        self, model_input: Any, stop: StopCondition, *, max_tokens: int | None = None
+    ) -> TokensWithLogprobs:
         self.calls += 1
         prompt = self.tokenizer.decode(model_input.to_ints())
         turn = prompt.count("<|im_start|>assistant") - 1
         text = self.script(prompt, turn)
-        tokens = [*self.tokenizer.encode(text, add_special_tokens=False), *stop]
+        tokens = [*self.tokenizer.encode(text, add_special_tokens=False), *(int(t) for t in stop)]
         return TokensWithLogprobs(tokens=tokens, maybe_logprobs=[0.0] * len(tokens))

@@ -76,7 +76,7 @@ def test_health_checks_use_the_cli_and_the_listen_port(compose: dict[str, Any]) 
     for name, svc in rlgate_services(compose).items():
         test = svc["healthcheck"]["test"]
         assert test[:3] == ["CMD", "rlgate", "healthcheck"], f"{name}: health check must be `rlgate healthcheck`"
-        ctx = parse_command(test[1 + 1:])
+        ctx = parse_command(test[2:])
         port = listen_port(check_env(svc["command"][0], svc.get("environment", {})))
         target = ctx.params["target"]
         if svc["command"][0] == "localfleet":

@@ -103,10 +103,15 @@ def test_target_derived_from_the_container_command() -> None:
     assert healthcheck.target_for_command([*argv, "localfleet"], env) == "http://127.0.0.1:7000/health"
     flagged = [*argv, "toolgateway", "--listen", "[::]:6100"]
     assert healthcheck.target_for_command(flagged, env) == "127.0.0.1:6100"
-    assert healthcheck.target_for_command([*argv, "orchestrator", "--listen=10.0.0.5:1"], {}) == "10.0.0.5:1"
+    assert healthcheck.target_for_command([*argv, "orchestrator", "--listen=127.0.0.9:1"], {}) == "127.0.0.9:1"
     with pytest.raises(ValueError):
         healthcheck.target_for_command([*argv, "--help"], env)
 
 
 def test_bad_timeout_is_a_failure_not_a_traceback() -> None:
     assert healthcheck.main(["127.0.0.1:1", "-q", "--timeout", "0"]) == healthcheck.EXIT_UNREACHABLE
+
+
+async def test_target_from_the_environment(grpc_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(healthcheck.TARGET_ENV, f"127.0.0.1:{grpc_server.port}")
+    assert await asyncio.to_thread(healthcheck.main, ["-q"]) == healthcheck.EXIT_SERVING

@@ -138,3 +138,14 @@ def test_redis_persists_append_only_on_a_volume_claim(resources: list[dict[str, 
     service = find(resources, "Service", redis["spec"]["serviceName"])
     common = find(resources, "ConfigMap", "rlgate-common")["data"]["RLGATE_STORE_URL"]
     assert f"//{service['metadata']['name']}." in common and ":6379/" in common
+
+
+def test_only_the_planes_reach_redis(resources: list[dict[str, Any]]) -> None:
+    policy = find(resources, "NetworkPolicy", "redis")
+    redis_labels = find(resources, "StatefulSet", "redis")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    allowed = {e["key"]: set(e["values"]) for e in peer["podSelector"]["matchExpressions"]}
+    assert allowed["app.kubernetes.io/name"] == set(PLANES)
+    assert [p["port"] for p in rule["ports"]] == [6379]

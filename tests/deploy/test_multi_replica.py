@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -119,21 +120,28 @@ class Outcome:
     session_id: str = ""
     reward: float | None = None
     verification: str = ""
-    calls: list[tuple[str, int, bool]] = field(default_factory=list)  # (request_id, error kind, replayed)
-    gateways: set[str] = field(default_factory=set)
+    # request_id -> error kind of the answer; None while in flight or when the call raised (outcome unknown)
+    calls: dict[str, int | None] = field(default_factory=dict)
 
 
-async def run_episode(client: AsyncClient, solution: Solution, index: int) -> Outcome:
-    """The reference solution as model text, one tool call per turn, then the final answer."""
-    outcome = Outcome()
+async def run_episode(client: AsyncClient, solution: Solution, index: int, outcome: Outcome) -> Outcome:
+    """The reference solution, one tool call per turn (each turn's text as a model would write it), then
+    the final answer. `outcome` is filled in as the episode goes, so even an episode that raises accounts
+    for every call it sent."""
     ep = client.episode(task_key=solution.task_key, max_turns=len(solution.calls) + 2, run_id=RUN_ID,
                         labels={"test": "multi-replica", "episode": str(index)})
     async with ep:
         outcome.session_id = ep.session_id
-        for call in solution.calls:
-            turn = await ep.turn(render_assistant_turn([call]))
-            outcome.calls += [(r.request_id, r.result.error_kind, r.replayed) for r in turn.tool_calls]
-            assert not turn.done, f"{solution.task_key}: ended early ({turn.done_reason})"
+        for i, call in enumerate(solution.calls):
+            request_id = f"ep{index}-call{i}-{uuid.uuid4().hex[:8]}"
+            outcome.calls[request_id] = None
+            reply = await ep.call_tool(call.name, call.arguments, request_id=request_id)
+            outcome.calls[request_id] = reply.result.error_kind
+            summary = orchestrator_pb2.ToolCallSummary(name=call.name, request_id=request_id,
+                                                       is_error=reply.result.is_error,
+                                                       error_kind=reply.result.error_kind)
+            step = await ep.step(assistant_text=render_assistant_turn([call]), tool_calls=[summary])
+            assert not step.done, f"{solution.task_key}: ended early ({step.done_reason})"
             await asyncio.sleep(0.05 * (index % 3))  # spread the turns over time
         final = await ep.turn(render_assistant_turn([], solution.final_answer, done=True))
         assert final.done
@@ -210,10 +218,13 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             half_way = asyncio.Event()
             limit = asyncio.Semaphore(CONCURRENCY)
 
+            partial: list[Outcome] = []
+
             async def one(index: int) -> Outcome:
                 nonlocal finished
                 async with limit:
-                    result = await run_episode(client, plan[index % len(plan)], index)
+                    partial.append(Outcome())
+                    result = await run_episode(client, plan[index % len(plan)], index, partial[-1])
                 finished += 1
                 if finished >= KILL_AFTER:
                     half_way.set()
@@ -237,21 +248,21 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             # Every episode ended and was scored (a verifier outcome, never a missing reward).
             failures = Counter(f"{type(r).__name__}: {str(r)[:300]}" for r in results if isinstance(r, BaseException))
             assert not failures, f"{sum(failures.values())} of {EPISODES} episodes raised: {dict(failures)}"
-            outcomes = [r for r in results if isinstance(r, Outcome)]
+            outcomes = partial
             assert len(outcomes) == EPISODES
             unscored = [(o.session_id, o.verification) for o in outcomes
                         if o.verification != "OK" or o.reward is None]
             assert not unscored, f"episodes without a score: {unscored}"
-            unknown = [o for o in outcomes if any(k == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
-                                                  for _, k, _ in o.calls)]
+            unsure = {None, common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN}
+            unknown = [o for o in outcomes if unsure & set(o.calls.values())]
             wrong = [(o.session_id, o.reward) for o in outcomes if o not in unknown and o.reward != 1.0]
             assert not wrong, f"episodes whose every tool call succeeded but scored below 1.0: {wrong}"
 
-            # No tool ran twice: each request id reached the upstream at most once.
-            request_ids = [rid for o in outcomes for rid, _, _ in o.calls]
-            assert len(request_ids) == len(set(request_ids))
-            reached = sum(1 for o in outcomes for _, k, _ in o.calls if k in UPSTREAM_REACHED)
-            maybe = sum(1 for o in outcomes for _, k, _ in o.calls if k == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN)
+            # No tool ran twice: localfleet ran exactly the answered calls, plus at most the ones whose
+            # outcome is unknown (in flight on the killed gateway).
+            kinds = [k for o in outcomes for k in o.calls.values()]
+            reached = sum(1 for k in kinds if k in UPSTREAM_REACHED)
+            maybe = sum(1 for k in kinds if k in unsure)
             after = await asyncio.to_thread(replicas.counters)
             upstream = after["tool_calls"] - before["tool_calls"]
             assert reached <= upstream <= reached + maybe, (

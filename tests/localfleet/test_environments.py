@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -26,14 +28,18 @@ class FileInstance:
     def __init__(self, instance_id: str, path: Path) -> None:
         self.instance_id = instance_id
         self.path = path
-        # Sync tools run in worker threads; calls are sequential here, so one connection is safe to share.
-        self._conn = sqlite3.connect(path, check_same_thread=False)
+        self._conns: list[sqlite3.Connection] = []
 
     def current_db(self) -> sqlite3.Connection:
-        return self._conn
+        # Like the platform: a connection per call (sync tools run in worker threads, possibly concurrently).
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+        self._conns.append(conn)
+        return conn
 
     def close(self) -> None:
-        self._conn.close()
+        for conn in self._conns:
+            conn.close()
+        self._conns.clear()
 
 
 def write_seed(spec: EnvironmentSpec, path: Path) -> Path:
@@ -137,7 +143,7 @@ async def test_tool_surface(spec: EnvironmentSpec) -> None:
         assert "ctx" not in tool.input_schema.get("properties", {}), tool.name
         assert tool.output_schema is not None, f"{tool.name} has no structured output"
         for prop, schema in tool.input_schema.get("properties", {}).items():
-            assert schema, f"{tool.name}.{prop} has an empty schema"
+            assert schema.get("description"), f"{tool.name}.{prop} has no description"
 
 
 # (tool, arguments, fragment of the model-visible error)
@@ -230,11 +236,12 @@ async def test_state_rules_hold_across_calls(seeds: dict[str, Path], tmp_path: P
 
 @pytest.mark.parametrize("spec", ENVS, ids=ENV_IDS)
 async def test_render_screen_tracks_state(spec: EnvironmentSpec, seeds: dict[str, Path], tmp_path: Path) -> None:
-    change = {
+    changes: dict[str, tuple[str, dict[str, Any]]] = {
         "mailbox:v1": ("mark_read", {"message_ids": list(range(380, 431)), "read": False}),
         "tracker:v1": ("add_comment", {"repo": "northwind/docs", "number": 1, "body": "bump"}),
         "booking:v1": ("cancel_booking", {"confirmation": "PK799999"}),
-    }[spec.env_key]
+    }
+    change = changes[spec.env_key]
     with bound_copy(seeds[spec.env_key], tmp_path / "current.db") as inst:
         before = spec.render_screen(inst.current_db())
         assert before.startswith(b"\x89PNG\r\n\x1a\n")
@@ -243,3 +250,34 @@ async def test_render_screen_tracks_state(spec: EnvironmentSpec, seeds: dict[str
             result = await client.call_tool(*change)
             assert not result.is_error, error_text(result)
         assert spec.render_screen(inst.current_db()) != before
+
+
+async def test_concurrent_bookings_of_one_hold_book_once(seeds: dict[str, Path], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks and writes share one transaction: racing book_hold calls on the same hold book it exactly once."""
+    from rlgate.localfleet.environments import booking as booking_module
+
+    slow_now = booking_module._now
+
+    def now_after_a_pause(conn: sqlite3.Connection) -> str:
+        time.sleep(0.05)  # widen the window between "hold is active" and the write
+        return slow_now(conn)
+
+    monkeypatch.setattr(booking_module, "_now", now_after_a_pause)
+    booking = get_environment("booking")
+    with bound_copy(seeds["booking:v1"], tmp_path / "b.db") as inst:
+        async with client_for(build_server(booking)) as client:
+            hold = await client.call_tool("hold_offer", {"offer_id": "FL-260", "passengers": 2})
+            assert hold.structured_content is not None
+            args = {"hold_id": hold.structured_content["hold_id"], "traveller_id": 1, "payment_method_id": 1}
+            results = await asyncio.gather(*(client.call_tool("book_hold", args) for _ in range(4)))
+        assert sorted(r.is_error for r in results) == [False, True, True, True]
+        assert all("is booked" in error_text(r) for r in results if r.is_error)
+        conn = inst.current_db()
+        assert conn.execute("SELECT COUNT(*) FROM bookings WHERE hold_id = 1").fetchone() == (1,)
+        seats = conn.execute("SELECT seats_left FROM flights WHERE id = 260").fetchone()[0]
+    seed = sqlite3.connect(seeds["booking:v1"])
+    try:
+        assert seats == seed.execute("SELECT seats_left FROM flights WHERE id = 260").fetchone()[0] - 2
+    finally:
+        seed.close()

@@ -224,3 +224,14 @@ async def test_app_factory_in_process(tmp_path: Any) -> None:
         reaper = app.platform.registry._reaper
         assert reaper is not None and not reaper.done()
     assert reaper.done()  # cancelled on shutdown
+
+
+def test_cli_help_documents_the_flags() -> None:
+    import subprocess
+    import sys
+
+    for cmd in ([sys.executable, "-m", "rlgate.localfleet", "--help"],
+                [sys.executable, "-c", "from rlgate.cli import main; main()", "localfleet", "--help"]):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+        for flag in ("--listen", "--data-dir", "--faults", "RLGATE_LOCALFLEET_FAULTS", "--verifier-timeout-s"):
+            assert flag in out, (cmd, flag)

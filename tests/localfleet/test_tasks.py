@@ -5,9 +5,7 @@ state-changing call dropped, or a wrong final answer) 0.0 — scored the way Fle
 from __future__ import annotations
 
 import ast
-import json
 import shutil
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +16,11 @@ from mcp import Client
 from mcp.server import MCPServer
 
 from rlgate.localfleet.environments import all_environments, get_environment
+from rlgate.localfleet.tasks_loader import load_tasks
 from tests.localfleet.test_environments import bound_copy, build_server, error_text, write_seed
 from tests.support.localfleet import LocalfleetProcess
 
-TASK_DIR = Path(str(resources.files("rlgate.localfleet") / "tasks"))
-
-
-def _load() -> list[dict[str, Any]]:
-    tasks: list[dict[str, Any]] = []
-    for path in sorted(TASK_DIR.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        tasks.extend(data["tasks"] if isinstance(data, dict) else data)
-    return tasks
-
-
-TASKS = _load()
+TASKS = load_tasks()  # the bundled services/localfleet/tasks/*.json, as localfleet serves them
 BY_KEY = {t["key"]: t for t in TASKS}
 
 
@@ -47,14 +35,9 @@ def servers() -> dict[str, MCPServer]:
     return {spec.env_id: build_server(spec) for spec in all_environments()}
 
 
-@pytest.fixture(scope="module")
-def read_only_tools(servers: dict[str, MCPServer]) -> dict[str, set[str]]:
-    """Per environment, the tools annotated read-only (the rest change state)."""
-    out: dict[str, set[str]] = {}
-    for env_id, server in servers.items():
-        out[env_id] = {t.name for t in server._tool_manager.list_tools()
-                       if t.annotations is not None and t.annotations.read_only_hint}
-    return out
+async def read_only_tools(server: MCPServer) -> set[str]:
+    """The tools annotated read-only (the rest change state)."""
+    return {t.name for t in await server.list_tools() if t.annotations is not None and t.annotations.read_only_hint}
 
 
 def score(task: dict[str, Any], seed: Path, current: Path, final_answer: str | None) -> float:
@@ -107,7 +90,7 @@ def test_task_format(key: str) -> None:
 
 @pytest.mark.parametrize("key", sorted(BY_KEY))
 async def test_reference_solution_scores(key: str, seeds: dict[str, Path], servers: dict[str, MCPServer],
-                                         read_only_tools: dict[str, set[str]], tmp_path: Path) -> None:
+                                         tmp_path: Path) -> None:
     task = BY_KEY[key]
     env_id = task["env_id"]
     seed = seeds[env_id]
@@ -135,7 +118,8 @@ async def test_reference_solution_scores(key: str, seeds: dict[str, Path], serve
 
     # The solution without its last state-changing call scores 0.
     if judged_by != "final_answer":
-        writes = [i for i, c in enumerate(calls) if c["name"] not in read_only_tools[env_id]]
+        read_only = await read_only_tools(servers[env_id])
+        writes = [i for i, c in enumerate(calls) if c["name"] not in read_only]
         assert writes, "a database-judged task must change state"
         partial = calls[: writes[-1]] + calls[writes[-1] + 1:]
         with bound_copy(seed, tmp_path / "partial.db") as part:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import os
 import pickle
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 import httpx
+import psutil
 import pytest
 
 from rlgate.localfleet.safe_unpickle import UnsafePayload, decode_verifier_args, loads_data, split_env_marker
@@ -140,8 +143,6 @@ def test_a_verifier_past_its_timeout_is_a_failure(lf: LocalfleetProcess, instanc
 
 
 def test_the_loop_stays_responsive_while_verifiers_run(lf: LocalfleetProcess, instance: str) -> None:
-    import threading
-
     code = "import time\ndef verify(env, final_answer=None):\n    time.sleep(3)\n    return 1\n"
     results: list[Any] = []
     t = threading.Thread(target=lambda: results.append(execute(lf, instance, code).json()))
@@ -214,3 +215,27 @@ def test_manager_execute_verifier_function(lf: LocalfleetProcess, instance: str)
     bad = httpx.post(url, json={"function_code": "def v(env, final_answer=None):\n    raise KeyError('x')\n",
                                 "function_name": "v"}, timeout=60).json()
     assert bad["success"] is False and bad["error"].startswith("KeyError")
+
+
+def test_a_running_verifier_dies_with_localfleet() -> None:
+    with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments") as proc:
+        r = httpx.post(f"{proc.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=AUTH, timeout=30)
+        iid = r.json()["instance_id"]
+        code = "import time\ndef verify(env, final_answer=None):\n    time.sleep(120)\n    return 1\n"
+        threading.Thread(target=lambda: _swallow(lambda: execute(proc, iid, code)), daemon=True).start()
+        assert proc.pid is not None
+        parent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 20
+        children: list[psutil.Process] = []
+        while not children and time.monotonic() < deadline:
+            children = parent.children()
+            time.sleep(0.05)
+        assert children, "the verifier subprocess never started"
+        proc.kill()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
+
+
+def _swallow(fn: Any) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        fn()

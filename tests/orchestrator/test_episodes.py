@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_status import rpc_status
+from prometheus_client import REGISTRY
 
 from rlgate.convert import dict_from_struct, struct_from_dict
 from rlgate.store import SessionStore
@@ -118,6 +119,8 @@ async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
     assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK
     assert step.HasField("reward") and step.reward == 0.0
     assert "expected" in step.verification.stdout  # the verifier's own output travels
+    ok = REGISTRY.get_sample_value("rlgate_orchestrator_verifications_total", {"status": "ok"})
+    assert ok is not None and ok >= 1
 
 
 def _broken_tasks(path: Path) -> str:

@@ -264,3 +264,20 @@ async def test_api_keys_and_listen_guard(lf: LocalfleetProcess, orchestrator_fac
         check_listen(fast_config(lf, listen="0.0.0.0:0"))
     check_listen(fast_config(lf, listen="0.0.0.0:0", insecure=True))
     check_listen(fast_config(lf, listen="0.0.0.0:0", api_keys=["k"]))
+
+
+async def test_instances_are_tagged_and_heartbeats_keep_them_alive(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf, heartbeat_interval_s=2, instance_ttl_s=120))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    [inst] = instances_of(lf, orch.config.run_id)
+    assert inst["run_id"] == orch.config.run_id and inst["ttl_seconds"] == 120 and inst["heartbeat_interval"] == 2
+    assert inst["env_variables"]["RLGATE_INTENT_ID"].startswith(orch.handle.orchestrator.owner)
+    await asyncio.sleep(6.0)  # three heartbeat intervals: only the heartbeat loop keeps it alive
+    assert [i["instance_id"] for i in instances_of(lf, orch.config.run_id)] == [inst["instance_id"]]
+    step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=30)
+    assert step.turn == 1
+    # Without rlgate (loops gone, store gone) the instance dies on its own.
+    await orch.handle.orchestrator.stop()
+    await eventually(lambda: instances_of(lf, orch.config.run_id) == [], 15, "instance expired by heartbeat")

@@ -94,7 +94,7 @@ class LocalfleetProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        self.stop()
+        self.kill()
         raise TimeoutError(f"localfleet not healthy after {self.startup_timeout}s:\n{self.log()}")
 
     def log(self) -> str:
@@ -157,7 +157,11 @@ class LocalfleetProcess:
         return int(r.json()["forgotten"])
 
     def __enter__(self) -> LocalfleetProcess:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

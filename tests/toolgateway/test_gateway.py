@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
 from rlgate.store import SessionStatus, SessionStore
@@ -257,6 +258,7 @@ async def test_legacy_upstream_forgetting_sessions_rebuilds_once(stub: Stub, sto
                                                                  fleet: LocalfleetProcess) -> None:
     s = await make_session(store, fleet, "gw-legacy")
     assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
+    rebuilds = REGISTRY.get_sample_value("rlgate_toolgateway_upstream_rebuilds_total", {"reason": "session_gone"}) or 0
     fleet.set_faults({"environments": {"gw-legacy": {"forget_sessions": True}}})
     assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"  # served; its session is forgotten after
     before = fleet.counters()["by_env"]["gw-legacy"]
@@ -265,6 +267,8 @@ async def test_legacy_upstream_forgetting_sessions_rebuilds_once(stub: Stub, sto
     after = fleet.counters()["by_env"]["gw-legacy"]
     assert after["mcp_initialize"] - before["mcp_initialize"] == 1  # exactly one rebuild
     assert after["tool_calls"] - before["tool_calls"] == 1  # the rejected attempt never ran the tool
+    assert REGISTRY.get_sample_value("rlgate_toolgateway_upstream_rebuilds_total",
+                                     {"reason": "session_gone"}) == rebuilds + 1
 
 
 async def test_upstream_killed_mid_call_then_back(store: SessionStore, era: str) -> None:
@@ -303,3 +307,37 @@ async def test_closed_session_clients_are_closed(gateway: GatewayHandle, stub: S
     assert current is not None
     await store.update_session(replace(current, status=SessionStatus.CLOSED, token_hash=""))
     assert await wait_for(lambda: gateway.pool.open_clients() == 0, timeout=5)
+
+
+async def test_caller_cancel_cancels_upstream(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
+                                              era: str) -> None:
+    fleet.set_faults({"environments": {era: {"hang_tools": ["hang"]}}})
+    s = await make_session(store, fleet, era)
+    await call(stub, s, "where")
+    before = fleet.counters()["by_env"][era]
+    rpc = stub.CallTool(toolgateway_pb2.CallToolRequest(name="hang", request_id="cancel-1"),
+                        metadata=s.metadata, timeout=30)
+    assert await wait_for(lambda: fleet.counters()["by_env"][era]["tool_calls"] > before["tool_calls"])
+    rpc.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await rpc
+    assert await wait_for(lambda: fleet.counters()["by_env"][era]["cancellations"] > before["cancellations"]) \
+        or era == "gw"  # see test_hanging_tool_deadline_cancels_upstream for the modern JSON path
+    retry = await call(stub, s, "hang", request_id="cancel-1", timeout=10)
+    assert retry.result.error_kind == Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
+    log = await store.list_tool_calls(s.session.session_id)
+    assert [(e.tool, e.error_kind) for e in log] == [("where", ""), ("hang", "OUTCOME_UNKNOWN")]
+
+
+async def test_idle_clients_close_and_reconnect(store: SessionStore, fleet: LocalfleetProcess) -> None:
+    handle = await start_gateway(gateway_config(client_idle_s=0.3, janitor_interval_s=0.1), store)
+    try:
+        s = await make_session(store, fleet, "gw-legacy")
+        async with grpc.aio.insecure_channel(handle.address) as channel:
+            stub = Stub(channel)
+            assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
+            assert handle.pool.open_clients() == 2
+            assert await wait_for(lambda: handle.pool.open_clients() == 0, timeout=5)
+            assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"
+    finally:
+        await handle.stop(grace=0)

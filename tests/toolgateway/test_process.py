@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import httpx
 import psutil
 import pytest
 
@@ -29,6 +30,7 @@ class GatewayProcess:
     def __init__(self, db: Path, log: Path) -> None:
         self.db, self.log_path = db, log
         self.port = free_port()
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -38,7 +40,7 @@ class GatewayProcess:
     def start(self) -> GatewayProcess:
         args = [sys.executable, "-m", "rlgate.cli", "toolgateway", "--listen", self.address,
                 "--store-url", f"sqlite:///{self.db}", "--owner-ttl-s", "1.5", "--log-level", "WARNING",
-                "--drain-s", "1"]
+                "--drain-s", "1", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
@@ -99,6 +101,12 @@ async def test_sigkilled_gateway_answers_retry_with_outcome_unknown(
         assert again.result.error_kind == Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
         assert fleet.counters()["by_env"][era]["tool_calls"] == before + 1  # never a second execution
         assert (await call(stub, s, "add", {"n": 2})).result.content[0].text.text == "3 (int)"
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"http://127.0.0.1:{gateway_proc.metrics_port}/metrics", timeout=10)).text
+    assert 'rlgate_toolgateway_call_errors_total{kind="OUTCOME_UNKNOWN"} 2.0' in metrics
+    assert 'rlgate_toolgateway_calls_total{endpoint="mcp",outcome="ok",tool="add"} 1.0' in metrics
+    assert "rlgate_toolgateway_upstream_clients 2.0" in metrics
+    assert 'rlgate_toolgateway_call_seconds_count{endpoint="mcp",tool="add"} 1.0' in metrics
     assert gateway_proc.stop() == 0  # SIGTERM: graceful drain, exit 0
 
 

@@ -41,6 +41,7 @@ ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
 ENV_API_KEY = "RLGATE_API_KEY"
 ENV_GATEWAY = "RLGATE_GATEWAY"
 ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
+PAGE_SIZE = 1000
 
 C = TypeVar("C")
 
@@ -150,8 +151,26 @@ class _Pool(Generic[C]):
             return channels
 
 
+@dataclass(frozen=True)
+class _Call(Generic[C]):
+    """One logical RPC, fully built: where it goes, what it sends, how long it may take."""
+
+    pool: _Pool[C]
+    stub: Any
+    method: str
+    request: Any
+    metadata: list[tuple[str, str]]
+    timeout: float
+
+    def next_page(self, token: str) -> _Call[C]:
+        request = type(self.request)()
+        request.CopyFrom(self.request)
+        request.page_token = token
+        return replace(self, request=request)
+
+
 class _Core(Generic[C]):
-    """State and logic shared by Client and AsyncClient."""
+    """State and logic shared by Client and AsyncClient: every public call is built here as a `_Call`."""
 
     def __init__(self, addresses: str | Iterable[str], settings: ClientSettings, factory: Callable[..., C]):
         self.settings = settings
@@ -184,23 +203,35 @@ class _Core(Generic[C]):
             channels.extend(pool.take_channels())
         return channels
 
-    # -- metadata
-    def orchestrator_metadata(self, trace_id: str | None) -> list[tuple[str, str]]:
-        md = [(TRACE_HEADER, trace_id or new_trace_id())]
+    def retry_state(self, call: _Call[C]) -> RetryState:
+        trace_id = dict(call.metadata).get(TRACE_HEADER)
+        return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=trace_id)
+
+    def _timeout(self, kind: str, given: float | None) -> float:
+        if given is not None:
+            return given
+        return float(getattr(self.settings.timeouts, kind))
+
+    # -- orchestrator calls (API key as Bearer)
+    def _orchestrator_call(
+        self, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
+    ) -> _Call[C]:
+        metadata = [(TRACE_HEADER, trace_id or new_trace_id())]
         if self.settings.api_key:
-            md.append(("authorization", f"Bearer {self.settings.api_key}"))
-        return md
+            metadata.append(("authorization", f"Bearer {self.settings.api_key}"))
+        return _Call(
+            self.orchestrator,
+            orchestrator_pb2_grpc.OrchestratorServiceStub,
+            method,
+            request,
+            metadata,
+            self._timeout(kind, timeout),
+        )
 
-    @staticmethod
-    def gateway_metadata(agent_token: str, trace_id: str | None) -> list[tuple[str, str]]:
-        return [(TRACE_HEADER, trace_id or new_trace_id()), ("authorization", f"Bearer {agent_token}")]
-
-    def retry_state(self, method: str, timeout: float | None, trace_id: str | None) -> RetryState:
-        return RetryState(method=method, policy=self.settings.retry, timeout=timeout, trace_id=trace_id)
-
-    # -- requests
-    @staticmethod
-    def reset_request(
+    def reset(
+        self,
+        trace_id: str | None,
+        timeout: float | None,
         *,
         task_key: str = "",
         env_key: str = "",
@@ -209,8 +240,8 @@ class _Core(Generic[C]):
         labels: Mapping[str, str] | None = None,
         run_id: str = "",
         request_id: str | None = None,
-    ) -> orchestrator_pb2.ResetRequest:
-        return orchestrator_pb2.ResetRequest(
+    ) -> _Call[C]:
+        request = orchestrator_pb2.ResetRequest(
             request_id=request_id or new_request_id(),
             task_key=task_key or "",
             env_key=env_key or "",
@@ -219,17 +250,20 @@ class _Core(Generic[C]):
             labels=dict(labels or {}),
             run_id=run_id or "",
         )
+        return self._orchestrator_call("Reset", request, trace_id, timeout, "reset")
 
-    @staticmethod
-    def step_request(
+    def step(
+        self,
         session_id: str,
+        trace_id: str | None,
+        timeout: float | None,
         *,
         assistant_text: str = "",
         tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
         final_answer: str | None = None,
         done: bool = False,
         request_id: str | None = None,
-    ) -> orchestrator_pb2.StepRequest:
+    ) -> _Call[C]:
         request = orchestrator_pb2.StepRequest(
             request_id=request_id or new_request_id(),
             session_id=session_id,
@@ -239,20 +273,62 @@ class _Core(Generic[C]):
         )
         if final_answer is not None:
             request.final_answer = final_answer
-        return request
+        return self._orchestrator_call("Step", request, trace_id, timeout, "step")
 
-    @staticmethod
-    def call_tool_request(
-        name: str, arguments: Mapping[str, Any] | None, request_id: str | None
-    ) -> toolgateway_pb2.CallToolRequest:
-        return toolgateway_pb2.CallToolRequest(
-            request_id=request_id or new_request_id(), name=name, arguments=struct_from_dict(arguments or {})
+    def state(self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None) -> _Call[C]:
+        request = orchestrator_pb2.StateRequest(session_id=session_id, include_tool_calls=include_tool_calls)
+        return self._orchestrator_call("State", request, trace_id, timeout)
+
+    def close(self, session_id: str, trace_id: str | None, timeout: float | None) -> _Call[C]:
+        return self._orchestrator_call("Close", orchestrator_pb2.CloseRequest(session_id=session_id), trace_id, timeout)
+
+    def close_sessions(self, labels: Mapping[str, str] | None, run_id: str, timeout: float | None) -> _Call[C]:
+        request = orchestrator_pb2.CloseSessionsRequest(labels=dict(labels or {}), run_id=run_id)
+        return self._orchestrator_call("CloseSessions", request, None, timeout)
+
+    def list_tasks(self, env_key: str, timeout: float | None) -> _Call[C]:
+        request = orchestrator_pb2.ListTasksRequest(env_key=env_key, page_size=PAGE_SIZE)
+        return self._orchestrator_call("ListTasks", request, None, timeout)
+
+    def list_sessions(
+        self, status: int, labels: Mapping[str, str] | None, run_id: str, timeout: float | None
+    ) -> _Call[C]:
+        request = orchestrator_pb2.ListSessionsRequest(
+            status=status, labels=dict(labels or {}), run_id=run_id, page_size=PAGE_SIZE
+        )
+        return self._orchestrator_call("ListSessions", request, None, timeout)
+
+    # -- gateway calls (agent token as Bearer)
+    def _gateway_call(
+        self, gateway: str | None, agent_token: str, method: str, request: Any, trace_id: str | None, timeout: float
+    ) -> _Call[C]:
+        metadata = [(TRACE_HEADER, trace_id or new_trace_id()), ("authorization", f"Bearer {agent_token}")]
+        return _Call(
+            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
         )
 
-    def timeout(self, name: str, given: float | None) -> float:
-        if given is not None:
-            return given
-        return float(getattr(self.settings.timeouts, name, self.settings.timeouts.other))
+    def list_tools(
+        self, agent_token: str, gateway: str | None, trace_id: str | None, timeout: float | None
+    ) -> _Call[C]:
+        request = toolgateway_pb2.ListToolsRequest()
+        return self._gateway_call(gateway, agent_token, "ListTools", request, trace_id, self._timeout("other", timeout))
+
+    def call_tool(
+        self,
+        agent_token: str,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        request_id: str | None,
+        gateway: str | None,
+        trace_id: str | None,
+        timeout: float | None,
+    ) -> _Call[C]:
+        request = toolgateway_pb2.CallToolRequest(
+            request_id=request_id or new_request_id(), name=name, arguments=struct_from_dict(arguments or {})
+        )
+        return self._gateway_call(
+            gateway, agent_token, "CallTool", request, trace_id, self._timeout("call_tool", timeout)
+        )
 
 
 def _sync_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.Channel:
@@ -275,6 +351,9 @@ def _settings(settings: ClientSettings | None, overrides: dict[str, Any]) -> Cli
     return replace(base, **given) if given else base
 
 
+_COMMON_ARGS = ("api_key", "tls", "root_certificates", "gateway_addresses", "retry", "timeouts")
+
+
 class Client:
     """Blocking client. `addresses`: "host:port", "a:1,b:2" or a list (round-robin, failover on retry)."""
 
@@ -290,125 +369,74 @@ class Client:
         timeouts: Timeouts | None = None,
         settings: ClientSettings | None = None,
     ) -> None:
-        self.settings = _settings(
-            settings,
-            {
-                "api_key": api_key,
-                "tls": tls,
-                "root_certificates": root_certificates,
-                "gateway_addresses": gateway_addresses,
-                "retry": retry,
-                "timeouts": timeouts,
-            },
-        )
+        given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
+        self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
         self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, _sync_channel)
 
-    # -- plumbing
-    def _invoke(
-        self,
-        pool: _Pool[grpc.Channel],
-        stub_cls: Any,
-        method: str,
-        request: Any,
-        metadata: list[tuple[str, str]],
-        timeout: float,
-    ) -> Any:
-        state = self._core.retry_state(method, timeout, dict(metadata).get(TRACE_HEADER))
+    def _run(self, call: _Call[grpc.Channel]) -> Any:
+        state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
-            stub = stub_cls(pool.next())
+            stub = call.stub(call.pool.next())
             try:
-                return getattr(stub, method)(request, timeout=attempt_timeout, metadata=metadata)
+                return getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
                 delay = state.on_error(err)
             time.sleep(delay)
 
-    def _orch(self, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str) -> Any:
-        return self._invoke(
-            self._core.orchestrator,
-            orchestrator_pb2_grpc.OrchestratorServiceStub,
-            method,
-            request,
-            self._core.orchestrator_metadata(trace_id),
-            self._core.timeout(kind, timeout),
-        )
+    def _pages(self, call: _Call[grpc.Channel], field: str) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            page = self._run(call)
+            items.extend(getattr(page, field))
+            if not page.next_page_token:
+                return items
+            call = call.next_page(page.next_page_token)
 
     # -- orchestrator
     def reset(
         self, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
     ) -> orchestrator_pb2.ResetResponse:
         """Start an episode: task_key= (or env_key=, or session_id=), max_turns=, labels=, run_id=."""
-        return self._orch("Reset", _Core.reset_request(**fields), trace_id, timeout, "reset")
+        return self._run(self._core.reset(trace_id, timeout, **fields))
 
     def step(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
     ) -> orchestrator_pb2.StepResponse:
         """Record a turn: assistant_text=, tool_calls=[ToolCallSummary], final_answer=, done=."""
-        return self._orch("Step", _Core.step_request(session_id, **fields), trace_id, timeout, "step")
+        return self._run(self._core.step(session_id, trace_id, timeout, **fields))
 
     def state(
-        self,
-        session_id: str,
-        *,
-        include_tool_calls: bool = False,
-        trace_id: str | None = None,
+        self, session_id: str, *, include_tool_calls: bool = False, trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StateResponse:
-        request = orchestrator_pb2.StateRequest(session_id=session_id, include_tool_calls=include_tool_calls)
-        return self._orch("State", request, trace_id, timeout, "other")
+    ) -> orchestrator_pb2.StateResponse:  # fmt: skip
+        return self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
-        return self._orch("Close", orchestrator_pb2.CloseRequest(session_id=session_id), trace_id, timeout, "other")
+        return self._run(self._core.close(session_id, trace_id, timeout))
 
     def close_sessions(
         self, *, labels: Mapping[str, str] | None = None, run_id: str = "", timeout: float | None = None
     ) -> list[str]:
-        request = orchestrator_pb2.CloseSessionsRequest(labels=dict(labels or {}), run_id=run_id)
-        return list(self._orch("CloseSessions", request, None, timeout, "other").session_ids)
+        return list(self._run(self._core.close_sessions(labels, run_id, timeout)).session_ids)
 
     def list_tasks(self, env_key: str = "", *, timeout: float | None = None) -> list[common_pb2.TaskInfo]:
-        tasks: list[common_pb2.TaskInfo] = []
-        token = ""
-        while True:
-            request = orchestrator_pb2.ListTasksRequest(env_key=env_key, page_size=1000, page_token=token)
-            page = self._orch("ListTasks", request, None, timeout, "other")
-            tasks.extend(page.tasks)
-            token = page.next_page_token
-            if not token:
-                return tasks
+        return self._pages(self._core.list_tasks(env_key, timeout), "tasks")
 
     def list_sessions(
         self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
         timeout: float | None = None,
     ) -> list[orchestrator_pb2.SessionInfo]:  # fmt: skip
-        sessions: list[orchestrator_pb2.SessionInfo] = []
-        token = ""
-        while True:
-            request = orchestrator_pb2.ListSessionsRequest(
-                status=status, labels=dict(labels or {}), run_id=run_id, page_size=1000, page_token=token
-            )
-            page = self._orch("ListSessions", request, None, timeout, "other")
-            sessions.extend(page.sessions)
-            token = page.next_page_token
-            if not token:
-                return sessions
+        return self._pages(self._core.list_sessions(status, labels, run_id, timeout), "sessions")
 
     # -- gateway
     def list_tools(
         self, agent_token: str, *, gateway: str | None = None, trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.ToolSpec]:  # fmt: skip
-        response = self._invoke(
-            self._core.gateway(gateway),
-            toolgateway_pb2_grpc.ToolGatewayServiceStub,
-            "ListTools",
-            toolgateway_pb2.ListToolsRequest(),
-            _Core.gateway_metadata(agent_token, trace_id),
-            self._core.timeout("other", timeout),
-        )
-        return list(response.tools)
+        return list(self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout)).tools)
 
     def call_tool(
         self, agent_token: str, name: str, arguments: Mapping[str, Any] | None = None, *,
@@ -416,14 +444,7 @@ class Client:
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:  # fmt: skip
         """Call a tool. Agent mistakes come back as `result.is_error`; retries reuse one request_id."""
-        return self._invoke(
-            self._core.gateway(gateway),
-            toolgateway_pb2_grpc.ToolGatewayServiceStub,
-            "CallTool",
-            _Core.call_tool_request(name, arguments, request_id),
-            _Core.gateway_metadata(agent_token, trace_id),
-            self._core.timeout("call_tool", timeout),
-        )
+        return self._run(self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout))
 
     # -- episodes
     def episode(self, **reset_fields: Any) -> Episode:
@@ -458,134 +479,78 @@ class AsyncClient:
         timeouts: Timeouts | None = None,
         settings: ClientSettings | None = None,
     ) -> None:
-        self.settings = _settings(
-            settings,
-            {
-                "api_key": api_key,
-                "tls": tls,
-                "root_certificates": root_certificates,
-                "gateway_addresses": gateway_addresses,
-                "retry": retry,
-                "timeouts": timeouts,
-            },
-        )
+        given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
+        self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
         self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, _aio_channel)
 
-    async def _invoke(
-        self,
-        pool: _Pool[grpc.aio.Channel],
-        stub_cls: Any,
-        method: str,
-        request: Any,
-        metadata: list[tuple[str, str]],
-        timeout: float,
-    ) -> Any:
-        state = self._core.retry_state(method, timeout, dict(metadata).get(TRACE_HEADER))
+    async def _run(self, call: _Call[grpc.aio.Channel]) -> Any:
+        state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
-            stub = stub_cls(pool.next())
+            stub = call.stub(call.pool.next())
             try:
-                return await getattr(stub, method)(request, timeout=attempt_timeout, metadata=metadata)
+                return await getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
                 delay = state.on_error(err)
             await asyncio.sleep(delay)
 
-    async def _orch(self, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str) -> Any:
-        return await self._invoke(
-            self._core.orchestrator,
-            orchestrator_pb2_grpc.OrchestratorServiceStub,
-            method,
-            request,
-            self._core.orchestrator_metadata(trace_id),
-            self._core.timeout(kind, timeout),
-        )
+    async def _pages(self, call: _Call[grpc.aio.Channel], field: str) -> list[Any]:
+        items: list[Any] = []
+        while True:
+            page = await self._run(call)
+            items.extend(getattr(page, field))
+            if not page.next_page_token:
+                return items
+            call = call.next_page(page.next_page_token)
 
     async def reset(
         self, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
     ) -> orchestrator_pb2.ResetResponse:
-        return await self._orch("Reset", _Core.reset_request(**fields), trace_id, timeout, "reset")
+        return await self._run(self._core.reset(trace_id, timeout, **fields))
 
     async def step(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
     ) -> orchestrator_pb2.StepResponse:
-        return await self._orch("Step", _Core.step_request(session_id, **fields), trace_id, timeout, "step")
+        return await self._run(self._core.step(session_id, trace_id, timeout, **fields))
 
     async def state(
-        self,
-        session_id: str,
-        *,
-        include_tool_calls: bool = False,
-        trace_id: str | None = None,
+        self, session_id: str, *, include_tool_calls: bool = False, trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StateResponse:
-        request = orchestrator_pb2.StateRequest(session_id=session_id, include_tool_calls=include_tool_calls)
-        return await self._orch("State", request, trace_id, timeout, "other")
+    ) -> orchestrator_pb2.StateResponse:  # fmt: skip
+        return await self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     async def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
-        request = orchestrator_pb2.CloseRequest(session_id=session_id)
-        return await self._orch("Close", request, trace_id, timeout, "other")
+        return await self._run(self._core.close(session_id, trace_id, timeout))
 
     async def close_sessions(
         self, *, labels: Mapping[str, str] | None = None, run_id: str = "", timeout: float | None = None
     ) -> list[str]:
-        request = orchestrator_pb2.CloseSessionsRequest(labels=dict(labels or {}), run_id=run_id)
-        return list((await self._orch("CloseSessions", request, None, timeout, "other")).session_ids)
+        return list((await self._run(self._core.close_sessions(labels, run_id, timeout))).session_ids)
 
     async def list_tasks(self, env_key: str = "", *, timeout: float | None = None) -> list[common_pb2.TaskInfo]:
-        tasks: list[common_pb2.TaskInfo] = []
-        token = ""
-        while True:
-            request = orchestrator_pb2.ListTasksRequest(env_key=env_key, page_size=1000, page_token=token)
-            page = await self._orch("ListTasks", request, None, timeout, "other")
-            tasks.extend(page.tasks)
-            token = page.next_page_token
-            if not token:
-                return tasks
+        return await self._pages(self._core.list_tasks(env_key, timeout), "tasks")
 
     async def list_sessions(
         self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
         timeout: float | None = None,
     ) -> list[orchestrator_pb2.SessionInfo]:  # fmt: skip
-        sessions: list[orchestrator_pb2.SessionInfo] = []
-        token = ""
-        while True:
-            request = orchestrator_pb2.ListSessionsRequest(
-                status=status, labels=dict(labels or {}), run_id=run_id, page_size=1000, page_token=token
-            )
-            page = await self._orch("ListSessions", request, None, timeout, "other")
-            sessions.extend(page.sessions)
-            token = page.next_page_token
-            if not token:
-                return sessions
+        return await self._pages(self._core.list_sessions(status, labels, run_id, timeout), "sessions")
 
     async def list_tools(
         self, agent_token: str, *, gateway: str | None = None, trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.ToolSpec]:  # fmt: skip
-        response = await self._invoke(
-            self._core.gateway(gateway),
-            toolgateway_pb2_grpc.ToolGatewayServiceStub,
-            "ListTools",
-            toolgateway_pb2.ListToolsRequest(),
-            _Core.gateway_metadata(agent_token, trace_id),
-            self._core.timeout("other", timeout),
-        )
-        return list(response.tools)
+        return list((await self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout))).tools)
 
     async def call_tool(
         self, agent_token: str, name: str, arguments: Mapping[str, Any] | None = None, *,
         request_id: str | None = None, gateway: str | None = None, trace_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:  # fmt: skip
-        return await self._invoke(
-            self._core.gateway(gateway),
-            toolgateway_pb2_grpc.ToolGatewayServiceStub,
-            "CallTool",
-            _Core.call_tool_request(name, arguments, request_id),
-            _Core.gateway_metadata(agent_token, trace_id),
-            self._core.timeout("call_tool", timeout),
+        return await self._run(
+            self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout)
         )
 
     def episode(self, **reset_fields: Any) -> AsyncEpisode:

@@ -46,7 +46,8 @@ RETRYABLE: dict[str, frozenset[grpc.StatusCode]] = {
 class RetryPolicy:
     """Exponential backoff with jitter. Every sleep and attempt is bounded by the call's deadline."""
 
-    max_attempts: int = 10
+    # With the defaults below, ~35 s of retrying: enough to ride out a service restart.
+    max_attempts: int = 20
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     multiplier: float = 2.0

@@ -257,6 +257,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row(*row(env, group))
     table.add_row(*row("all", summary), style="bold")
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)  # a file or pipe: do not squeeze the table into 80 columns
     console.print(table)
     console.print(
         f"{summary['episodes']} episodes in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f}/s); "

@@ -49,7 +49,13 @@ def scalar(conn: sqlite3.Connection, sql: str, params: Params = ()) -> Any:
 
 @contextmanager
 def write(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction: committed on success, rolled back if the tool raises (e.g. a ToolError)."""
+    """One write transaction: committed on success, rolled back if the tool raises (e.g. a ToolError).
+
+    It takes SQLite's write lock up front (BEGIN IMMEDIATE), so checks made inside it (a hold still active,
+    the next id) cannot be invalidated by a concurrent call on the same instance before the write lands.
+    """
+    if not conn.in_transaction:
+        conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
     except BaseException:

@@ -461,6 +461,83 @@ def _hold(r: dict[str, Any]) -> Hold:
                 total_usd=_money(r["total_cents"]), expires_at=r["expires_at"], status=r["status"])
 
 
+def _book_hold(conn: sqlite3.Connection, hold_id: int, traveller_id: int, payment_method_id: int,
+               points_to_redeem: int) -> int:
+    """Checks and books a hold (inside the caller's write transaction); returns the new booking id."""
+    hold = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
+    if hold["status"] != "active":
+        raise ToolError(f"hold {hold_id} is {hold['status']}; hold the offer again")
+    now = _now(conn)
+    if now > hold["expires_at"]:
+        raise ToolError(f"hold {hold_id} expired at {hold['expires_at']}; hold the offer again")
+    require(conn, "SELECT id FROM travellers WHERE id = ?", (traveller_id,),
+            f"no traveller {traveller_id} on the profile; see get_profile")
+    card = require(conn, "SELECT * FROM payment_methods WHERE id = ?", (payment_method_id,),
+                   f"no payment method {payment_method_id}; see get_profile")
+    if card["expires"] < meta(conn, "today")[:7]:
+        raise ToolError(f"the {card['brand']} ending {card['last4']} expired in {card['expires']}; "
+                        "use another card")
+    balance = _balance(conn)
+    if points_to_redeem > balance:
+        raise ToolError(f"only {balance} points available")
+    if points_to_redeem > hold["total_cents"]:
+        raise ToolError(f"at most {hold['total_cents']} points can be redeemed on this booking")
+    charged = hold["total_cents"] - points_to_redeem
+    booking_id = int(scalar(conn, "SELECT COALESCE(MAX(id), 0) + 1 FROM bookings"))
+    confirmation = f"PK{(booking_id * 7919 + 104729) % 900000 + 100000}"
+    while scalar(conn, "SELECT 1 FROM bookings WHERE confirmation = ?", (confirmation,)):
+        confirmation = f"PK{(int(confirmation[2:]) + 7919 - 100000) % 900000 + 100000}"
+    conn.execute(
+        "INSERT INTO bookings (id, confirmation, hold_id, kind, flight_id, hotel_id, check_in, check_out,"
+        " passengers, traveller_id, payment_method_id, total_cents, points_redeemed, charged_cents, status,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'confirmed', ?)",
+        (booking_id, confirmation, hold_id, hold["kind"], hold["flight_id"], hold["hotel_id"],
+         hold["check_in"], hold["check_out"], hold["passengers"], traveller_id, payment_method_id,
+         hold["total_cents"], points_to_redeem, charged, now))
+    conn.execute("UPDATE holds SET status = 'booked' WHERE id = ?", (hold_id,))
+    if hold["kind"] == "flight":
+        conn.execute("UPDATE flights SET seats_left = seats_left - ? WHERE id = ?",
+                     (hold["passengers"], hold["flight_id"]))
+    else:
+        conn.execute("UPDATE hotels SET rooms_left = rooms_left - 1 WHERE id = ?", (hold["hotel_id"],))
+    if points_to_redeem:
+        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+                     (booking_id, -points_to_redeem, "Redeemed on booking", now))
+    if charged >= 100:
+        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+                     (booking_id, charged // 100, "Earned on booking", now))
+    return booking_id
+
+
+def _cancel(conn: sqlite3.Connection, confirmation: str) -> int:
+    """Checks and cancels a booking (inside the caller's write transaction); returns its id."""
+    b = require(conn, _BOOKING_SQL + " WHERE b.confirmation = ?", (confirmation.strip().upper(),),
+                f"no booking with confirmation {confirmation}")
+    if b["status"] == "cancelled":
+        raise ToolError(f"booking {b['confirmation']} is already cancelled")
+    start = b["depart_at"] if b["kind"] == "flight" else b["check_in"]
+    if start[:10] <= meta(conn, "today"):
+        raise ToolError(f"booking {b['confirmation']} has already started or taken place; it cannot be cancelled")
+    refundable = bool(b["f_refundable"] if b["kind"] == "flight" else b["h_refundable"])
+    now = _now(conn)
+    conn.execute("UPDATE bookings SET status = 'cancelled', cancelled_at = ?, refund_cents = ? WHERE id = ?",
+                 (now, b["charged_cents"] if refundable else 0, b["id"]))
+    earned = int(scalar(conn, "SELECT COALESCE(SUM(points), 0) FROM loyalty_ledger WHERE booking_id = ?"
+                              " AND points > 0", (b["id"],)))
+    if earned:
+        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+                     (b["id"], -earned, "Reversed on cancellation", now))
+    if refundable and b["points_redeemed"]:
+        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+                     (b["id"], b["points_redeemed"], "Returned on cancellation", now))
+    if b["kind"] == "flight":
+        conn.execute("UPDATE flights SET seats_left = seats_left + ? WHERE id = ?",
+                     (b["passengers"], b["flight_id"]))
+    else:
+        conn.execute("UPDATE hotels SET rooms_left = rooms_left + 1 WHERE id = ?", (b["hotel_id"],))
+    return int(b["id"])
+
+
 def register_tools(server: Any) -> None:
     """Adds the booking tools to an `MCPServer`."""
     read_only = ToolAnnotations(read_only_hint=True)
@@ -471,9 +548,10 @@ def register_tools(server: Any) -> None:
         origin: Airport,
         destination: Airport,
         date: Day,
-        cabin: Literal["economy", "business"] | None = None,
+        cabin: Annotated[Literal["economy", "business"] | None, Field(description="Only this cabin")] = None,
         max_price_usd: Annotated[int | None, Field(ge=1, description="Highest price per passenger, USD")] = None,
-        sort: Literal["price", "departure"] = "price",
+        sort: Annotated[Literal["price", "departure"], Field(description="Cheapest first, or earliest first")
+                        ] = "price",
         limit: Limit = 20,
     ) -> FlightResults:
         """Search flights between two airports on one day. Results include sold-out fares (seats_left 0)."""
@@ -505,7 +583,7 @@ def register_tools(server: Any) -> None:
         city: Annotated[str, Field(min_length=2, max_length=60, description="City name, e.g. 'Lisbon'")],
         check_in: Day,
         check_out: Day,
-        min_stars: Annotated[int | None, Field(ge=1, le=5)] = None,
+        min_stars: Annotated[int | None, Field(ge=1, le=5, description="Lowest star rating")] = None,
         max_nightly_usd: Annotated[int | None, Field(ge=1, description="Highest nightly rate, USD")] = None,
         limit: Limit = 20,
     ) -> HotelResults:
@@ -566,7 +644,7 @@ def register_tools(server: Any) -> None:
         return _hold(require(conn, "SELECT * FROM holds WHERE id = ?", (cur.lastrowid,), "hold vanished"))
 
     @server.tool()
-    def release_hold(ctx: Context, hold_id: Annotated[int, Field(ge=1)]) -> Hold:
+    def release_hold(ctx: Context, hold_id: Annotated[int, Field(ge=1, description="From hold_offer")]) -> Hold:
         """Release an active hold you no longer want."""
         conn = instance_db(ctx)
         hold = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
@@ -590,49 +668,8 @@ def register_tools(server: Any) -> None:
         Earns 1 loyalty point per whole dollar charged to the card. Returns the confirmed booking.
         """
         conn = instance_db(ctx)
-        hold = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
-        if hold["status"] != "active":
-            raise ToolError(f"hold {hold_id} is {hold['status']}; hold the offer again")
-        now = _now(conn)
-        if now > hold["expires_at"]:
-            raise ToolError(f"hold {hold_id} expired at {hold['expires_at']}; hold the offer again")
-        require(conn, "SELECT id FROM travellers WHERE id = ?", (traveller_id,),
-                f"no traveller {traveller_id} on the profile; see get_profile")
-        card = require(conn, "SELECT * FROM payment_methods WHERE id = ?", (payment_method_id,),
-                       f"no payment method {payment_method_id}; see get_profile")
-        if card["expires"] < meta(conn, "today")[:7]:
-            raise ToolError(f"the {card['brand']} ending {card['last4']} expired in {card['expires']}; "
-                            "use another card")
-        balance = _balance(conn)
-        if points_to_redeem > balance:
-            raise ToolError(f"only {balance} points available")
-        if points_to_redeem > hold["total_cents"]:
-            raise ToolError(f"at most {hold['total_cents']} points can be redeemed on this booking")
-        charged = hold["total_cents"] - points_to_redeem
         with write(conn):
-            booking_id = int(scalar(conn, "SELECT COALESCE(MAX(id), 0) + 1 FROM bookings"))
-            confirmation = f"PK{(booking_id * 7919 + 104729) % 900000 + 100000}"
-            while scalar(conn, "SELECT 1 FROM bookings WHERE confirmation = ?", (confirmation,)):
-                confirmation = f"PK{(int(confirmation[2:]) + 7919 - 100000) % 900000 + 100000}"
-            conn.execute(
-                "INSERT INTO bookings (id, confirmation, hold_id, kind, flight_id, hotel_id, check_in, check_out,"
-                " passengers, traveller_id, payment_method_id, total_cents, points_redeemed, charged_cents, status,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'confirmed', ?)",
-                (booking_id, confirmation, hold_id, hold["kind"], hold["flight_id"], hold["hotel_id"],
-                 hold["check_in"], hold["check_out"], hold["passengers"], traveller_id, payment_method_id,
-                 hold["total_cents"], points_to_redeem, charged, now))
-            conn.execute("UPDATE holds SET status = 'booked' WHERE id = ?", (hold_id,))
-            if hold["kind"] == "flight":
-                conn.execute("UPDATE flights SET seats_left = seats_left - ? WHERE id = ?",
-                             (hold["passengers"], hold["flight_id"]))
-            else:
-                conn.execute("UPDATE hotels SET rooms_left = rooms_left - 1 WHERE id = ?", (hold["hotel_id"],))
-            if points_to_redeem:
-                conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                             (booking_id, -points_to_redeem, "Redeemed on booking", now))
-            if charged >= 100:
-                conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                             (booking_id, charged // 100, "Earned on booking", now))
+            booking_id = _book_hold(conn, hold_id, traveller_id, payment_method_id, points_to_redeem)
         return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True))
@@ -640,35 +677,14 @@ def register_tools(server: Any) -> None:
         """Cancel a confirmed upcoming booking. Refundable fares refund the card charge and return redeemed
         points; non-refundable fares refund nothing. Points earned on the booking are taken back."""
         conn = instance_db(ctx)
-        b = require(conn, _BOOKING_SQL + " WHERE b.confirmation = ?", (confirmation.strip().upper(),),
-                    f"no booking with confirmation {confirmation}")
-        if b["status"] == "cancelled":
-            raise ToolError(f"booking {b['confirmation']} is already cancelled")
-        start = b["depart_at"] if b["kind"] == "flight" else b["check_in"]
-        if start[:10] <= meta(conn, "today"):
-            raise ToolError(f"booking {b['confirmation']} has already started or taken place; it cannot be cancelled")
-        refundable = bool(b["f_refundable"] if b["kind"] == "flight" else b["h_refundable"])
         with write(conn):
-            now = _now(conn)
-            conn.execute("UPDATE bookings SET status = 'cancelled', cancelled_at = ?, refund_cents = ? WHERE id = ?",
-                         (now, b["charged_cents"] if refundable else 0, b["id"]))
-            earned = int(scalar(conn, "SELECT COALESCE(SUM(points), 0) FROM loyalty_ledger WHERE booking_id = ?"
-                                      " AND points > 0", (b["id"],)))
-            if earned:
-                conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                             (b["id"], -earned, "Reversed on cancellation", now))
-            if refundable and b["points_redeemed"]:
-                conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                             (b["id"], b["points_redeemed"], "Returned on cancellation", now))
-            if b["kind"] == "flight":
-                conn.execute("UPDATE flights SET seats_left = seats_left + ? WHERE id = ?",
-                             (b["passengers"], b["flight_id"]))
-            else:
-                conn.execute("UPDATE hotels SET rooms_left = rooms_left + 1 WHERE id = ?", (b["hotel_id"],))
-        return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (b["id"],), "booking vanished"))
+            booking_id = _cancel(conn, confirmation)
+        return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
 
     @server.tool(annotations=read_only)
-    def list_bookings(ctx: Context, status: Literal["confirmed", "cancelled", "all"] = "all",
+    def list_bookings(ctx: Context,
+                      status: Annotated[Literal["confirmed", "cancelled", "all"], Field(description=(
+                          "Booking status to include"))] = "all",
                       upcoming_only: Annotated[bool, Field(description="Only trips starting after today")] = False
                       ) -> BookingList:
         """List your bookings, most recent first."""

@@ -236,6 +236,8 @@ FolderName = Annotated[str, Field(min_length=1, max_length=64,
 Email = Annotated[str, Field(pattern=r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$", max_length=254)]
 Limit = Annotated[int, Field(ge=1, le=100, description="Page size (1-100)")]
 Offset = Annotated[int, Field(ge=0, description="Messages to skip (for paging)")]
+UnreadOnly = Annotated[bool, Field(description="Only unread messages")]
+Body = Annotated[str, Field(min_length=1, max_length=10000, description="Plain-text message body")]
 
 _SUMMARY_SQL = (
     "SELECT m.*, f.name AS folder FROM messages m JOIN folders f ON f.id = m.folder_id"
@@ -305,8 +307,9 @@ def register_tools(server: Any) -> None:
                                               is_system=bool(r["is_system"])) for r in found])
 
     @server.tool(annotations=read_only)
-    def list_messages(ctx: Context, folder: FolderName = "Inbox", unread_only: bool = False,
-                      flagged_only: bool = False, limit: Limit = 20, offset: Offset = 0) -> MessagePage:
+    def list_messages(ctx: Context, folder: FolderName = "Inbox", unread_only: UnreadOnly = False,
+                      flagged_only: Annotated[bool, Field(description="Only flagged messages")] = False,
+                      limit: Limit = 20, offset: Offset = 0) -> MessagePage:
         """List messages in one folder, newest first, one page at a time.
 
         Returns summaries (sender, subject, date, read/flag state, a short snippet); use read_message for the
@@ -329,7 +332,7 @@ def register_tools(server: Any) -> None:
         sender: Annotated[str | None, Field(max_length=254, description=(
             "Only messages whose sender address or name contains this text"))] = None,
         folder: Annotated[str | None, Field(max_length=64, description="Limit to one folder")] = None,
-        unread_only: bool = False,
+        unread_only: UnreadOnly = False,
         since: Annotated[str | None, Field(pattern=r"^\d{4}-\d{2}-\d{2}$",
                                            description="Only messages sent on or after this date (YYYY-MM-DD)")]
         = None,
@@ -381,8 +384,8 @@ def register_tools(server: Any) -> None:
     def send_message(
         ctx: Context,
         to: Annotated[list[Email], Field(min_length=1, max_length=20, description="Recipient addresses")],
-        subject: Annotated[str, Field(min_length=1, max_length=200)],
-        body: Annotated[str, Field(min_length=1, max_length=10000)],
+        subject: Annotated[str, Field(min_length=1, max_length=200, description="Subject line")],
+        body: Body,
         cc: Annotated[list[Email] | None, Field(max_length=20, description="Carbon-copy addresses")] = None,
     ) -> Message:
         """Send a new email from the logged-in user. A copy is stored in Sent and returned."""
@@ -396,7 +399,7 @@ def register_tools(server: Any) -> None:
     def reply_to_message(
         ctx: Context,
         message_id: MessageId,
-        body: Annotated[str, Field(min_length=1, max_length=10000)],
+        body: Body,
         reply_all: Annotated[bool, Field(description="Also reply to the other recipients and Cc")] = False,
     ) -> Message:
         """Reply to a message: goes to its sender (and with reply_all, everyone else on it), subject 'Re: ...',
@@ -488,8 +491,9 @@ def register_tools(server: Any) -> None:
         return ContactList(contacts=[Contact(**{**r, "is_favorite": bool(r["is_favorite"])}) for r in found])
 
     @server.tool()
-    def create_folder(ctx: Context, name: Annotated[str, Field(min_length=1, max_length=64,
-                                                              pattern=r"^[\w][\w .&-]*$")]) -> FolderInfo:
+    def create_folder(ctx: Context, name: Annotated[str, Field(
+            min_length=1, max_length=64, pattern=r"^[\w][\w .&-]*$",
+            description="New folder name (letters, digits, spaces, '.', '&', '-')")]) -> FolderInfo:
         """Create a new mail folder."""
         conn = instance_db(ctx)
         if row(conn, "SELECT id FROM folders WHERE name = ? COLLATE NOCASE", (name.strip(),)) is not None:

@@ -282,7 +282,8 @@ RepoName = Annotated[str, Field(min_length=1, max_length=100,
                                 description="Repository as 'owner/name' (e.g. 'northwind/atlas-api')")]
 IssueNumber = Annotated[int, Field(ge=1, description="Issue number within the repository")]
 Login = Annotated[str, Field(min_length=1, max_length=64, description="User login, e.g. 'sam-rivera'")]
-LabelName = Annotated[str, Field(min_length=1, max_length=50)]
+LabelName = Annotated[str, Field(min_length=1, max_length=50, description="Label name, e.g. 'bug'")]
+State = Annotated[Literal["open", "closed", "all"], Field(description="Issue state to include")]
 Limit = Annotated[int, Field(ge=1, le=100, description="Page size (1-100)")]
 Offset = Annotated[int, Field(ge=0, description="Issues to skip (for paging)")]
 Body = Annotated[str, Field(min_length=1, max_length=20000, description="Markdown text")]
@@ -374,7 +375,7 @@ def register_tools(server: Any) -> None:
     def list_issues(
         ctx: Context,
         repo: RepoName,
-        state: Literal["open", "closed", "all"] = "open",
+        state: State = "open",
         label: Annotated[str | None, Field(max_length=50, description="Only issues with this label")] = None,
         assignee: Annotated[str | None, Field(max_length=64, description=(
             "Only issues assigned to this login; 'none' for unassigned issues"))] = None,
@@ -412,7 +413,7 @@ def register_tools(server: Any) -> None:
         query: Annotated[str, Field(min_length=1, max_length=200, description=(
             "Text to find in issue titles and bodies (case-insensitive substring)"))],
         repo: Annotated[str | None, Field(max_length=100, description="Limit to one repository")] = None,
-        state: Literal["open", "closed", "all"] = "all",
+        state: State = "all",
         limit: Limit = 30,
         offset: Offset = 0,
     ) -> IssuePage:
@@ -442,7 +443,7 @@ def register_tools(server: Any) -> None:
     def create_issue(
         ctx: Context,
         repo: RepoName,
-        title: Annotated[str, Field(min_length=3, max_length=200)],
+        title: Annotated[str, Field(min_length=3, max_length=200, description="Issue title")],
         body: Annotated[str, Field(max_length=20000, description="Markdown description")] = "",
         labels: Annotated[list[LabelName] | None, Field(max_length=10, description="Existing label names")] = None,
         assignee: Annotated[str | None, Field(max_length=64, description="Login to assign")] = None,
@@ -477,7 +478,8 @@ def register_tools(server: Any) -> None:
 
     @server.tool()
     def add_labels(ctx: Context, repo: RepoName, number: IssueNumber,
-                   labels: Annotated[list[LabelName], Field(min_length=1, max_length=10)]) -> IssueSummary:
+                   labels: Annotated[list[LabelName], Field(min_length=1, max_length=10, description=(
+                       "Existing label names to add"))]) -> IssueSummary:
         """Add existing labels to an issue (labels it already has are left as they are)."""
         conn = instance_db(ctx)
         issue = _issue(conn, repo, number)
@@ -528,10 +530,10 @@ def register_tools(server: Any) -> None:
     ) -> Issue:
         """Close an open issue with a reason, optionally leaving a comment first."""
         conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        if issue["state"] == "closed":
-            raise ToolError(f"{issue['repo']}#{number} is already closed")
-        with write(conn):
+        with write(conn):  # the state check belongs to the same transaction as the change
+            issue = _issue(conn, repo, number)
+            if issue["state"] == "closed":
+                raise ToolError(f"{issue['repo']}#{number} is already closed")
             now = _now(conn)
             if comment:
                 conn.execute("INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
@@ -544,10 +546,10 @@ def register_tools(server: Any) -> None:
     def reopen_issue(ctx: Context, repo: RepoName, number: IssueNumber) -> IssueSummary:
         """Reopen a closed issue."""
         conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        if issue["state"] == "open":
-            raise ToolError(f"{issue['repo']}#{number} is already open")
         with write(conn):
+            issue = _issue(conn, repo, number)
+            if issue["state"] == "open":
+                raise ToolError(f"{issue['repo']}#{number} is already open")
             conn.execute("UPDATE issues SET state = 'open', state_reason = NULL, closed_at = NULL WHERE id = ?",
                          (issue["id"],))
             _touch(conn, issue["id"])

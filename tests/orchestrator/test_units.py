@@ -1,0 +1,214 @@
+"""Pure pieces of the orchestrator, without servers: task parsing and paging, page tokens, error details,
+score extraction, config parsing, Fleet error mapping, the verifier's retry/timeout policy."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from fleet._async.exceptions import (
+    FleetAPIError,
+    FleetEnvironmentNotFoundError,
+    FleetInstanceLimitError,
+    FleetRateLimitError,
+    FleetTimeoutError,
+)
+from google.rpc import error_details_pb2
+
+from rlgate.orchestrator.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from rlgate.orchestrator.pool import parse_pool_targets
+from rlgate.orchestrator.providers.base import (
+    EnvNotFound,
+    InstanceGone,
+    InstanceHandle,
+    InstanceLimit,
+    Provider,
+    RateLimited,
+    Retryable,
+    TaskDef,
+    VerifierRun,
+)
+from rlgate.orchestrator.providers.fleet import map_fleet_error, score_of
+from rlgate.orchestrator.providers.mcp import parse_mcp_envs
+from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
+from rlgate.orchestrator.verifier import Verifier
+
+
+def _task(key: str, env: str = "mailbox", version: str = "v1") -> TaskDef:
+    return TaskDef(key=key, env_id=env, version=version, prompt=f"do {key}")
+
+
+def test_task_from_fleet_json_variants() -> None:
+    t = task_from_json({"key": "k", "prompt": "p", "env_key": "mailbox:v2", "task_modality": "computer_use",
+                        "verifier": {"code": "def verify(env): return 1"}, "metadata": {"max_turns": 7}})
+    assert (t.env_id, t.version, t.modality, t.max_turns) == ("mailbox", "v2", "computer_use", 7)
+    assert t.verifier_code.startswith("def verify") and t.env_key == "mailbox:v2"
+    t = task_from_json({"id": "k2", "prompt": "p", "environment_id": "tracker", "version": "v1"})
+    assert (t.key, t.env_key, t.modality) == ("k2", "tracker:v1", "tool_use")
+    with pytest.raises(ValueError):
+        task_from_json({"prompt": "no key", "env_id": "x"})
+    with pytest.raises(ValueError):
+        task_from_json({"key": "no env", "prompt": "p"})
+
+
+def test_catalog_pages_and_filters() -> None:
+    catalog = TaskCatalog([_task(f"t{i:02d}", "mailbox" if i % 2 else "tracker") for i in range(25)])
+    seen: list[str] = []
+    token = ""
+    while True:
+        page, token, total = catalog.page("", 10, token)
+        seen += [t.key for t in page]
+        if not token:
+            break
+    assert seen == sorted(seen) and len(seen) == total == 25
+    page, token, total = catalog.page("tracker:v1", 0, "")
+    assert total == 13 and not token and all(t.env_id == "tracker" for t in page)
+    assert catalog.page("tracker:v9", 0, "")[2] == 0
+    with pytest.raises(NotFound):
+        catalog.get("missing")
+
+
+@pytest.mark.parametrize("token", ["garbage", "!!!", encode_token("t05", scope="tasks:other"), "e30"])
+def test_bad_page_tokens_are_invalid_argument(token: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        decode_token(token, scope="tasks:")
+    assert err.value.field == "page_token"
+    assert err.value.to_grpc_status().code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_page_size_bounds() -> None:
+    catalog = TaskCatalog([_task("a")])
+    for bad in (-1, 1001):
+        with pytest.raises(InvalidArgument):
+            catalog.page("", bad, "")
+
+
+def test_error_details_travel_in_google_rpc_status() -> None:
+    status = ResourceExhausted("limit", subject="instances:mailbox:v1", reason="INSTANCE_LIMIT",
+                               metadata={"running": 5, "limit": 5, "none": None}, retry_after_s=2.5).to_status()
+    kinds = {d.TypeName() for d in status.details}
+    assert kinds == {"google.rpc.ErrorInfo", "google.rpc.QuotaFailure", "google.rpc.RetryInfo"}
+    info = error_details_pb2.ErrorInfo()
+    next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
+    assert info.reason == "INSTANCE_LIMIT" and dict(info.metadata) == {"running": "5", "limit": "5"}
+    retry = error_details_pb2.RetryInfo()
+    next(d for d in status.details if d.Is(retry.DESCRIPTOR)).Unpack(retry)
+    assert retry.retry_delay.seconds == 2 and retry.retry_delay.nanos == 500_000_000
+    assert Unavailable("down").to_grpc_status().code == grpc.StatusCode.UNAVAILABLE
+    bad = InvalidArgument("labels", "too long").to_status()
+    assert any(d.Is(error_details_pb2.BadRequest.DESCRIPTOR) for d in bad.details)
+
+
+@pytest.mark.parametrize(("result", "score"), [
+    (1, 1.0), (0.25, 0.25), (True, 1.0), (False, 0.0), ({"score": 0.5}, 0.5), ("0.75", 0.75),
+    (None, None), ("yes", None), ([1], None), ({"value": 1}, None),
+])
+def test_score_of_never_invents_a_zero(result: Any, score: float | None) -> None:
+    assert score_of(result) == score
+
+
+def test_fleet_errors_map_to_provider_errors() -> None:
+    assert isinstance(map_fleet_error(FleetInstanceLimitError("x", 5, 5), "c"), InstanceLimit)
+    assert isinstance(map_fleet_error(FleetRateLimitError("slow down"), "c"), RateLimited)
+    assert isinstance(map_fleet_error(FleetEnvironmentNotFoundError("Environment 'x' not found"), "c"), EnvNotFound)
+    assert isinstance(map_fleet_error(FleetTimeoutError("t"), "c"), Retryable)
+    assert isinstance(map_fleet_error(TimeoutError(), "c"), Retryable)
+    assert isinstance(map_fleet_error(FleetAPIError("gone", status_code=404), "c"), InstanceGone)
+    assert isinstance(map_fleet_error(FleetAPIError("boom", status_code=503), "c"), Retryable)
+    placement = FleetAPIError('{"error":"seed_placement_failed","retryable":true}', status_code=409)
+    assert isinstance(map_fleet_error(placement, "c"), Retryable)
+    burst = FleetAPIError("Too many in-flight instance creations for this team", status_code=400)
+    assert isinstance(map_fleet_error(burst, "c"), Retryable)
+    assert not map_fleet_error(FleetAPIError("nope", status_code=401), "c").retryable
+
+
+def test_config_parsers() -> None:
+    assert parse_pool_targets("mailbox:v1=4, tracker:v1=2") == {"mailbox:v1": 4, "tracker:v1": 2}
+    assert parse_pool_targets("") == {}
+    with pytest.raises(ValueError):
+        parse_pool_targets("mailbox:v1")
+    assert parse_mcp_envs("calc:v1=http://127.0.0.1:1/mcp|http://127.0.0.1:2/mcp") == {
+        "calc:v1": ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]}
+    with pytest.raises(ValueError):
+        parse_mcp_envs("calc:v1")
+
+
+class _ScriptedProvider(Provider):
+    """A provider whose verify() follows a script (the verifier's policy is what is under test)."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script = script
+        self.calls = 0
+
+    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
+                     timeout_s: float) -> VerifierRun:
+        step = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if step == "hang":
+            await asyncio.sleep(3600)
+        if isinstance(step, BaseException):
+            raise step
+        assert isinstance(step, VerifierRun)
+        return step
+
+    async def load_tasks(self, *, timeout_s: float) -> list[TaskDef]:
+        return []
+
+    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
+                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+        raise NotImplementedError
+
+    async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:
+        return None
+
+    async def health(self, handle: InstanceHandle, *, timeout_s: float) -> bool:
+        return True
+
+    async def delete(self, instance_id: str, *, timeout_s: float) -> None:
+        return None
+
+    async def heartbeat(self, instance_id: str, *, timeout_s: float) -> None:
+        return None
+
+    async def list_instances(self, run_id: str, *, timeout_s: float) -> list[InstanceHandle]:
+        return []
+
+
+async def _verify(script: list[Any], *, retries: int = 2, limit_s: float = 2.0) -> tuple[Any, int]:
+    provider = _ScriptedProvider(script)
+    task = TaskDef(key="k", env_id="e", version="v1", prompt="p", verifier_code="def verify(env): return 1")
+    outcome = await Verifier(provider, timeout_s=limit_s, retries=retries, backoff_s=0.01).run(
+        task, InstanceHandle(instance_id="i", env_key="e:v1"), "answer")
+    return outcome, provider.calls
+
+
+async def test_verifier_retries_infrastructure_failures_only() -> None:
+    outcome, calls = await _verify([Retryable("502"), VerifierRun(success=True, score=1.0)])
+    assert (outcome.status, outcome.score, outcome.attempts, calls) == ("ok", 1.0, 2, 2)
+    outcome, calls = await _verify([Retryable("502")], retries=2)
+    assert (outcome.status, outcome.score, calls) == ("error", None, 3) and "502" in outcome.message
+    outcome, calls = await _verify([VerifierRun(success=False, message="AssertionError: boom")])
+    assert (outcome.status, calls) == ("error", 1) and "boom" in outcome.message  # a verifier bug: no retry
+    outcome, _ = await _verify([VerifierRun(success=True, score=None)])
+    assert outcome.status == "error" and outcome.score is None
+
+
+async def test_verifier_timeout_is_rlgates_own() -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    outcome, _ = await _verify(["hang"], limit_s=0.5)
+    assert outcome.status == "timeout" and outcome.score is None
+    assert loop.time() - start < 2.0
+
+
+async def test_verifier_skips_tasks_without_scoring() -> None:
+    provider = _ScriptedProvider([VerifierRun(success=True, score=1.0)])
+    outcome = await Verifier(provider, timeout_s=1, retries=0).run(
+        TaskDef(key="k", env_id="e", version="v1", prompt="p"), InstanceHandle(instance_id="i", env_key="e"), None)
+    assert outcome.status == "skipped" and provider.calls == 0
+    outcome = await Verifier(provider, timeout_s=1, retries=0).run(None, InstanceHandle("i", "e"), None)
+    assert outcome.status == "skipped"

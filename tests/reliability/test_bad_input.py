@@ -1,0 +1,500 @@
+"""Bad input: property-based requests to every RPC of both services.
+
+Hypothesis builds requests from unknown and malformed ids, empty and huge strings, nested and non-JSON-able
+Struct values (NaN and Infinity set directly on the wire), out-of-range numbers and enums, schema-violating
+tool arguments, and wrong, missing or misplaced credentials. Every answer must be a status the RPC
+documents (never INTERNAL, UNKNOWN or a hang: every call has a deadline), the servers must stay healthy and
+the store must pass its invariant check afterwards. Byte-level abuse (oversized messages, corrupt and
+too-deeply nested protobuf, another RPC's message) is checked once per RPC outside hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import struct_pb2
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlgate.store import open_store
+from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
+from tests.reliability.conftest import PROFILE, Figures
+from tests.reliability.harness import (
+    API_KEY,
+    Audit,
+    AuditedStack,
+    bearer,
+    gateway_stub,
+    orchestrator_stub,
+    start_stack,
+)
+
+SC = grpc.StatusCode
+CALL_TIMEOUT = 30.0
+RESET_TIMEOUT = 60.0
+MAX_RECEIVE = 16 * 1024 * 1024  # rlgate.runtime.grpc_server DEFAULT_OPTIONS
+
+# Statuses each RPC documents for caller mistakes (OK is always fine; UNAUTHENTICATED only for bad credentials).
+ALLOWED: dict[str, set[grpc.StatusCode]] = {
+    "Reset": {SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION, SC.RESOURCE_EXHAUSTED},
+    "Step": {SC.INVALID_ARGUMENT, SC.NOT_FOUND, SC.FAILED_PRECONDITION},
+    "State": {SC.INVALID_ARGUMENT, SC.NOT_FOUND},
+    "Close": {SC.INVALID_ARGUMENT, SC.NOT_FOUND},
+    "CloseSessions": {SC.INVALID_ARGUMENT},
+    "ListTasks": {SC.INVALID_ARGUMENT},
+    "ListSessions": {SC.INVALID_ARGUMENT},
+    "ListTools": {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION},
+    "CallTool": {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION, SC.INVALID_ARGUMENT},
+}
+NEVER = {SC.INTERNAL, SC.UNKNOWN, SC.DEADLINE_EXCEEDED, SC.UNAVAILABLE}
+
+
+@dataclass
+class Fixture:
+    stack: AuditedStack
+    victims: list[str]  # sessions the orchestrator fuzzing may step, reset and close
+    gateway_tokens: dict[str, str]  # era -> live agent token (never touched by the orchestrator fuzzing)
+    dead_tokens: dict[str, str]  # revoked / closed / done -> token
+    tools: dict[str, list[common_pb2.ToolSpec]]
+    seen: dict[str, dict[str, int]] = field(default_factory=dict)  # rpc -> status name -> count
+
+    def count(self, rpc: str, code: grpc.StatusCode) -> None:
+        bucket = self.seen.setdefault(rpc, {})
+        bucket[code.name] = bucket.get(code.name, 0) + 1
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory: pytest.TempPathFactory, audit: Audit, figures: Figures) -> Iterator[Fixture]:
+    stack = start_stack(tmp_path_factory.mktemp("bad-input"), audit,
+                        orchestrator_args=["--verify-timeout-s", "10"])
+    try:
+        orch = orchestrator_stub(stack.orchestrator_address)
+        md = stack.metadata()
+
+        def reset(**kw: Any) -> orchestrator_pb2.ResetResponse:
+            r = orch.Reset(orchestrator_pb2.ResetRequest(**kw), timeout=RESET_TIMEOUT, metadata=md)
+            audit.token(r.agent_token)
+            return r
+
+        victims = [reset(env_key=e, run_id="rel-victim", labels={"suite": "victim"}).session_id
+                   for e in ("mailbox:v1", "tracker:v1", "booking:v1")]
+        gw: dict[str, orchestrator_pb2.ResetResponse] = {
+            era: reset(env_key=f"{env}:v1", run_id="rel-gateway-only-x9") for era, env in
+            (("modern", "mailbox"), ("legacy", "tracker"))}
+        revoked = reset(env_key="mailbox:v1", run_id="rel-gateway-only-x9")
+        reset(session_id=revoked.session_id)  # a new episode revokes the first token
+        closed = reset(env_key="tracker:v1", run_id="rel-gateway-only-x9")
+        orch.Close(orchestrator_pb2.CloseRequest(session_id=closed.session_id), timeout=CALL_TIMEOUT, metadata=md)
+        done = reset(env_key="mailbox:v1", run_id="rel-gateway-only-x9")
+        orch.Step(orchestrator_pb2.StepRequest(session_id=done.session_id, done=True), timeout=CALL_TIMEOUT,
+                  metadata=md)
+        fixture = Fixture(stack=stack, victims=victims,
+                          gateway_tokens={era: r.agent_token for era, r in gw.items()},
+                          dead_tokens={"revoked": revoked.agent_token, "closed": closed.agent_token,
+                                       "done": done.agent_token},
+                          tools={era: list(r.tools) for era, r in gw.items()})
+        yield fixture
+        figures.record("bad_input", "statuses_by_rpc", fixture.seen)
+    finally:
+        stack.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Strategies
+
+def huge_text(min_size: int, max_size: int) -> st.SearchStrategy[str]:
+    return st.integers(min_size, max_size).map(lambda n: ("x" * n))
+
+
+# Ids and keys stay below 1 kB (test_huge_unknown_ids_are_not_echoed covers bigger ones); free text goes
+# up to 300 kB.
+ID = st.one_of(
+    st.just(""), st.text(max_size=40), st.text(alphabet=st.characters(codec="utf-8"), max_size=200),
+    huge_text(129, 1000), st.sampled_from(["\x00", "../../etc/passwd", "' OR 1=1 --", "s-" + "0" * 24, "%s%n",
+                                          "\u202e\ufeff"]),
+)
+TEXT = st.one_of(ID, huge_text(10_000, 300_000))
+INT32 = st.one_of(st.integers(-(2**31), 2**31 - 1), st.sampled_from([0, -1, 1, 1000, 1001, 2**31 - 1]))
+FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([math.nan, math.inf, -math.inf]))
+JSON_LEAF = st.one_of(st.none(), st.booleans(), FLOATS, st.integers(-(2**60), 2**60).map(float), TEXT)
+JSON = st.recursive(JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                      st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+                    max_leaves=20)
+LABELS = st.dictionaries(st.one_of(st.just(""), st.text(max_size=70), huge_text(64, 100)),
+                         st.one_of(st.text(max_size=70), huge_text(64, 100)), max_size=4)
+
+
+def to_value(obj: Any) -> struct_pb2.Value:
+    """Build a Value directly (no finiteness check), so NaN and Infinity reach the wire."""
+    v = struct_pb2.Value()
+    if obj is None:
+        v.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(obj, bool):
+        v.bool_value = obj
+    elif isinstance(obj, float):
+        v.number_value = obj
+    elif isinstance(obj, str):
+        v.string_value = obj
+    elif isinstance(obj, list):
+        v.list_value.values.extend(to_value(x) for x in obj)
+    else:
+        v.struct_value.CopyFrom(to_struct(obj))
+    return v
+
+
+def to_struct(obj: dict[str, Any]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    for k, item in obj.items():
+        s.fields[k].CopyFrom(to_value(item))
+    return s
+
+
+def has_non_finite(obj: Any) -> bool:
+    if isinstance(obj, float):
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(has_non_finite(v) for v in obj.values())
+    if isinstance(obj, list):
+        return any(has_non_finite(v) for v in obj)
+    return False
+
+
+def nested(depth: int) -> dict[str, Any]:
+    obj: dict[str, Any] = {"leaf": 1.0}
+    for _ in range(depth):
+        obj = {"a": obj}
+    return obj
+
+
+ARGS = st.one_of(st.dictionaries(st.text(max_size=20), JSON, max_size=6),
+                 st.integers(1, 25).map(nested))  # within protobuf's parse depth (see the byte-level tests)
+
+# Orchestrator credentials: (metadata, valid?)
+ORCH_MD = st.one_of(
+    st.just(("key", True)), st.just(("key", True)), st.just(("key", True)),
+    st.sampled_from([("none", False), ("wrong", False), ("agent", False), ("scheme", False), ("empty", False)]),
+)
+
+
+def orch_metadata(fx: Fixture, kind: str) -> list[tuple[str, str]]:
+    return {
+        "key": bearer(API_KEY), "none": [], "wrong": bearer("not-the-key"), "agent": bearer(
+            fx.gateway_tokens["modern"]), "scheme": [("authorization", f"Basic {API_KEY}")],
+        "empty": [("authorization", "Bearer ")],
+    }[kind]
+
+
+def run(fx: Fixture, rpc: str, call: Callable[[], Any], *, authorized: bool,
+        extra_allowed: set[grpc.StatusCode] = frozenset()) -> tuple[grpc.StatusCode, Any]:  # type: ignore[assignment]
+    audit_ = fx.stack.audit
+    try:
+        reply = call()
+        code = SC.OK
+    except grpc.RpcError as err:
+        reply = err
+        code = err.code()
+        audit_.error(f"bad_input {rpc}", err)
+    fx.count(rpc, code)
+    detail = reply.details() if isinstance(reply, grpc.RpcError) else ""
+    assert code not in NEVER, f"{rpc} answered {code.name}: {detail}"
+    if not authorized:
+        assert code == SC.UNAUTHENTICATED, f"{rpc} without valid credentials answered {code.name}"
+    else:
+        allowed = ALLOWED[rpc] | extra_allowed | {SC.OK}
+        assert code in allowed, f"{rpc} answered {code.name} ({detail}); documented: {sorted(c.name for c in allowed)}"
+    return code, reply
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Orchestrator RPCs
+
+
+def session_ids(fx: Fixture) -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(fx.victims), ID, st.just("s-ffffffffffffffffffffffff"))
+
+
+REQUEST_IDS = st.one_of(st.sampled_from(["rel-r1", "rel-r2", "rel-r3"]), huge_text(129, 400))
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_reset(fx: Fixture, data: st.DataObject) -> None:
+    # request_id is drawn from three fixed ids (or an invalid one), so at most three Resets do real work.
+    req = orchestrator_pb2.ResetRequest(
+        request_id=data.draw(REQUEST_IDS),
+        session_id=data.draw(st.one_of(st.just(""), session_ids(fx))),
+        task_key=data.draw(st.one_of(st.just(""), st.sampled_from(["mailbox-count-unread-from-kenji",
+                                                                    "no-such-task"]), ID)),
+        env_key=data.draw(st.one_of(st.just(""), st.sampled_from(["mailbox:v1", "tracker", "nope:v9", ":"]), ID)),
+        max_turns=data.draw(INT32), labels=data.draw(LABELS), run_id=data.draw(st.one_of(ID, huge_text(129, 200))),
+    )
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    code, reply = run(fx, "Reset", lambda: orch.Reset(req, timeout=RESET_TIMEOUT, metadata=orch_metadata(fx, kind)),
+                      authorized=ok)
+    if code == SC.OK:
+        fx.stack.audit.token(reply.agent_token)
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_step(fx: Fixture, data: st.DataObject) -> None:
+    calls = data.draw(st.lists(st.tuples(st.one_of(st.just(""), ID), ARGS, TEXT, st.booleans(), INT32),
+                               max_size=3))
+    req = orchestrator_pb2.StepRequest(
+        request_id=data.draw(st.one_of(st.just(""), ID)), session_id=data.draw(session_ids(fx)),
+        assistant_text=data.draw(TEXT), done=data.draw(st.booleans()),
+        tool_calls=[orchestrator_pb2.ToolCallSummary(name=n, arguments=to_struct(a), request_id=r, is_error=e,
+                                                     error_kind=k) for n, a, r, e, k in calls],
+    )
+    if data.draw(st.booleans()):
+        req.final_answer = data.draw(TEXT)
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    run(fx, "Step", lambda: orch.Step(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)), authorized=ok)
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_state(fx: Fixture, data: st.DataObject) -> None:
+    req = orchestrator_pb2.StateRequest(session_id=data.draw(session_ids(fx)),
+                                        include_tool_calls=data.draw(st.booleans()))
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    run(fx, "State", lambda: orch.State(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)), authorized=ok)
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_close(fx: Fixture, data: st.DataObject) -> None:
+    req = orchestrator_pb2.CloseRequest(session_id=data.draw(session_ids(fx)))
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    run(fx, "Close", lambda: orch.Close(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)), authorized=ok)
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_close_sessions(fx: Fixture, data: st.DataObject) -> None:
+    req = orchestrator_pb2.CloseSessionsRequest(
+        labels=data.draw(st.one_of(LABELS, st.just({"suite": "victim"}))),
+        run_id=data.draw(st.one_of(st.just(""), st.just("rel-victim"), ID)))
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    code, reply = run(fx, "CloseSessions",
+                      lambda: orch.CloseSessions(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)),
+                      authorized=ok)
+    if code == SC.OK:
+        assert req.labels or req.run_id, "CloseSessions without a filter must be INVALID_ARGUMENT"
+
+
+def _page_tokens() -> st.SearchStrategy[str]:
+    import base64
+    import json
+
+    forged = st.builds(lambda p, s: base64.urlsafe_b64encode(json.dumps({"p": p, "s": s}).encode()).decode(),
+                       st.text(max_size=20), st.text(max_size=20))
+    return st.one_of(st.just(""), ID, forged, st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode()))
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_list_tasks(fx: Fixture, data: st.DataObject) -> None:
+    req = orchestrator_pb2.ListTasksRequest(
+        env_key=data.draw(st.one_of(st.sampled_from(["", "mailbox", "tracker:v1", "x:y:z"]), ID)),
+        page_size=data.draw(INT32), page_token=data.draw(_page_tokens()))
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    code, reply = run(fx, "ListTasks",
+                      lambda: orch.ListTasks(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)),
+                      authorized=ok)
+    if code == SC.OK:
+        assert len(reply.tasks) <= (req.page_size or 100)
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_list_sessions(fx: Fixture, data: st.DataObject) -> None:
+    req = orchestrator_pb2.ListSessionsRequest(
+        status=data.draw(st.one_of(st.integers(0, 6), INT32)), labels=data.draw(LABELS),
+        run_id=data.draw(st.one_of(st.just(""), ID)), page_size=data.draw(INT32),
+        page_token=data.draw(_page_tokens()))
+    kind, ok = data.draw(ORCH_MD)
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    code, reply = run(fx, "ListSessions",
+                      lambda: orch.ListSessions(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)),
+                      authorized=ok)
+    if code == SC.OK:
+        assert len(reply.sessions) <= (req.page_size or 100)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Gateway RPCs
+
+GW_MD = st.one_of(
+    st.sampled_from(["modern", "legacy"]).map(lambda e: ("live", e)),
+    st.sampled_from(["modern", "legacy"]).map(lambda e: ("live", e)),
+    st.sampled_from(["revoked", "closed", "done", "api-key", "none", "garbage", "empty", "scheme", "huge"]).map(
+        lambda k: (k, "")),
+)
+
+
+def gateway_metadata(fx: Fixture, kind: str, era: str) -> list[tuple[str, str]]:
+    if kind == "live":
+        return bearer(fx.gateway_tokens[era])
+    if kind in fx.dead_tokens:
+        return bearer(fx.dead_tokens[kind])
+    return {"api-key": bearer(API_KEY), "none": [], "garbage": bearer("garbage-token"),
+            "empty": [("authorization", "Bearer")], "scheme": [("authorization", f"Token {fx.gateway_tokens['modern']}")],
+            "huge": bearer("t" * 4000)}[kind]
+
+
+DEAD_STATUS = {"revoked": {SC.UNAUTHENTICATED}, "closed": {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION},
+               "done": {SC.FAILED_PRECONDITION}}
+
+
+def check_gateway_auth(kind: str, code: grpc.StatusCode) -> None:
+    if kind == "live":
+        assert code != SC.UNAUTHENTICATED
+    elif kind in DEAD_STATUS:
+        assert code in DEAD_STATUS[kind], f"a {kind} token answered {code.name}"
+    else:
+        assert code == SC.UNAUTHENTICATED, f"credentials {kind!r} answered {code.name}"
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_list_tools(fx: Fixture, data: st.DataObject) -> None:
+    kind, era = data.draw(GW_MD)
+    gw = gateway_stub(fx.stack.gateway_address)
+    code, reply = run(fx, "ListTools", lambda: gw.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=CALL_TIMEOUT,
+                                                           metadata=gateway_metadata(fx, kind, era)), authorized=True)
+    check_gateway_auth(kind, code)
+    if code == SC.OK:
+        assert [t.name for t in reply.tools] == [t.name for t in fx.tools[era]]
+
+
+@settings(parent=PROFILE)
+@given(data=st.data())
+def test_call_tool(fx: Fixture, data: st.DataObject) -> None:
+    kind, era = data.draw(GW_MD)
+    era = era or "modern"
+    tools = fx.tools[era]
+    name = data.draw(st.one_of(st.sampled_from([t.name for t in tools]), st.just(""), ID))
+    spec = next((t for t in tools if t.name == name), None)
+    props = list(spec.input_schema.fields["properties"].struct_value.fields) if spec else []
+    keys = st.one_of(st.sampled_from(props), st.text(max_size=12)) if props else st.text(max_size=12)
+    args = data.draw(st.one_of(st.dictionaries(keys, JSON, max_size=5), ARGS))
+    request_id = data.draw(st.one_of(st.just(""), st.text(max_size=20), huge_text(129, 300)))
+    req = toolgateway_pb2.CallToolRequest(request_id=request_id, name=name, arguments=to_struct(args))
+    gw = gateway_stub(fx.stack.gateway_address)
+    code, reply = run(fx, "CallTool", lambda: gw.CallTool(req, timeout=CALL_TIMEOUT,
+                                                         metadata=gateway_metadata(fx, kind, era)), authorized=True)
+    check_gateway_auth(kind, code)
+    if kind == "live" and name and len(request_id) <= 128 and has_non_finite(args):
+        assert code == SC.INVALID_ARGUMENT, f"non-finite arguments answered {code.name}"
+    if code == SC.OK and spec is None and not reply.replayed:
+        assert reply.result.is_error
+        assert reply.result.error_kind == common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Byte-level abuse, once per RPC
+
+ORCH_RPCS = ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"]
+GW_RPCS = ["ListTools", "CallTool"]
+ALL_RPCS = [("OrchestratorService", r) for r in ORCH_RPCS] + [("ToolGatewayService", r) for r in GW_RPCS]
+
+
+def raw_call(fx: Fixture, service: str, rpc: str, payload: bytes) -> grpc.StatusCode:
+    address = fx.stack.orchestrator_address if service == "OrchestratorService" else fx.stack.gateway_address
+    md = bearer(API_KEY) if service == "OrchestratorService" else bearer(fx.gateway_tokens["modern"])
+    with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)]) as channel:
+        method = channel.unary_unary(f"/rlgate.v1.{service}/{rpc}")
+        try:
+            method(payload, timeout=CALL_TIMEOUT, metadata=md)
+        except grpc.RpcError as err:
+            fx.stack.audit.error(f"raw {rpc}", err)
+            return err.code()  # type: ignore[no-any-return]
+    return SC.OK
+
+
+def deep_step_bytes(depth: int) -> bytes:
+    req = orchestrator_pb2.StepRequest(session_id="s-nope", tool_calls=[orchestrator_pb2.ToolCallSummary(name="a")])
+    req.tool_calls[0].arguments.CopyFrom(to_struct(nested(depth)))
+    return req.SerializeToString()
+
+
+@pytest.mark.parametrize(("service", "rpc"), ALL_RPCS)
+def test_oversized_message_is_resource_exhausted(fx: Fixture, service: str, rpc: str) -> None:
+    size = MAX_RECEIVE + 1024
+    payload = b"\x0a" + _VarintBytes(size) + b"a" * size  # field 1, length-delimited
+    assert raw_call(fx, service, rpc, payload) == SC.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize(("service", "rpc"), ALL_RPCS)
+def test_another_rpcs_message_is_a_documented_status(fx: Fixture, service: str, rpc: str) -> None:
+    wrong = orchestrator_pb2.StepRequest(session_id="x", assistant_text="y", done=True,
+                                         tool_calls=[orchestrator_pb2.ToolCallSummary(name="z")]).SerializeToString()
+    code = raw_call(fx, service, rpc, wrong)
+    assert code in ALLOWED[rpc] | {SC.OK}, code.name
+
+
+@pytest.mark.parametrize(("service", "rpc"), ALL_RPCS)
+def test_corrupt_protobuf_is_invalid_argument(fx: Fixture, service: str, rpc: str) -> None:
+    """Bytes that do not parse (a truncated varint, an over-deep Struct) are the caller's mistake."""
+    assert raw_call(fx, service, rpc, b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff") == SC.INVALID_ARGUMENT
+    deep = deep_step_bytes(60)  # 60 nested objects: past protobuf's parse depth of 100 messages
+    assert raw_call(fx, service, rpc, deep) == SC.INVALID_ARGUMENT
+
+
+HUGE_ID = "s-" + "x" * 20_000
+
+
+@pytest.mark.parametrize(("rpc", "message"), [
+    ("State", orchestrator_pb2.StateRequest(session_id=HUGE_ID)),
+    ("Close", orchestrator_pb2.CloseRequest(session_id=HUGE_ID)),
+    ("Step", orchestrator_pb2.StepRequest(session_id=HUGE_ID)),
+    ("Reset", orchestrator_pb2.ResetRequest(session_id=HUGE_ID)),
+    ("Reset", orchestrator_pb2.ResetRequest(task_key=HUGE_ID)),
+], ids=["State", "Close", "Step", "Reset-session", "Reset-task"])
+def test_huge_unknown_ids_are_not_echoed(fx: Fixture, rpc: str, message: Any) -> None:
+    """A 20 kB unknown id is NOT_FOUND, and the error does not echo it whole: an echo overflows the
+    caller's metadata limit (16 kB), which then sees RESOURCE_EXHAUSTED 'Stream removed' instead."""
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    try:
+        getattr(orch, rpc)(message, timeout=CALL_TIMEOUT, metadata=bearer(API_KEY))
+        code, detail = SC.OK, ""
+    except grpc.RpcError as err:
+        fx.stack.audit.error(f"huge id {rpc}", err)
+        code, detail = err.code(), err.details() or ""
+    assert (code.name, len(detail) <= 2048) == ("NOT_FOUND", True), f"{code.name}: {detail[:200]}"
+
+
+def test_servers_healthy_and_store_consistent(fx: Fixture, figures: Figures) -> None:
+    """After everything above: every service SERVING and the store's invariants hold."""
+    import asyncio
+
+    assert fx.stack.healthy() == {"orchestrator": True, "toolgateway": True, "localfleet": True}
+
+    async def problems() -> list[str]:
+        store = await open_store(fx.stack.store_url)
+        try:
+            return await store.check_invariants()
+        finally:
+            await store.close()
+
+    found = asyncio.run(problems())
+    figures.record("bad_input", "store_invariant_problems", len(found))
+    assert found == []
+    started = time.perf_counter()
+    assert orchestrator_stub(fx.stack.orchestrator_address).ListTasks(
+        orchestrator_pb2.ListTasksRequest(), timeout=CALL_TIMEOUT, metadata=bearer(API_KEY)).total > 0
+    figures.record("bad_input", "list_tasks_after_ms", round((time.perf_counter() - started) * 1000, 1))
