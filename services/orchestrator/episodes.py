@@ -228,8 +228,10 @@ class EpisodeManager:
         await self._admit_session()
         handle: InstanceHandle | None = None
         intent: Intent | None = None
+        claimed = ""
         try:
             handle, intent, reused = await self._acquire(env_key, task, deadline)
+            claimed = intent.intent_id if intent is not None and reused else ""
             handle, intent = await self._reset_instance(handle, intent, reused, env_key, task, deadline)
             tool_filter = {"modality": modality}
             tools = await self.tools.get(env_key, handle.endpoints, tool_filter,
@@ -254,6 +256,7 @@ class EpisodeManager:
                                                               intent.intent_id if intent else ""))
             raise
         finally:
+            self.pool.settled(claimed)
             self._reserved -= 1
             if self._reserved == 0:
                 self._no_creations.set()

@@ -55,6 +55,7 @@ class WarmPool:
         self._filling: dict[str, int] = dict.fromkeys(self.targets, 0)
         self._wake = asyncio.Event()
         self._closed = False
+        self._claimed: set[str] = set()  # intents handed out, not yet bound to a session or released
 
     def size(self, env_key: str) -> int:
         return len(self._idle.get(env_key, ()))
@@ -63,7 +64,13 @@ class WarmPool:
         return [e.handle.instance_id for q in self._idle.values() for e in q]
 
     def intent_ids(self) -> set[str]:
-        return {e.intent.intent_id for q in self._idle.values() for e in q}
+        """Intents this pool still answers for: idle entries and hand-outs not yet settled (reconciliation
+        keeps their instances)."""
+        return {e.intent.intent_id for q in self._idle.values() for e in q} | self._claimed
+
+    def settled(self, intent_id: str) -> None:
+        """A handed-out instance is now bound to a session (or released)."""
+        self._claimed.discard(intent_id)
 
     def _gauge(self, env_key: str) -> None:
         metrics.POOL_SIZE.labels(env_key).set(self.size(env_key))
@@ -75,9 +82,11 @@ class WarmPool:
             entry = queue.popleft()
             self._gauge(env_key)
             self._wake.set()
+            self._claimed.add(entry.intent.intent_id)
             if await self._provider.health(entry.handle, timeout_s=self._config.health_timeout_s):
                 metrics.POOL_HITS.labels("hit").inc()
                 return entry
+            self._claimed.discard(entry.intent.intent_id)
             log.warning("pool instance %s failed its health check; deleting", entry.handle.instance_id)
             await self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id)
         if env_key in self.targets:

@@ -142,9 +142,10 @@ async def run_episode(client: AsyncClient, solution: Solution, index: int, outco
                                                        error_kind=reply.result.error_kind)
             step = await ep.step(assistant_text=render_assistant_turn([call]), tool_calls=[summary])
             assert not step.done, f"{solution.task_key}: ended early ({step.done_reason})"
+            assert step.turn == i + 1, f"{outcome.session_id}: turn {i + 1} counted as {step.turn}"
             await asyncio.sleep(0.05 * (index % 3))  # spread the turns over time
         final = await ep.turn(render_assistant_turn([], solution.final_answer, done=True))
-        assert final.done
+        assert final.done and final.turn == len(solution.calls) + 1, final.step
         outcome.reward = final.reward
         outcome.verification = final.verification_status
     return outcome
