@@ -494,13 +494,17 @@ class EpisodeManager:
         if pool_ok and self.config.pool_on_close and session.env_key in self.pool.targets:
             intent = Intent(intent_id=session.intent_id, run_id=self.config.run_id, env_key=session.env_key,
                             instance_id=session.instance_id)
+            self.pool.claim(intent.intent_id)
             try:
+                await self.provisioner.set_intent(intent.intent_id, IntentState.POOLED)
                 await self.provider.reset(handle, timeout_s=self.config.reset_timeout_s)
                 if await self.pool.put_back(PoolEntry(handle, intent)):
                     log.info("instance %s returned to the %s pool", handle.instance_id, session.env_key)
                     return
             except ResetFailed as exc:
                 log.info("instance %s not pooled: %s", handle.instance_id, exc)
+            finally:
+                self.pool.settled(intent.intent_id)
         await self.provisioner.release(session.instance_id, session.intent_id)
 
     async def expire(self, session_id: str, reason: str,

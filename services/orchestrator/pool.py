@@ -68,6 +68,10 @@ class WarmPool:
         keeps their instances)."""
         return {e.intent.intent_id for q in self._idle.values() for e in q} | self._claimed
 
+    def claim(self, intent_id: str) -> None:
+        """An instance on its way into this pool (being reset after Close): keep it through reconciliation."""
+        self._claimed.add(intent_id)
+
     def settled(self, intent_id: str) -> None:
         """A handed-out instance is now bound to a session (or released)."""
         self._claimed.discard(intent_id)
@@ -99,6 +103,7 @@ class WarmPool:
         if self._closed or queue is None or len(queue) >= self.targets[entry.handle.env_key]:
             return False
         await self._provisioner.set_intent(entry.intent.intent_id, IntentState.POOLED)
+        self._claimed.discard(entry.intent.intent_id)
         queue.append(entry)
         self._gauge(entry.handle.env_key)
         return True

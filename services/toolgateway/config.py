@@ -19,7 +19,8 @@ class GatewayConfig:
                                     "Upstream call timeout when the caller sets no gRPC deadline")
     max_output_bytes: int = setting(262144, "RLGATE_MAX_OUTPUT_BYTES", "Tool output above this is truncated")
     client_idle_s: float = setting(300.0, "RLGATE_CLIENT_IDLE_S", "Close upstream MCP clients idle this long")
-    tools_refresh_s: float = setting(300.0, "RLGATE_TOOLS_REFRESH_S", "Refresh cached tool lists this often")
+    tools_refresh_s: float = setting(300.0, "RLGATE_TOOLS_REFRESH_S",
+                                     "Maximum age of a cached tool list (re-listed on next use)")
     upstream_timeout_s: float = setting(30.0, "RLGATE_UPSTREAM_TIMEOUT_S",
                                         "MCP handshake and tools/list timeout per upstream endpoint")
     connect_timeout_s: float = setting(10.0, "RLGATE_UPSTREAM_CONNECT_TIMEOUT_S", "TCP/TLS connect timeout upstream")

@@ -281,3 +281,21 @@ async def test_instances_are_tagged_and_heartbeats_keep_them_alive(
     # Without rlgate (loops gone, store gone) the instance dies on its own.
     await orch.handle.orchestrator.stop()
     await eventually(lambda: instances_of(lf, orch.config.run_id) == [], 15, "instance expired by heartbeat")
+
+
+async def test_reconcile_keeps_a_pool_instance_being_handed_out(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    """Regression: between hand-out and the session's registration the instance is in neither the idle pool
+    nor a session; reconciliation must not take it for an orphan."""
+    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1",
+                                                           reconcile_interval_s=3600))
+    pool = orch.handle.orchestrator.pool
+    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
+    entry = await pool.take("mailbox:v1")
+    assert entry is not None
+    report = await orch.handle.orchestrator.reconciler.run_once()
+    assert report.orphans_deleted == 0
+    assert entry.handle.instance_id in {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
+    pool.settled(entry.intent.intent_id)
+    await orch.handle.orchestrator.provisioner.release(entry.handle.instance_id, entry.intent.intent_id)

@@ -138,10 +138,6 @@ class Run:
         fields: dict[str, Any] = {"final_answer": self.final} if self.final is not None else {"done": True}
         return await self.client.step(self.session_id, request_id=rid(), timeout=60.0, **fields)
 
-    def ran_twice(self) -> bool:
-        """More upstream tool executions than distinct request ids sent."""
-        delta = self.stack.admin.env_counter(self.env_id, "tool_calls") - self.tool_calls_before
-        return delta > len(self.sent)
 
     async def log_ids_unique(self) -> bool:
         state = await self.client.state(self.session_id, include_tool_calls=True)
@@ -153,6 +149,18 @@ class Run:
             await self.client.close_session(self.session_id, timeout=30.0)
 
 
+def ran_twice(runs: list[Run]) -> bool:
+    """More upstream tool executions (localfleet's counter, per environment, since the first run started)
+    than distinct request ids the runs sent."""
+    for env_id in {r.env_id for r in runs}:
+        mine = [r for r in runs if r.env_id == env_id]
+        before = min(r.tool_calls_before for r in mine)
+        sent = set().union(*(r.sent for r in mine))
+        if mine[0].stack.admin.env_counter(env_id, "tool_calls") - before > len(sent):
+            return True
+    return False
+
+
 async def finish(outcome: Outcome, runs: list[Run], stack: AuditedStack, figures: Figures,
                  step: orchestrator_pb2.StepResponse | None) -> Outcome:
     """Fill the common columns, close everything, count instances left, record the row."""
@@ -160,7 +168,7 @@ async def finish(outcome: Outcome, runs: list[Run], stack: AuditedStack, figures
         outcome.completed = step.done and step.verification.status == common_pb2.VERIFICATION_STATUS_OK
         outcome.reward = step.reward if step.HasField("reward") else None
     unique = [await r.log_ids_unique() for r in runs if r.reset is not None]
-    outcome.tool_ran_twice = any(r.ran_twice() for r in runs) or not all(unique)
+    outcome.tool_ran_twice = ran_twice(runs) or not all(unique)
     for r in runs:
         await r.close()
     stack.admin.clear_faults()

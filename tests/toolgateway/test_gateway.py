@@ -15,12 +15,15 @@ from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
 from rlgate.store import SessionStatus, SessionStore
+from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.ports import free_port
 from tests.toolgateway.conftest import (
     ERA_HANDSHAKE,
     AgentSession,
+    create_instance,
     gateway_config,
     make_session,
     new_localfleet,
@@ -341,3 +344,20 @@ async def test_idle_clients_close_and_reconnect(store: SessionStore, fleet: Loca
             assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"
     finally:
         await handle.stop(grace=0)
+
+
+async def test_discover_tools_for_the_orchestrator(fleet: LocalfleetProcess, era: str) -> None:
+    inst = create_instance(fleet, era)
+    endpoints = [inst["urls"]["mcp"]["api"], inst["urls"]["mcp"]["aggregator"]]
+    cat = await discover_tools(endpoints, timeout=15, tool_filter={"modality": "tool_use"})
+    assert cat.names() == APP_TOOLS and not cat.dropped
+    assert [s.endpoint for s in cat.specs()] == [endpoints[0]] * len(APP_TOOLS)
+    screen = await discover_tools(endpoints, timeout=15, modality="computer_use")
+    assert [(t.name, t.endpoint) for t in screen.tools] == [("computer", endpoints[1])]
+    fleet.set_faults({"environments": {era: {"mcp_404": True}}})
+    cat = await discover_tools(endpoints, timeout=15, tool_filter={"modality": "tool_use"})
+    assert cat.names() == APP_TOOLS and list(cat.dropped) == [endpoints[0]]
+    assert all(s.endpoint == endpoints[1] for s in cat.specs())
+    dead = f"http://127.0.0.1:{free_port()}/mcp"
+    with pytest.raises(UpstreamUnavailable):
+        await discover_tools([endpoints[1], dead], timeout=5)

@@ -93,7 +93,7 @@ def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
         calls.extend(retry.tool_calls)
         errors.extend(retry.errors if retry.tool_calls or retry.errors else [unparsed.error])
     # Calls the renderer left in the text (formats it does not parse) are found by the lenient parse.
-    calls.extend(c for c in turn.tool_calls if c not in calls)
+    calls.extend([c for c in turn.tool_calls if c not in calls])
     errors.extend(turn.errors)
     full_text = "\n".join([text, *(protocol.render_tool_call(c) for c in calls)]) if calls else text
     return full_text, protocol.ParsedTurn(

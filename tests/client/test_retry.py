@@ -1,0 +1,94 @@
+"""RetryState decisions without a server: which codes each RPC retries, attempt and deadline bounds, and
+a server's RetryInfo delay."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+import rlgate
+from rlgate.retry import RetryPolicy, RetryState
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, trailing: tuple[tuple[str, bytes], ...] = ()) -> None:
+        self._code, self._trailing = code, trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return f"fake {self._code.name}"
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        return self._trailing
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _state(method: str, *, timeout: float | None = 10.0, **policy: object) -> RetryState:
+    return RetryState(method, RetryPolicy(jitter=0.0, **policy), timeout=timeout, clock=Clock())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["Reset", "Step", "State", "Close", "ListTools", "CallTool"])
+def test_unavailable_is_retried_everywhere(method: str) -> None:
+    state = _state(method)
+    state.attempt_timeout()
+    assert state.on_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE)) == pytest.approx(0.1)
+    state.attempt_timeout()
+    assert state.on_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE)) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(("method", "retried"), [("Reset", True), ("Step", True), ("CallTool", False)])
+def test_attempt_deadline_is_retried_except_for_call_tool(method: str, retried: bool) -> None:
+    state = _state(method, attempt_timeout=1.0)
+    assert state.attempt_timeout() == 1.0
+    error = FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED)
+    if retried:
+        assert state.on_error(error) > 0
+    else:
+        with pytest.raises(rlgate.DeadlineExceeded):
+            state.on_error(error)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED],
+)
+def test_caller_errors_are_never_retried(code: grpc.StatusCode) -> None:
+    state = _state("Reset")
+    state.attempt_timeout()
+    with pytest.raises(rlgate.RlgateError) as info:
+        state.on_error(FakeRpcError(code))
+    assert info.value.code == code
+
+
+def test_the_deadline_bounds_attempts_and_sleeps() -> None:
+    clock = Clock()
+    state = RetryState("Reset", RetryPolicy(jitter=0.0, initial_backoff=1.0), timeout=2.5, clock=clock)
+    assert state.attempt_timeout() == 2.5
+    clock.now = 1.0
+    assert state.on_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE)) == 1.0
+    clock.now = 2.0
+    assert state.attempt_timeout() == pytest.approx(0.5)
+    with pytest.raises(rlgate.Unavailable):  # the next sleep (2 s) would pass the deadline
+        state.on_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE))
+
+
+def test_server_retry_info_sets_a_minimum_delay() -> None:
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=3))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message="fake UNAVAILABLE", details=[detail])
+    error = FakeRpcError(grpc.StatusCode.UNAVAILABLE, (("grpc-status-details-bin", status.SerializeToString()),))
+    state = _state("Step", timeout=60.0)
+    state.attempt_timeout()
+    assert state.on_error(error) == pytest.approx(3.0)
