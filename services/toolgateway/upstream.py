@@ -497,9 +497,6 @@ class UpstreamPool:
         fresh = self._sessions[session_id] = SessionUpstreams(session_id, endpoints, self)
         return fresh
 
-    def sessions(self) -> list[str]:
-        return list(self._sessions)
-
     def open_clients(self) -> int:
         return sum(s.connected_count() for s in self._sessions.values())
 

@@ -299,3 +299,56 @@ async def test_reconcile_keeps_a_pool_instance_being_handed_out(
     assert entry.handle.instance_id in {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
     pool.settled(entry.intent.intent_id)
     await orch.handle.orchestrator.provisioner.release(entry.handle.instance_id, entry.intent.intent_id)
+
+
+def _self_signed(tmp_path: Path) -> tuple[str, str, bytes]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                         serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), pem
+
+
+async def test_tls(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], tmp_path: Path) -> None:
+    cert, key, pem = _self_signed(tmp_path)
+    orch: Running = await orchestrator_factory(fast_config(lf, tls_cert=cert, tls_key=key))
+    creds = grpc.ssl_channel_credentials(root_certificates=pem)
+    async with grpc.aio.secure_channel(f"localhost:{orch.handle.port}", creds) as channel:
+        listed = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).ListTasks(
+            orchestrator_pb2.ListTasksRequest(page_size=1), timeout=10)
+    assert listed.total > 0
+
+
+async def test_handoff_shutdown_leaves_sessions_to_the_next_replica(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore,
+) -> None:
+    config = fast_config(lf, shutdown_mode="handoff")
+    first: Running = await orchestrator_factory(config)
+    reset = await first.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    await first.handle.stop()
+    s = await store.get_session(reset.session_id)
+    assert s is not None and s.status == SessionStatus.ACTIVE  # handed back, not closed
+    second: Running = await orchestrator_factory(config)
+    report = await second.handle.orchestrator.reconciler.run_once()
+    assert report.orphans_deleted == 0
+    step = await second.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
+                                  timeout=60)
+    assert step.reward == 1.0
+    await second.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
+    assert instances_of(lf, config.run_id) == []

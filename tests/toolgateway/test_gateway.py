@@ -17,7 +17,8 @@ from rlgate.convert import struct_from_dict
 from rlgate.store import SessionStatus, SessionStore
 from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
-from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
+from rlgate.v1 import common_pb2, toolgateway_pb2
+from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.ports import free_port
 from tests.toolgateway.conftest import (
@@ -31,7 +32,7 @@ from tests.toolgateway.conftest import (
 from tests.toolgateway.envs import PNG
 
 Kind = common_pb2.ToolErrorKind
-Stub = toolgateway_pb2_grpc.ToolGatewayServiceStub
+
 APP_TOOLS = ["add", "where", "sleep", "fail", "big", "picture", "hang"]
 
 

@@ -148,11 +148,16 @@ class FleetProvider(Provider):
     # -- tasks ------------------------------------------------------------------------------------------
     async def load_tasks(self, *, timeout_s: float) -> list[TaskDef]:
         async def fetch() -> list[TaskDef]:
-            # The raw listing keeps fields the SDK's TaskResponse drops (task_modality, max_turns).
-            response = await self._fleet.client.request("GET", "/v1/tasks")
-            body = response.json()
-            items = body.get("tasks", []) if isinstance(body, dict) else body
-            return [await self.parse_task(item) for item in items]
+            out = []
+            for sdk_task in await self._fleet.load_tasks():  # GET /v1/tasks, verifiers built by the SDK
+                task = task_from_json({
+                    "key": sdk_task.key, "prompt": sdk_task.prompt, "env_id": sdk_task.env_id,
+                    "version": sdk_task.version, "metadata": sdk_task.metadata or {},
+                    "env_variables": sdk_task.env_variables or {}, "verifier_code": sdk_task.verifier_func or "",
+                })  # modality and max_turns ride in metadata (TaskResponse has no field for them)
+                task.sdk_task = sdk_task
+                out.append(task)
+            return out
 
         return await self._call("load tasks", fetch, timeout_s, attempts=3)
 

@@ -1,0 +1,113 @@
+"""Where the services spend their CPU under a benchmark's load: py-spy on the orchestrator and gateway.
+
+    python -m bench.profile step|calltool|turn [--seconds 15] [--out DIR]
+
+Starts a fresh local stack, drives 16-way load of one kind (Step on 16 sessions; CallTool on one session;
+turns = CallTool + Step on 16 sessions), samples both service processes with `py-spy record` (raw
+collapsed stacks aggregated by function, on-CPU samples only) and prints the top frames by own time and
+by inclusive time.
+py-spy is not a project dependency: `.venv/bin/pip install -c constraints.txt py-spy` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.fixtures import BENCH_DIR, BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, Session, service_pids
+from bench.harness import closed_loop, format_table
+
+SCENARIOS = ("step", "calltool", "turn")
+CONCURRENT = 16
+# Frames on (nearly) every stack say nothing about where the time goes: process/loop/thread plumbing.
+_PLUMBING = re.compile(r"\((threading\.py|<frozen runpy>|asyncio/(runners|base_events|events)\.py|click/|"
+                       r"rlgate/cli\.py|runtime/config\.py|concurrent/futures/thread\.py|contextlib\.py)"
+                       r"|^run \(\w+/server\.py")
+
+
+def hot_spots(collapsed: str, top: int = 15) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """(own-time, inclusive-time) shares of the top frames in py-spy's raw (collapsed) output."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    if total == 0:
+        return [], []
+    ranked = [(f, n / total) for f, n in inclusive.most_common() if not _PLUMBING.search(f)]
+    return [(f, n / total) for f, n in own.most_common(top)], ranked[:top]
+
+
+async def record(pid: int, seconds: int, out: Path) -> str:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    proc = await asyncio.create_subprocess_exec(
+        py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200", "--format", "raw",
+        "--function", "--nonblocking", "--output", str(out),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    log, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"py-spy record failed ({proc.returncode}): {log.decode(errors='replace')[-800:]}")
+    return await asyncio.to_thread(out.read_text)
+
+
+async def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__)
+    parser.add_argument("scenario", choices=SCENARIOS)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=None, help="where the raw profiles go (default bench/out/...)")
+    args = parser.parse_args(argv)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    out = args.out or BENCH_DIR / "out" / f"profile-{args.scenario}-{stamp}"
+    ctx = BenchContext(quick=True, out_dir=out)
+    env_key = ERA_ENV["modern"]
+    call = BENCH_TOOLS[env_key]
+    try:
+        stack = await ctx.stack()
+        pids = service_pids(stack, "orchestrator", "toolgateway")
+        async with Rlgate(stack) as rl:
+            sessions: list[Session] = [await rl.reset(env_key) for _ in range(CONCURRENT)]
+
+            async def op(slot: int) -> None:
+                session = sessions[0 if args.scenario == "calltool" else slot]
+                if args.scenario != "step":
+                    await rl.call_tool(session, call)
+                if args.scenario != "calltool":
+                    await rl.step(session, call)
+
+            await closed_loop(op, 200, CONCURRENT)  # warm-up
+            load = asyncio.create_task(closed_loop(op, 10_000_000, CONCURRENT, duration_s=args.seconds + 3))
+            profiles = await asyncio.gather(*(record(pid, args.seconds, out / f"{name}.txt")
+                                              for name, pid in pids.items()))
+            stats = await load
+        print(f"{args.scenario}: {stats.per_s:.0f} ops/s at concurrency {CONCURRENT}, p50 {stats.p50_ms:.1f} ms "
+              f"(while sampled)")
+        for name, collapsed in zip(pids, profiles, strict=True):
+            own, inclusive = hot_spots(collapsed)
+            print(f"\n{name}: top frames by own time")
+            print(format_table(["share", "frame"], [[f"{share:.1%}", frame] for frame, share in own]))
+            print(f"\n{name}: top frames by inclusive time (loop/thread plumbing left out)")
+            print(format_table(["share", "frame"], [[f"{share:.1%}", frame] for frame, share in inclusive]))
+        print(f"\nraw profiles in {out}")
+    finally:
+        await ctx.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
