@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from bench.fixtures import BENCH_DIR, BenchContext, machine_info
 from bench.harness import SUMMARY_HEADERS, Entry, describe, failed, format_table, merge_results, summary_rows
@@ -39,6 +41,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mode.add_argument("--full", action="store_true", help="full sizes")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     parser.add_argument("--results", type=Path, default=BENCH_DIR / "results.json", help="results file to merge")
+    parser.add_argument("--table", action="store_true",
+                        help="print the summary table of the results file (Markdown) and run nothing")
     args = parser.parse_args(argv)
     args.names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
@@ -62,8 +66,28 @@ async def run_one(name: str, ctx: BenchContext, limit_s: float) -> list[Entry]:
         await ctx.close()
 
 
+def table_from_results(results: dict[str, Any]) -> str:
+    """The summary table of a results.json (headline rows, then one row per further goal)."""
+    rows: list[list[Any]] = []
+    for name, e in results.items():
+        if name.startswith("_") or not isinstance(e, dict):
+            continue
+        if e.get("error") and e.get("value") is None:
+            rows.append([name, None, None, None, e.get("unit", ""), e.get("goal", "-"), f"FAILED: {e['error'][:60]}"])
+            continue
+        rows.append([name, e.get("value"), e.get("baseline"), e.get("ratio"), e.get("unit", ""),
+                     e.get("goal", "-"), e.get("met", "-")])
+        for goal, met in e.get("other_goals", {}).items():
+            metric = goal.split(" ", 1)[0]
+            rows.append([f"  {name}", e.get(metric), "", "", "", goal, met])
+    return format_table(SUMMARY_HEADERS, rows)
+
+
 async def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.table:
+        print(table_from_results(json.loads(await asyncio.to_thread(args.results.read_text))))
+        return 0
     mode = "full" if args.full else "quick"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     ctx = BenchContext(quick=mode == "quick", out_dir=BENCH_DIR / "out" / f"{mode}-{stamp}")

@@ -71,7 +71,7 @@ class BenchContext:
     @property
     def duration_s(self) -> float:
         """Time budget of one measured path in one round (fewer samples on a slow machine, same wall time)."""
-        return 2.5 if self.quick else 10.0
+        return 2.0 if self.quick else 10.0
 
     async def stack(self, name: str = "default", **settings: Any) -> LocalStack:
         """A running local stack, started on first use with `settings` (StackSettings fields)."""

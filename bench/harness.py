@@ -281,12 +281,14 @@ def fmt(x: Any) -> str:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain-text table (also valid Markdown) with every cell passed through `fmt`."""
+    """A plain-text table (also valid Markdown): numbers right-aligned, text left-aligned, cells via `fmt`."""
     cells = [[fmt(c) for c in row] for row in rows]
+    numeric = [[isinstance(c, int | float) and not isinstance(c, bool) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = ["| " + " | ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    body = ["| " + " | ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, n, strict=True))
+            + " |" for r, n in zip(cells, numeric, strict=True)]
     return "\n".join([line, rule, *body])
 
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
+from rlgate.convert import struct_from_dict
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.deadline import Deadline
@@ -23,7 +24,6 @@ from rlgate.orchestrator.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    OrchestratorError,
     ResourceExhausted,
     Unavailable,
 )
@@ -384,8 +384,6 @@ class EpisodeManager:
             "root_url": session.instance.get("root_url", ""), "mcp_endpoints": list(session.endpoints),
             "env_variables": env_variables,
         }
-        from rlgate.convert import struct_from_dict
-
         response.info.CopyFrom(struct_from_dict(info))
         return response
 
@@ -583,4 +581,4 @@ def _status_value(status: str) -> common_pb2.SessionStatus.ValueType:
     return common_pb2.SessionStatus.Value(f"SESSION_STATUS_{status.upper()}")
 
 
-__all__ = ["EpisodeManager", "OrchestratorError", "ResetParams", "session_id_for_request"]
+__all__ = ["EpisodeManager", "ResetParams", "session_id_for_request"]

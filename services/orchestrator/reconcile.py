@@ -18,7 +18,7 @@ from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import EpisodeManager
 from rlgate.orchestrator.pool import WarmPool
-from rlgate.orchestrator.providers.base import Provider, ProviderError
+from rlgate.orchestrator.providers.base import Provider
 from rlgate.orchestrator.provisioning import Provisioner, intent_owner
 from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionStore
 
@@ -138,4 +138,4 @@ class Reconciler:
             log.debug("could not release the reconcile lease", exc_info=True)
 
 
-__all__ = ["ProviderError", "ReconcileReport", "Reconciler"]
+__all__ = ["ReconcileReport", "Reconciler"]

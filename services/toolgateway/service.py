@@ -157,8 +157,6 @@ class ToolGateway:
             cat = await asyncio.wait_for(ups.catalog(timeout_s, refresh=refresh), deadline.remaining())
         except TimeoutError:
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while listing tools") from None
-        for url, reason in cat.catalog.dropped.items():
-            log.info("endpoint %s dropped: %s", url, reason)
         if cat.unavailable:
             if not cat.catalog.tools:
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE,

@@ -316,6 +316,8 @@ class EndpointClient:
             return
         exc = ready.exception()
         if isinstance(exc, EndpointNotFound):
+            if not self.not_found:
+                log.info("endpoint dropped from the session's tools: %s", exc)
             self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
         elif exc is None:
             self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
@@ -431,6 +433,7 @@ class SessionUpstreams:
         self.clients = {url: EndpointClient(url, pool) for url in self.endpoints}
         self.last_used = time.monotonic()
         self.last_forced_refresh = 0.0
+        self.in_flight = 0  # calls running now: a long call keeps the session from idling out
 
     async def catalog(self, timeout_s: float, *, refresh: bool = False) -> SessionCatalog:
         self.last_used = time.monotonic()
@@ -453,9 +456,11 @@ class SessionUpstreams:
 
     async def call(self, endpoint: str, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
         self.last_used = time.monotonic()
+        self.in_flight += 1
         try:
             return await self.clients[endpoint].call(name, arguments, timeout_s)
         finally:
+            self.in_flight -= 1
             self.last_used = time.monotonic()
 
     def connected_count(self) -> int:
@@ -516,7 +521,7 @@ class UpstreamPool:
             now = time.monotonic()
             for sid, ups in list(self._sessions.items()):
                 try:
-                    idle = now - ups.last_used > self.settings.client_idle_s
+                    idle = ups.in_flight == 0 and now - ups.last_used > self.settings.client_idle_s
                     if idle or not await still_open(sid):
                         log.info("closing upstream clients of session %s (%s)", sid, "idle" if idle else "closed")
                         if self._sessions.get(sid) is ups:

@@ -349,3 +349,15 @@ async def test_list_tasks_and_sessions_page(orch: Running) -> None:
     assert list(active.sessions) == []
     c = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=ids[0]), timeout=10)
     assert c.already_closed and c.status == common_pb2.SESSION_STATUS_CLOSED
+
+
+async def test_retry_after_the_request_record_is_gone_converges_on_the_session(
+    lf: LocalfleetProcess, orch: Running, store: SessionStore,
+) -> None:
+    req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="pruned-1")
+    first = await orch.stub.Reset(req, timeout=60)
+    assert await store.prune(0.0, time.time() + 1) >= 1  # retention dropped the DONE request record
+    again = await orch.stub.Reset(req, timeout=60)
+    assert again.session_id == first.session_id  # derived from the request id: no second instance
+    assert again.agent_token != first.agent_token  # the first token was never delivered: rotate it
+    assert len(instances_of(lf, orch.config.run_id)) == 1

@@ -352,3 +352,26 @@ async def test_handoff_shutdown_leaves_sessions_to_the_next_replica(
     assert step.reward == 1.0
     await second.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
     assert instances_of(lf, config.run_id) == []
+
+
+async def test_slow_provisioning_does_not_block_other_rpcs(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+) -> None:
+    orch: Running = await orchestrator_factory(fast_config(lf))
+    ready = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, max_turns=100), timeout=60)
+    lf.set_faults({"environments": {"mailbox": {"create_delay_s": 3.0}}})
+
+    async def slow_reset() -> orchestrator_pb2.ResetResponse:
+        return await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+
+    creates = [asyncio.create_task(slow_reset()) for _ in range(5)]
+    await asyncio.sleep(0.5)
+    worst = 0.0
+    for _ in range(10):
+        start = time.monotonic()
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=ready.session_id), timeout=10)
+        await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=1), timeout=10)
+        worst = max(worst, time.monotonic() - start)
+    assert not any(c.done() for c in creates)  # the creates are still in flight ...
+    assert worst < 1.0  # ... and the event loop keeps serving
+    assert len({r.session_id for r in await asyncio.gather(*creates)}) == 5

@@ -212,3 +212,72 @@ async def test_verifier_skips_tasks_without_scoring() -> None:
     assert outcome.status == "skipped" and provider.calls == 0
     outcome = await Verifier(provider, timeout_s=1, retries=0).run(None, InstanceHandle("i", "e"), None)
     assert outcome.status == "skipped"
+
+
+class _RejectingProvider(_ScriptedProvider):
+    """create() fails with a scripted error each time (the provisioner's policy is under test)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__([])
+        self.error = error
+        self.creates = 0
+
+    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
+                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+        self.creates += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(("error", "code", "reason"), [
+    (RateLimited("429"), grpc.StatusCode.UNAVAILABLE, "RATE_LIMITED"),
+    (Retryable("503 placement"), grpc.StatusCode.UNAVAILABLE, "PROVIDER_UNAVAILABLE"),
+    (InstanceLimit("limit", 10, 10), grpc.StatusCode.RESOURCE_EXHAUSTED, "INSTANCE_LIMIT"),
+])
+async def test_provisioner_retries_until_the_deadline_then_maps(error: Exception, code: grpc.StatusCode,
+                                                                reason: str, tmp_path: Any) -> None:
+    from rlgate.orchestrator.config import OrchestratorConfig
+    from rlgate.orchestrator.deadline import Deadline
+    from rlgate.orchestrator.errors import OrchestratorError
+    from rlgate.orchestrator.provisioning import Provisioner
+    from rlgate.store.sqlite import SqliteStore
+
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        provider = _RejectingProvider(error)
+        provisioner = Provisioner(OrchestratorConfig(run_id="unit"), store, provider, "owner-1")
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(OrchestratorError) as err:
+            await provisioner.create("mailbox:v1", Deadline(1.5))
+        assert 1.4 <= loop.time() - start < 2.5  # used the whole deadline, not more
+        assert provider.creates >= 2  # retried with backoff
+        assert err.value.code == code and err.value.reason == reason
+        intents = await store.list_intents("unit")
+        if isinstance(error, RateLimited | InstanceLimit):
+            assert intents == []  # a definite rejection created nothing: no intent left behind
+        else:  # the outcome is unknown: every attempt's intent says "delete whatever turns up"
+            assert len(intents) == provider.creates and all(i.state == "deleting" for i in intents)
+    finally:
+        await store.close()
+
+
+async def test_provisioner_marks_unknown_outcomes_for_deletion(tmp_path: Any) -> None:
+    from rlgate.orchestrator.config import OrchestratorConfig
+    from rlgate.orchestrator.deadline import Deadline
+    from rlgate.orchestrator.errors import OrchestratorError
+    from rlgate.orchestrator.provisioning import Provisioner
+    from rlgate.store import IntentState
+    from rlgate.store.sqlite import SqliteStore
+
+    store = await SqliteStore.open(str(tmp_path / "s.db"))
+    try:
+        provisioner = Provisioner(OrchestratorConfig(run_id="unit"), store,
+                                  _RejectingProvider(Retryable("timed out")), "owner-1")
+        with pytest.raises(OrchestratorError):
+            await provisioner.create("mailbox:v1", Deadline(0.5))
+        intents = await store.list_intents("unit")
+        # A timed-out create may still produce an instance: its intent says "delete what turns up".
+        assert intents and all(i.state == IntentState.DELETING for i in intents)
+        assert all(i.intent_id.startswith("owner-1~") for i in intents)
+    finally:
+        await store.close()

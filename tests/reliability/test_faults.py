@@ -37,6 +37,7 @@ TASKS = {"modern": "mailbox-count-unread-from-kenji", "legacy": "tracker-who-is-
 RESET_TIMEOUT_S = 2.0
 VERIFY_TIMEOUT_S = 4.0
 GATEWAY_OWNER_TTL_S = 2.0
+DOWN_DEADLINE_S = 8.0  # the caller's deadline while localfleet is down (the orchestrator retries within it)
 STACK_ARGS: dict[str, list[str]] = {
     "orchestrator_args": ["--reset-timeout-s", str(RESET_TIMEOUT_S), "--verify-timeout-s", str(VERIFY_TIMEOUT_S),
                           "--verify-retries", "1", "--reconcile-interval-s", "2", "--owner-ttl-s", "3",
@@ -285,9 +286,8 @@ async def test_verifier_faults(stack: AuditedStack, client: AsyncClient, audit: 
     assert step.done and step.verification.status == expected, step
     assert not step.HasField("reward")
     assert latency < VERIFY_TIMEOUT_S + 10
-    await finish(outcome, [run], stack, figures, None)
     outcome.completed = True  # the episode ended with an honest verdict
-    assert_promises(outcome, reward=None)
+    assert_promises(await finish(outcome, [run], stack, figures, None), reward=None)
 
 
 @pytest.mark.parametrize(("era", "when"), [("modern", "before"), ("legacy", "mid-create")])
@@ -301,24 +301,29 @@ async def test_localfleet_down_while_provisioning(stack: AuditedStack, client: A
         stack.kill("localfleet")
         once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
         try:
-            status, latency, err = await timed(once.reset(task_key=TASKS[era], request_id=request_id, timeout=30.0))
+            status, latency, err = await timed(once.reset(task_key=TASKS[era], request_id=request_id,
+                                                          timeout=DOWN_DEADLINE_S))
         finally:
             await once.close()
-        outcome = Outcome("localfleet down while provisioning", era, [status], round(latency, 3))
+        outcome = Outcome("localfleet down while provisioning", era, [status], round(latency, 3),
+                          notes=f"caller deadline {DOWN_DEADLINE_S:g}s")
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
+        assert latency < DOWN_DEADLINE_S + 2.0
     else:
         stack.admin.set_faults({"environments": {ERAS[era]: {"create_delay_s": 3.0}}})
         once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
         try:
             pending = asyncio.ensure_future(timed(once.reset(task_key=TASKS[era], request_id=request_id,
-                                                             timeout=30.0)))
+                                                             timeout=DOWN_DEADLINE_S)))
             await asyncio.sleep(1.0)
             stack.kill("localfleet")
             status, latency, err = await pending
         finally:
             await once.close()
-        outcome = Outcome("localfleet killed mid-create", era, [status], round(latency, 3))
+        outcome = Outcome("localfleet killed mid-create", era, [status], round(latency, 3),
+                          notes=f"caller deadline {DOWN_DEADLINE_S:g}s")
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
+        assert latency < DOWN_DEADLINE_S + 2.0
     started = time.perf_counter()
     restart = asyncio.ensure_future(asyncio.to_thread(stack.start_service, "localfleet"))
     await run.start(request_id=request_id, timeout=120.0)  # the client retries until localfleet is back

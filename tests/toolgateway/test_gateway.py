@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
-from rlgate.store import SessionStatus, SessionStore
+from rlgate.store import SessionStatus, SessionStore, open_store
 from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
@@ -341,6 +341,8 @@ async def test_idle_clients_close_and_reconnect(store: SessionStore, fleet: Loca
             stub = Stub(channel)
             assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
             assert handle.pool.open_clients() == 2
+            # A call longer than the idle limit keeps its clients.
+            assert text(await call(stub, s, "sleep", {"seconds": 1.0})) == "slept 1.0"
             assert await wait_for(lambda: handle.pool.open_clients() == 0, timeout=5)
             assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"
     finally:
@@ -362,3 +364,22 @@ async def test_discover_tools_for_the_orchestrator(fleet: LocalfleetProcess, era
     dead = f"http://127.0.0.1:{free_port()}/mcp"
     with pytest.raises(UpstreamUnavailable):
         await discover_tools([endpoints[1], dead], timeout=5)
+
+
+@pytest.mark.redis
+async def test_replicas_on_redis_are_interchangeable(redis_server: Any, fleet: LocalfleetProcess) -> None:
+    store = await open_store(redis_server.url)
+    a = await start_gateway(gateway_config(), store)
+    b = await start_gateway(gateway_config(), store)
+    try:
+        s = await make_session(store, fleet, "gw-legacy")
+        async with grpc.aio.insecure_channel(a.address) as ca, grpc.aio.insecure_channel(b.address) as cb:
+            first = await call(Stub(ca), s, "add", {"n": 1}, request_id="r-1")
+            again = await call(Stub(cb), s, "add", {"n": 1}, request_id="r-1")  # the other replica
+            assert (first.replayed, again.replayed, text(again)) == (False, True, "2 (int)")
+            assert text(await call(Stub(cb), s, "add", {"n": 2})) == "3 (int)"
+        assert [e.tool for e in await store.list_tool_calls(s.session.session_id)] == ["add", "add"]
+    finally:
+        await a.stop(grace=0)
+        await b.stop(grace=0)
+        await store.close()

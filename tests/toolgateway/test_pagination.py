@@ -1,0 +1,37 @@
+"""Every `tools/list` page is walked (an in-process low-level MCP server that pages its tools)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as mt
+from mcp import Client
+from mcp.server import Server
+
+from rlgate.toolgateway.catalog import MAX_PAGES, list_all_tools, union_tools
+
+TOOLS = [mt.Tool(name=f"t{i:02d}", input_schema={"type": "object"}) for i in range(25)]
+
+
+def paged_server(page_size: int, *, endless: bool = False) -> Server[Any]:
+    async def list_tools(_ctx: Any, params: mt.PaginatedRequestParams | None) -> mt.ListToolsResult:
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        page = TOOLS[start % len(TOOLS): start % len(TOOLS) + page_size]
+        more = endless or start + page_size < len(TOOLS)
+        return mt.ListToolsResult(tools=page, next_cursor=str(start + page_size) if more else None)
+
+    return Server("paged", on_list_tools=list_tools)
+
+
+async def test_every_page_is_listed_in_order() -> None:
+    for mode in ("auto", "legacy"):
+        async with Client(paged_server(4), mode=mode) as client:
+            tools = await list_all_tools(client)
+        assert [t.name for t in tools] == [t.name for t in TOOLS], mode
+        assert union_tools([("E", tools)]).names() == [t.name for t in TOOLS]
+
+
+async def test_endless_pagination_is_capped() -> None:
+    async with Client(paged_server(1, endless=True)) as client:
+        tools = await list_all_tools(client, max_pages=7)
+    assert len(tools) == 7 and MAX_PAGES == 100
