@@ -206,8 +206,8 @@ def test_agent_tokens_are_stored_only_as_hashes(stack: AuditedStack) -> None:
     db = Path(stack.store_url.removeprefix("sqlite:///"))
     on_disk = b"".join(p.read_bytes() for p in db.parent.glob(db.name + "*"))
     assert session.agent_token.encode() not in on_disk
-    assert stored is None or stored.agent_token != session.agent_token, \
-        "the Reset request record keeps the plaintext agent token"
+    kept = stored is not None and stored.agent_token == session.agent_token
+    assert not kept, "the Reset request record (store, scope 'reset') keeps the plaintext agent token"
 
 
 # ---------------------------------------------------------------------------------------------------------
