@@ -22,7 +22,7 @@ class ReflectionClient:
         self.db = ProtoReflectionDescriptorDatabase(self.channel)
         self.pool = descriptor_pool.DescriptorPool(self.db)
 
-    def list(self) -> list[str]:
+    def services(self) -> list[str]:
         return sorted(self.db.get_services())
 
     def methods(self, service: str) -> list[str]:
@@ -61,11 +61,11 @@ def gateway(stack: LocalStack):  # type: ignore[no-untyped-def]
 
 
 def test_list_services_by_reflection(orchestrator: ReflectionClient, gateway: ReflectionClient) -> None:
-    assert "rlgate.v1.OrchestratorService" in orchestrator.list()
-    assert "grpc.health.v1.Health" in orchestrator.list()
-    assert "rlgate.v1.ToolGatewayService" in gateway.list()
-    assert "rlgate.v1.OrchestratorService" not in gateway.list()
-    own = [s for s in gateway.list() if s.startswith("rlgate.")]
+    assert "rlgate.v1.OrchestratorService" in orchestrator.services()
+    assert "grpc.health.v1.Health" in orchestrator.services()
+    assert "rlgate.v1.ToolGatewayService" in gateway.services()
+    assert "rlgate.v1.OrchestratorService" not in gateway.services()
+    own = [s for s in gateway.services() if s.startswith("rlgate.")]
     assert own == ["rlgate.v1.ToolGatewayService"]
     assert sorted(gateway.methods("rlgate.v1.ToolGatewayService")) == ["CallTool", "ListTools"]
 

@@ -1,8 +1,9 @@
 """Sizes (quick in `make test`, full with RLGATE_FULL=1), hypothesis profiles, the figures recorder and the
 session-wide secret audit of the reliability suite.
 
-Figures land in `<pytest basetemp>/reliability-figures.json` (and in $RLGATE_RELIABILITY_FIGURES when set);
-docs/reliability.md quotes a real run of them. The terminal summary prints where they are.
+Figures land in `.rlgate/reliability/figures-<quick|full>.json` (git-ignored), in the pytest basetemp, and in
+$RLGATE_RELIABILITY_FIGURES when set; docs/reliability.md quotes a real run of them. The terminal summary
+prints where they are.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.reliability.harness import Audit, env_flag
+from tests.reliability.harness import REPO, Audit, env_flag
 
 FULL = env_flag("RLGATE_FULL")
 
@@ -77,7 +78,9 @@ _WRITTEN: list[Path] = []
 def figures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Figures]:
     yield _FIGURES
     _FIGURES.data["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    targets = [tmp_path_factory.getbasetemp() / "reliability-figures.json"]
+    mode = "full" if FULL else "quick"
+    targets = [tmp_path_factory.getbasetemp() / "reliability-figures.json",
+               REPO / ".rlgate" / "reliability" / f"figures-{mode}.json"]
     if os.environ.get("RLGATE_RELIABILITY_FIGURES"):
         targets.append(Path(os.environ["RLGATE_RELIABILITY_FIGURES"]))
     for path in targets:

@@ -8,7 +8,6 @@ that no secret ever reached a log line, a metric or an error message.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -25,7 +24,7 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlgate.runtime.stack import LocalStack, StackSettings, free_port
-from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
+from rlgate.v1 import orchestrator_pb2_grpc, toolgateway_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLED_TASKS = REPO / "services" / "localfleet" / "tasks"
@@ -248,15 +247,6 @@ def bearer(token: str) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")]
 
 
-def code_of(call: Any) -> grpc.StatusCode:
-    """Run `call()`; its status code (OK when it returned)."""
-    try:
-        call()
-    except grpc.RpcError as err:
-        return err.code()  # type: ignore[no-any-return]
-    return grpc.StatusCode.OK
-
-
 def reference_solution(task: Any) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
     """(tool calls, final answer) of a TaskInfo's metadata.reference_solution."""
     from rlgate.convert import dict_from_struct
@@ -281,19 +271,6 @@ def thirds_medians(values: Sequence[float]) -> tuple[float, float]:
     return statistics.median(values[:n]), statistics.median(values[-n:])
 
 
-async def wait_until(predicate: Any, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(predicate):
-            return True
-        await asyncio.sleep(interval)
-    return bool(await asyncio.to_thread(predicate))
-
-
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
-
-__all__ = ["API_KEY", "ERAS", "FLEET_API_KEY", "Audit", "AuditedStack", "FleetAdmin", "bearer", "code_of",
-           "gateway_stub", "orchestrator_stub", "percentile", "reference_solution", "start_stack",
-           "toolgateway_pb2", "orchestrator_pb2"]

@@ -288,7 +288,7 @@ def test_close_sessions(fx: Fixture, data: st.DataObject) -> None:
         run_id=data.draw(st.one_of(st.just(""), st.just("rel-victim"), ID)))
     kind, ok = data.draw(ORCH_MD)
     orch = orchestrator_stub(fx.stack.orchestrator_address)
-    code, reply = run(fx, "CloseSessions",
+    code, _ = run(fx, "CloseSessions",
                       lambda: orch.CloseSessions(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)),
                       authorized=ok)
     if code == SC.OK:
@@ -352,8 +352,8 @@ def gateway_metadata(fx: Fixture, kind: str, era: str) -> list[tuple[str, str]]:
     if kind in fx.dead_tokens:
         return bearer(fx.dead_tokens[kind])
     return {"api-key": bearer(API_KEY), "none": [], "garbage": bearer("garbage-token"),
-            "empty": [("authorization", "Bearer")], "scheme": [("authorization", f"Token {fx.gateway_tokens['modern']}")],
-            "huge": bearer("t" * 4000)}[kind]
+            "empty": [("authorization", "Bearer")],
+            "scheme": [("authorization", f"Token {fx.gateway_tokens['modern']}")], "huge": bearer("t" * 4000)}[kind]
 
 
 DEAD_STATUS = {"revoked": {SC.UNAUTHENTICATED}, "closed": {SC.UNAUTHENTICATED, SC.FAILED_PRECONDITION},

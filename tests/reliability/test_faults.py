@@ -112,9 +112,9 @@ class Run:
         self.final: str | None = None
         self.tool_calls_before = stack.admin.env_counter(self.env_id, "tool_calls")
 
-    async def start(self, task_key: str = "", request_id: str | None = None, timeout: float = 90.0) -> None:
+    async def start(self, task_key: str = "", request_id: str | None = None, deadline_s: float = 90.0) -> None:
         self.reset = await self.client.reset(task_key=task_key or TASKS[self.era], request_id=request_id or rid(),
-                                             timeout=timeout)
+                                             timeout=deadline_s)
         self.audit.token(self.reset.agent_token)
         self.calls, self.final = reference_solution(self.reset.task)
 
@@ -124,12 +124,12 @@ class Run:
         return self.reset.session_id
 
     async def call(self, name: str, args: dict[str, Any], request_id: str | None = None, *,
-                   client: AsyncClient | None = None, timeout: float = 30.0) -> Any:
+                   client: AsyncClient | None = None, deadline_s: float = 30.0) -> Any:
         assert self.reset is not None
         request_id = request_id or rid()
         self.sent.add(request_id)
         return await (client or self.client).call_tool(self.reset.agent_token, name, args, request_id=request_id,
-                                                       gateway=self.reset.gateway_address, timeout=timeout)
+                                                       gateway=self.reset.gateway_address, timeout=deadline_s)
 
     async def solve(self) -> orchestrator_pb2.StepResponse:
         """The reference solution's tool calls, then the final answer (or done)."""
@@ -200,7 +200,7 @@ async def test_upstream_killed_mid_call(stack: AuditedStack, client: AsyncClient
     first = rid()
     once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
     try:
-        status, latency, _ = await timed(run.call(name, args, first, client=once, timeout=20.0))
+        status, latency, _ = await timed(run.call(name, args, first, client=once, deadline_s=20.0))
     finally:
         await once.close()
     outcome = Outcome("upstream MCP connection dropped mid-call", era, [status], round(latency, 3))
@@ -208,8 +208,8 @@ async def test_upstream_killed_mid_call(stack: AuditedStack, client: AsyncClient
     stack.admin.clear_faults()
     started = time.perf_counter()
     retry_status, _, replay = await timed(run.call(name, args, first))
-    outcome.caller_saw.append(f"retry same id: {retry_status} "
-                              f"{common_pb2.ToolErrorKind.Name(replay.result.error_kind) if retry_status == 'OK' else ''}")
+    kind = common_pb2.ToolErrorKind.Name(replay.result.error_kind) if retry_status == "OK" else ""
+    outcome.caller_saw.append(f"retry same id: {retry_status} {kind}")
     assert retry_status == "OK" and replay.result.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
     step = await run.solve()
     outcome.recovered_s = round(time.perf_counter() - started, 3)
@@ -326,7 +326,7 @@ async def test_localfleet_down_while_provisioning(stack: AuditedStack, client: A
         assert latency < DOWN_DEADLINE_S + 2.0
     started = time.perf_counter()
     restart = asyncio.ensure_future(asyncio.to_thread(stack.start_service, "localfleet"))
-    await run.start(request_id=request_id, timeout=120.0)  # the client retries until localfleet is back
+    await run.start(request_id=request_id, deadline_s=120.0)  # the client retries until localfleet is back
     await restart
     outcome.caller_saw.append("retry same request_id: OK")
     outcome.recovered_s = round(time.perf_counter() - started, 3)
@@ -392,7 +392,7 @@ async def test_orchestrator_sigkill_mid_episode(stack: AuditedStack, client: Asy
     await restart
     outcome.recovered_s = round(time.perf_counter() - started, 3)
     stack.admin.clear_faults()
-    await inflight.start(request_id=inflight_id, timeout=120.0)
+    await inflight.start(request_id=inflight_id, deadline_s=120.0)
     inflight_step = await inflight.solve()
     outcome.caller_saw.append("after restart: Step OK, retried Reset OK")
     outcome.notes = f"in-flight Reset's session finished with reward {inflight_step.reward}"
@@ -412,7 +412,7 @@ async def test_gateway_sigkill_mid_call(stack: AuditedStack, client: AsyncClient
     first = rid()
     once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
     try:
-        pending = asyncio.ensure_future(timed(run.call(name, args, first, client=once, timeout=30.0)))
+        pending = asyncio.ensure_future(timed(run.call(name, args, first, client=once, deadline_s=30.0)))
         await asyncio.sleep(1.5)
         stack.kill("toolgateway")
         status, latency, _ = await pending
@@ -437,7 +437,8 @@ async def test_redis_restarted_mid_run(tmp_path: Path, audit: Audit, figures: Fi
     """A stack on Redis (append-only): the Redis server SIGKILLed and restarted between and during turns;
     episodes of both eras complete after client retries and the store's invariants hold."""
     redis = await asyncio.to_thread(RedisServer.launch, tmp_path / "redis")
-    stack = await asyncio.to_thread(start_stack, tmp_path / "stack", audit, store_url=redis.url, **STACK_ARGS)
+    stack = await asyncio.to_thread(lambda: start_stack(tmp_path / "stack", audit, store_url=redis.url,
+                                                        **STACK_ARGS))  # type: ignore[arg-type]
     client = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=RETRYING)
     try:
         for era in ("modern", "legacy"):
@@ -448,7 +449,7 @@ async def test_redis_restarted_mid_run(tmp_path: Path, audit: Audit, figures: Fi
             await asyncio.sleep(0.3)
             once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
             try:
-                status, latency, _ = await timed(run.call(name, args, client=once, timeout=10.0))
+                status, latency, _ = await timed(run.call(name, args, client=once, deadline_s=10.0))
             finally:
                 await once.close()
             started = time.perf_counter()
