@@ -42,6 +42,7 @@ from rlgate.store import (
     ConflictError,
     Intent,
     IntentState,
+    RequestRecord,
     Session,
     SessionStatus,
     SessionStore,
@@ -177,9 +178,9 @@ class EpisodeManager:
         if params.task_key and not params.session_id:
             self.catalog.get(params.task_key)  # NOT_FOUND before any work
 
-        def work() -> Awaitable[orchestrator_pb2.ResetResponse]:
+        def work(prior: RequestRecord | None) -> Awaitable[orchestrator_pb2.ResetResponse]:
             if params.session_id:
-                return self._next_episode(params, deadline)
+                return self._next_episode(params, deadline, prior)
             return self._new_session(params, deadline)
 
         return await self.idempotency.run("reset", params.request_id, deadline,
@@ -275,9 +276,14 @@ class EpisodeManager:
 
     async def _resume_registered(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
         """Finish a Reset whose session exists (its first owner died before answering): fresh token."""
-        if not session.is_open or session.episode != 1 or session.status != SessionStatus.ACTIVE:
-            raise FailedPrecondition(f"session {session.session_id} of this request_id is {session.status}",
+        if not session.is_open or session.episode != 1 or session.status != SessionStatus.ACTIVE or session.turn:
+            raise FailedPrecondition(f"session {session.session_id} of this request_id has moved on "
+                                     f"({session.status}, episode {session.episode}, turn {session.turn})",
                                      reason="SESSION_NOT_RESUMABLE")
+        return await self._resume_episode(session, task)
+
+    async def _resume_episode(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
+        """Answer for an episode that a dead attempt started: same episode, a fresh token."""
         token = secrets.token_urlsafe(32)
 
         def rotate(s: Session) -> bool:
@@ -290,10 +296,15 @@ class EpisodeManager:
                                      per_instance=self.provider.manages_instances)
         return self._reset_response(session, task, tools, token)
 
-    async def _next_episode(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
+    async def _next_episode(self, params: ResetParams, deadline: Deadline,
+                            prior: RequestRecord | None = None) -> orchestrator_pb2.ResetResponse:
         session = await self._get(params.session_id)
         task = self.task_of(session)
         max_turns = self._effective_max_turns(params.max_turns, task)
+        if (prior is not None and session.status == SessionStatus.ACTIVE and session.turn == 0
+                and session.episode > 1 and session.updated_at >= prior.created_at):
+            # The dead attempt already started this episode; its token was never delivered: rotate it.
+            return await self._resume_episode(session, task)
 
         def begin(s: Session) -> bool:
             if not s.is_open:
@@ -398,10 +409,22 @@ class EpisodeManager:
                 raise InvalidArgument(f"tool_calls[{i}].name", "required")
         session_id_var.set(request.session_id)
         return await self.idempotency.run(f"step:{request.session_id}", request.request_id, deadline,
-                                          orchestrator_pb2.StepResponse, lambda: self._step(request))
+                                          orchestrator_pb2.StepResponse,
+                                          lambda prior: self._step(request, prior))
 
-    async def _step(self, request: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+    async def _step(self, request: orchestrator_pb2.StepRequest,
+                    prior: RequestRecord | None = None) -> orchestrator_pb2.StepResponse:
         has_answer = request.HasField("final_answer")
+        if prior is not None:
+            current = await self._get(request.session_id)
+            if current.status == SessionStatus.DONE and current.updated_at >= prior.created_at:
+                # The dead attempt ended the episode (or was ending it): answer with that ending and
+                # finish its verification if it never ran, instead of FAILED_PRECONDITION.
+                log.warning("step %s taken over after its owner died: returning the episode's ending",
+                            request.request_id)
+                if not current.verification:
+                    current = await self._score(current, request.final_answer if has_answer else None)
+                return self._step_response(current)
 
         def count(s: Session) -> bool:
             if s.status == SessionStatus.DONE:
@@ -429,6 +452,10 @@ class EpisodeManager:
                  else "")
         if session.status == SessionStatus.DONE:
             session = await self._score(session, request.final_answer if has_answer else None)
+        return self._step_response(session)
+
+    @staticmethod
+    def _step_response(session: Session) -> orchestrator_pb2.StepResponse:
         response = orchestrator_pb2.StepResponse(
             turn=session.turn, done=session.status == SessionStatus.DONE,
             truncated=session.done_reason == "max_turns",

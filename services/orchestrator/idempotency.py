@@ -3,8 +3,9 @@
 The first caller claims the record (PENDING, owned by this process) and runs the work; its serialised
 response is recorded DONE. A retry gets the recorded response; a retry that arrives while the first attempt
 is still running waits for it (in-process: on its future; across replicas: by polling the record). If the
-owner died (its store heartbeat lapsed), the retry takes the record over and runs the work again — the
-work itself is written to converge (Reset derives its session id from the request id).
+owner died (its store heartbeat lapsed), the retry takes the record over and runs the work again, told
+which record it took over: the work converges instead of repeating (Reset derives its session id from the
+request id; a Step whose episode ended after the dead attempt began returns that ending).
 A failed attempt releases its record, so a retry runs again instead of replaying an error.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -20,7 +22,7 @@ from google.protobuf.message import Message
 
 from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.errors import DeadlineExceeded, InvalidArgument
-from rlgate.store import RequestState, SessionStore
+from rlgate.store import RequestRecord, RequestState, SessionStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -41,10 +43,12 @@ class Idempotency:
         self._local: dict[tuple[str, str], asyncio.Future[bytes]] = {}
 
     async def run(self, scope: str, request_id: str, deadline: Deadline, message: type[M],
-                  work: Callable[[], Awaitable[M]]) -> M:
+                  work: Callable[[RequestRecord | None], Awaitable[M]]) -> M:
+        """`work(prior)`: `prior` is the record of a dead owner's attempt this call took over, else None."""
         if not request_id:
-            return await work()
+            return await work(None)
         key = (scope, request_id)
+        prior: RequestRecord | None = None
         while True:
             local = self._local.get(key)
             if local is not None:
@@ -54,12 +58,13 @@ class Idempotency:
                 continue  # the first attempt was cancelled and released its record: run it here
             record, created = await self._store.claim_request(scope, request_id, self._owner)
             if created:
-                return await self._run_owned(key, message, work)
+                return await self._run_owned(key, message, functools.partial(work, prior))
             if record.state == RequestState.DONE:
                 return message.FromString(base64.b64decode(record.result))
             if record.owner != self._owner and not await self._store.owner_alive(record.owner):
                 log.warning("request %s/%s: owner %s is gone; taking over", scope, request_id, record.owner)
                 await self._store.release_request(scope, request_id)
+                prior = record
                 continue
             if deadline.expired():
                 raise DeadlineExceeded(f"request_id {request_id!r} is still being processed; retry later")

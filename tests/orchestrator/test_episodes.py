@@ -361,3 +361,23 @@ async def test_retry_after_the_request_record_is_gone_converges_on_the_session(
     assert again.session_id == first.session_id  # derived from the request id: no second instance
     assert again.agent_token != first.agent_token  # the first token was never delivered: rotate it
     assert len(instances_of(lf, orch.config.run_id)) == 1
+
+
+async def test_retries_taken_over_from_a_dead_owner_converge(orch: Running, store: SessionStore) -> None:
+    """A replica died after applying a Step/Reset but before recording the answer: the retry (on another
+    replica, after the owner's TTL) returns what happened instead of FAILED_PRECONDITION or a 2nd episode."""
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
+                                  timeout=60)
+    sid = reset.session_id
+    await store.claim_request(f"step:{sid}", "final-1", "dead-replica")  # claimed, then its owner died
+    applied = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, final_answer="3"), timeout=60)
+    assert applied.reward == 1.0
+    retried = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, final_answer="3",
+                                                                request_id="final-1"), timeout=60)
+    assert (retried.done, retried.turn, retried.reward) == (True, 1, 1.0)
+
+    await store.claim_request("reset", "next-1", "dead-replica")
+    started = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid), timeout=60)
+    assert started.episode == 2
+    again = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid, request_id="next-1"), timeout=60)
+    assert again.episode == 2 and again.agent_token != started.agent_token  # same episode, fresh token

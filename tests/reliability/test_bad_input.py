@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from rlgate.store import open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
-from tests.reliability.conftest import PROFILE, Figures
+from tests.reliability.conftest import FULL, PROFILE, Figures
 from tests.reliability.harness import (
     API_KEY,
     Audit,
@@ -37,6 +37,7 @@ from tests.reliability.harness import (
 )
 
 SC = grpc.StatusCode
+pytestmark = pytest.mark.timeout(1800 if FULL else 300)  # 5,000 examples per RPC in the full set
 CALL_TIMEOUT = 30.0
 RESET_TIMEOUT = 60.0
 MAX_RECEIVE = 16 * 1024 * 1024  # rlgate.runtime.grpc_server DEFAULT_OPTIONS

@@ -29,6 +29,7 @@ from fleet._async.exceptions import (
     FleetVersionNotFoundError,
 )
 from fleet._async.tasks import Task as FleetTask
+from fleet.runner_auth import RunnerTokenProvider
 
 from rlgate.orchestrator.providers.base import (
     EnvNotFound,
@@ -97,7 +98,9 @@ class FleetProvider(Provider):
         )
         self._fleet = AsyncFleet(api_key=api_key or None, base_url=base_url.rstrip("/") or None,
                                  httpx_client=self._http, max_retries=0, timeout=request_timeout)
-        self._sdk_tasks: dict[str, FleetTask] = {}
+        # One runner-token resolution per client (as the SDK intends), not one per rebuilt instance object:
+        # every `_env()` would otherwise pay a control-plane round trip before its first manager call.
+        self._runner_tokens = RunnerTokenProvider(self._fleet.client)
 
     @property
     def sdk(self) -> AsyncFleet:
@@ -129,7 +132,9 @@ class FleetProvider(Provider):
 
     def _env(self, handle: InstanceHandle) -> AsyncEnv:
         """Rebuild the SDK's instance object from the stored record (no HTTP call)."""
-        return AsyncEnv(client=self._fleet.client, **handle.raw)
+        env = AsyncEnv(client=self._fleet.client, **handle.raw)
+        env._runner_token_provider = self._runner_tokens
+        return env
 
     @staticmethod
     def _handle(env: Any) -> InstanceHandle:
