@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -104,6 +105,7 @@ async def main(argv: list[str]) -> int:
             entry.extra.setdefault("seconds", round(time.perf_counter() - t0, 1))
         everything.extend(entries)
         run_info["seconds"] = round(time.perf_counter() - started, 1)
+        run_info["load_avg_1m_last"] = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was
         await asyncio.to_thread(merge_results, args.results, entries, run_info)
         print(format_table(SUMMARY_HEADERS, summary_rows(entries)), flush=True)
     print(f"\n== summary ({mode}, {time.perf_counter() - started:.0f} s; logs in {ctx.out_dir}) ==")

@@ -186,6 +186,7 @@ class BenchError(RuntimeError):
 @dataclass
 class Session:
     session_id: str
+    token: str  # the episode's agent token
     metadata: tuple[tuple[str, str], ...]  # the agent token as call metadata for the gateway
     reset_ms: float
     tools: list[str]
@@ -221,8 +222,8 @@ class Rlgate:
         if reply.gateway_address and reply.gateway_address != self.stack.gateway_address:
             raise BenchError(f"Reset handed out gateway {reply.gateway_address}, stack runs "
                              f"{self.stack.gateway_address}")
-        return Session(reply.session_id, (("authorization", f"Bearer {reply.agent_token}"),), reset_ms,
-                       [t.name for t in reply.tools])
+        return Session(reply.session_id, reply.agent_token, (("authorization", f"Bearer {reply.agent_token}"),),
+                       reset_ms, [t.name for t in reply.tools])
 
     async def list_tools(self, session: Session) -> list[str]:
         reply = await self.gateway.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=session.metadata,

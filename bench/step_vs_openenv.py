@@ -1,6 +1,7 @@
 """step_vs_openenv: one agent turn with one tool call, rlgate vs OpenEnv (openenv-core 0.3.0).
 
-rlgate turn: CallTool through the gateway + Step to the orchestrator (the turn's tool-call summary).
+rlgate turn: CallTool through the gateway + Step to the orchestrator (the turn's tool-call summary), both
+through rlgate's own `AsyncClient` (as each side uses its own client).
 OpenEnv turn: one `step(CallToolAction)` of an `MCPEnvironment` over openenv-core's own WebSocket server
 and `GenericEnvClient`. Its tool forwards the call to the very localfleet instance endpoints the rlgate
 sessions use (each OpenEnv session holds one persistent mcp client to one instance), so both pay the
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,11 @@ from bench.fixtures import (
     ToolCall,
     child_process,
     persistent_mcp,
+    struct,
 )
 from bench.harness import Entry, Goal, Stats, closed_loop, failed, stats_table
+from rlgate import AsyncClient
+from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_openenv"
 SESSIONS = 16
@@ -137,7 +142,8 @@ async def run(ctx: BenchContext) -> list[Entry]:
     total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
     stack = await ctx.stack()
     runs: dict[str, list[Stats]] = {}
-    async with Rlgate(stack) as rl:
+    async with Rlgate(stack) as rl, AsyncClient(stack.orchestrator_address,
+                                                gateway_addresses=stack.gateway_address) as client:
         sessions = [await rl.reset(env_key) for _ in range(SESSIONS)]
         urls = [await rl.mcp_url(s) for s in sessions]
         spec = json.dumps(await tool_spec(urls[0], call))
@@ -157,9 +163,14 @@ async def run(ctx: BenchContext) -> list[Entry]:
             fwd_url = f"http://127.0.0.1:{fwd_start.result()[1]}"
             loc_url = f"http://127.0.0.1:{loc_start.result()[1]}"
 
-            async def turn(session: Session) -> None:
-                await rl.call_tool(session, call)
-                await rl.step(session, call)
+            async def turn(session: Session) -> None:  # what a trainer does, through rlgate's own client
+                request_id = uuid.uuid4().hex
+                reply = await client.call_tool(session.token, call.name, call.arguments, request_id=request_id)
+                if reply.result.is_error:
+                    raise BenchError(f"CallTool {call.name} returned an error: {reply.result.error_message!r}")
+                await client.step(session.session_id, assistant_text="thinking... calling a tool", tool_calls=[
+                    orchestrator_pb2.ToolCallSummary(name=call.name, arguments=struct(call.arguments),
+                                                     request_id=request_id)])
 
             async def seq_op(_slot: int) -> None:
                 await turn(sessions[0])

@@ -141,22 +141,11 @@ class EpisodeManager:
                               reason="SHUTTING_DOWN", retry_after_s=1.0)
         async with self._admit:
             limit = self.config.max_sessions
-            if await self._count_open(limit) + self._reserved >= limit:
+            if await self.store.count_open_sessions() + self._reserved >= limit:
                 raise ResourceExhausted(f"max sessions reached ({limit} open)", subject="sessions",
                                         reason="MAX_SESSIONS", metadata={"limit": limit}, retry_after_s=5.0)
             self._reserved += 1
             self._no_creations.clear()
-
-    async def _count_open(self, up_to: int) -> int:
-        """Open sessions in the store, counted up to `up_to` (enough to enforce the limit)."""
-        count, cursor = 0, ""
-        while count < up_to:
-            page, cursor = await self.store.list_sessions(statuses=OPEN_STATUSES, limit=min(1000, up_to - count),
-                                                          cursor=cursor)
-            count += len(page)
-            if not cursor:
-                break
-        return count
 
     async def wait_creations(self) -> None:
         """Until every admitted new-session Reset of this process has finished (shutdown drains them

@@ -15,12 +15,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 
 SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
 
@@ -29,26 +27,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def grpc_serving(address: str, timeout: float = 2.0, service: str = "") -> bool:
-    """True when `address` answers grpc.health.v1 Check with SERVING."""
-    try:
-        with grpc.insecure_channel(address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-    except grpc.RpcError:
-        return False
-
-
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    """True when `url` answers 2xx (loopback only)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return 200 <= reply.status < 300
-    except OSError:
-        return False
 
 
 @dataclass
@@ -130,8 +108,8 @@ class LocalStack:
 
     def ready(self, name: str) -> bool:
         if name == "localfleet":
-            return http_ok(f"{self.localfleet_url}/health")
-        return grpc_serving(f"127.0.0.1:{self.ports[name]}")
+            return check_http(f"{self.localfleet_url}/health", timeout=2.0)[0] == EXIT_SERVING
+        return check_grpc(f"127.0.0.1:{self.ports[name]}", timeout=2.0)[0] == EXIT_SERVING
 
     def wait_ready(self, name: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -58,6 +58,10 @@ class SessionStore(abc.ABC):
         cursor the store did not produce."""
 
     @abc.abstractmethod
+    async def count_open_sessions(self) -> int:
+        """Sessions in an open status (provisioning, active, done): the max-sessions check, O(1)-ish."""
+
+    @abc.abstractmethod
     async def delete_session(self, session_id: str) -> None:
         """Remove a session with its tool-call log and token index entry (retention)."""
 

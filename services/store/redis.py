@@ -462,6 +462,9 @@ class RedisStore(SessionStore):
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._script("touch_session", self._touch, session_id, _score(now))
 
+    async def count_open_sessions(self) -> int:
+        return int(await self._call("count_open_sessions", lambda: self._client.zcard(self._key("idx:open"))))
+
     def _walk_key(self, statuses: frozenset[str] | None, labels: Mapping[str, str] | None, run_id: str) -> str:
         """The most selective index for a listing; remaining filters are applied to the loaded records."""
         if run_id:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from rlgate.store import _common
 from rlgate.store.base import SessionStore
 from rlgate.store.models import (
+    OPEN_STATUSES,
     ConflictError,
     Intent,
     RequestRecord,
@@ -379,6 +380,15 @@ class SqliteStore(SessionStore):
             sessions = sessions[:limit]
             return sessions, _common.encode_cursor(sessions[-1])
         return sessions, ""
+
+    async def count_open_sessions(self) -> int:
+        def count(conn: sqlite3.Connection) -> int:
+            marks = ", ".join("?" for _ in OPEN_STATUSES)
+            row = conn.execute(f"SELECT COUNT(*) FROM sessions WHERE status IN ({marks})",
+                               sorted(OPEN_STATUSES)).fetchone()
+            return int(row[0])
+
+        return await self._run(count)
 
     @staticmethod
     def _delete_session_rows(conn: sqlite3.Connection, session_id: str) -> int:

@@ -35,7 +35,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rlgate.runtime.config import env_vars
-from rlgate.runtime.stack import grpc_serving, http_ok
+from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 from tests.deploy.cli_contract import config_class
 from tests.support.ports import free_port
 
@@ -78,8 +78,8 @@ class Service:
 
     def ready(self) -> bool:
         if self.command == "localfleet":
-            return http_ok(f"{self.url}/health")
-        return grpc_serving(self.address)
+            return check_http(f"{self.url}/health", timeout=2.0)[0] == EXIT_SERVING
+        return check_grpc(self.address, timeout=2.0)[0] == EXIT_SERVING
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import statistics
@@ -85,14 +86,20 @@ class Audit:
         self.log_files.extend(stack.log_path(name) for name in ("localfleet", "orchestrator", "toolgateway"))
 
     def leaks(self) -> list[str]:
-        """'<where>: <secret kind>' for every secret (or its first 16 characters) found anywhere."""
-        needles = {s: s[:16] for s in self.secrets if len(s) >= 16}
+        """'<where>: <secret kind>' for every secret (or its first 16 characters) found anywhere.
+
+        Secrets are [A-Za-z0-9_-] strings; every 16-character window of every such run in the text is
+        looked up in a set, so thousands of agent tokens scan megabytes of logs quickly."""
+        prefixes = {s[:PREFIX]: s for s in self.secrets if len(s) >= PREFIX}
         found: list[str] = []
 
         def scan(where: str, text: str) -> None:
-            for secret, prefix in needles.items():
-                if prefix in text:
-                    found.append(f"{where}: {_kind(secret)} {secret[:4]}…")
+            for run in _SECRET_CHARS.finditer(text):
+                word = run.group()
+                for i in range(len(word) - PREFIX + 1):
+                    secret = prefixes.get(word[i:i + PREFIX])
+                    if secret is not None:
+                        found.append(f"{where}: {_kind(secret)} {secret[:4]}…")
 
         for path in self.log_files:
             try:
@@ -102,6 +109,10 @@ class Audit:
         for where, text in self.texts:
             scan(where, text)
         return found
+
+
+PREFIX = 16
+_SECRET_CHARS = re.compile(rf"[A-Za-z0-9_-]{{{PREFIX},}}")
 
 
 def _kind(secret: str) -> str:

@@ -201,6 +201,20 @@ async def test_list_reflects_updates(store: SessionStore) -> None:
     assert (await store.list_sessions(statuses=OPEN_STATUSES))[0] == []
 
 
+async def test_count_open_sessions(store: SessionStore) -> None:
+    assert await store.count_open_sessions() == 0
+    for i, status in enumerate([SessionStatus.PROVISIONING, SessionStatus.ACTIVE, SessionStatus.DONE,
+                                SessionStatus.CLOSED, SessionStatus.EXPIRED, SessionStatus.FAILED]):
+        await store.create_session(make_session(f"s{i}", status=status))
+    assert await store.count_open_sessions() == 3
+    s = await store.get_session("s1")
+    assert s is not None
+    await store.update_session(replace(s, status=SessionStatus.CLOSED, token_hash=""))
+    assert await store.count_open_sessions() == 2
+    await store.delete_session("s0")
+    assert await store.count_open_sessions() == 1
+
+
 async def test_tool_call_log(store: SessionStore) -> None:
     await store.create_session(make_session("s1"))
     for i in range(3):

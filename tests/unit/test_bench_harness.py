@@ -175,3 +175,37 @@ def test_table_formatting() -> None:
     assert len({len(line) for line in lines}) == 1  # aligned
     rows = summary_rows([Entry("e", 2.0, 1.0, "u", goals=(Goal("ratio", ">=", 3), Goal("value", "<=", 5)))])
     assert rows[0][-1] is False and rows[1][-1] is True
+
+
+def test_summary_table_from_a_results_file() -> None:
+    from bench.__main__ import table_from_results
+
+    results = {
+        "_run": {"mode": "quick"},
+        "a": Entry("a", 2.0, 1.0, "ms", goals=(Goal("ratio", "<=", 1.5), Goal("tp", ">=", 0.67)),
+                   extra={"tp": 0.7}).to_json(),
+        "b": failed("b", "turns/s", RuntimeError("no venv")).to_json(),
+    }
+    lines = table_from_results(results).splitlines()
+    assert lines[2].startswith("| a ") and "ratio <= 1.5" in lines[2] and "NO" in lines[2]
+    assert "tp >= 0.67" in lines[3] and "yes" in lines[3]
+    assert "FAILED: RuntimeError: no venv" in lines[4]
+    assert not any("_run" in line for line in lines)
+
+
+def test_profile_hot_spots_and_layers_from_collapsed_stacks() -> None:
+    from bench.profile import hot_spots, layers
+
+    collapsed = "\n".join([
+        "run (asyncio/runners.py:1);Handle._run (asyncio/events.py:78);call (toolgateway/service.py:1) 6",
+        "run (asyncio/runners.py:1);_worker (concurrent/futures/thread.py:69);claim (store/sqlite.py:9) 3",
+        "run (asyncio/runners.py:1);send (httpx2/_client.py:1) 1",
+        "garbage line",
+    ])
+    own, inclusive = hot_spots(collapsed)
+    assert own[0] == ("call (toolgateway/service.py:1)", 0.6)
+    assert ("run (asyncio/runners.py:1)", 1.0) not in inclusive  # plumbing left out
+    shares = dict(layers(collapsed))
+    assert shares["rlgate service code"] == pytest.approx(0.6)
+    assert shares["SQLite store + thread hand-off"] == pytest.approx(0.3)
+    assert shares["MCP client (mcp, httpx2, httpcore2, anyio)"] == pytest.approx(0.1)
