@@ -36,7 +36,7 @@ $(STAMP_ALL): constraints.txt pyproject.toml | $(PY)
 	@rm -f $(VENV)/.installed-server-*; touch $@ $(STAMP_SERVER)
 
 $(BUF):
-	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0
+	npm install --silent --no-audit --no-fund --no-save --prefix .tools
 
 venv: $(STAMP_ALL)
 

@@ -456,6 +456,22 @@ def test_corrupt_protobuf_is_invalid_argument(fx: Fixture, service: str, rpc: st
     assert raw_call(fx, service, rpc, deep) == SC.INVALID_ARGUMENT
 
 
+def test_client_survives_deeply_nested_model_arguments(fx: Fixture) -> None:
+    """A model that writes 40-deep JSON arguments is an agent mistake: the client must turn it into an
+    INVALID_ARGUMENT error (or the gateway into an is_error result), never a protobuf DecodeError."""
+    from rlgate import Client, InvalidArgument
+
+    with Client(fx.stack.orchestrator_address, api_key=API_KEY) as client:
+        try:
+            reply = client.call_tool(fx.gateway_tokens["modern"], "list_folders", nested(40),
+                                     gateway=fx.stack.gateway_address, timeout=CALL_TIMEOUT)
+        except InvalidArgument:
+            return
+        except Exception as exc:  # the point is which exception escapes
+            pytest.fail(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+    assert reply.result.is_error and reply.result.error_kind == common_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS
+
+
 HUGE_ID = "s-" + "x" * 20_000
 
 
