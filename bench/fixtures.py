@@ -33,6 +33,7 @@ from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 RPC_TIMEOUT_S = 60.0  # every RPC and MCP call carries a deadline; a benchmark never hangs on a dead service
+LINE_LIMIT = 64 * 2**20  # a helper's stdout line may carry every latency of a 10 s measurement
 MAX_TURNS = 1_000_000  # sessions used for throughput runs must never reach their turn limit
 
 # Each era's environment and the tool its benchmarks call: read-only, a real query on the instance's SQLite.
@@ -113,7 +114,8 @@ async def child_process(argv: list[str], log_path: Path, env: Mapping[str, str] 
     try:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=log,
                                                     stdin=asyncio.subprocess.PIPE if stdin else None,
-                                                    cwd=REPO_ROOT, env=None if env is None else dict(env))
+                                                    cwd=REPO_ROOT, env=None if env is None else dict(env),
+                                                    limit=LINE_LIMIT)
     finally:
         log.close()
     try:

@@ -196,7 +196,7 @@ async def measure(url: str, action: dict[str, Any], total: int, sessions: int, w
         latencies: list[float] = []
         start = time.perf_counter()
         await run(total, latencies, None if duration_s is None else start + duration_s)
-        return {"latencies_s": latencies, "elapsed_s": time.perf_counter() - start}
+        return {"latencies_s": [round(x, 7) for x in latencies], "elapsed_s": time.perf_counter() - start}
     finally:
         for client in clients:
             await client.close()
