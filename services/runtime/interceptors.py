@@ -66,31 +66,43 @@ def token_hash(token: str) -> str:
 
 
 class ContextInterceptor(grpc.aio.ServerInterceptor):
-    """Sets the trace id for the RPC and turns unexpected exceptions into a clean INTERNAL."""
+    """Sets the trace id for the RPC, parses the request, and turns unexpected exceptions into a clean INTERNAL.
+
+    Must be the first (outermost) interceptor: it takes over request parsing, so that bytes that are not a
+    valid message (corrupt, another RPC's message, nested past protobuf's depth limit) are the caller's
+    INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request"."""
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
+        if handler is None or handler.unary_unary is None or handler.request_streaming or handler.response_streaming:
+            return handler
         method = details.method
-        trace = _metadata(details).get(TRACE_HEADER) or uuid.uuid4().hex[:16]
+        trace = (_metadata(details).get(TRACE_HEADER) or uuid.uuid4().hex[:16])[:64]
+        inner: Handler = handler.unary_unary
+        parse = handler.request_deserializer
 
-        def wrap(inner: Handler) -> Handler:
-            async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                trace_id_var.set(trace[:64])
-                session_id_var.set("-")
-                try:
-                    return await inner(request, context)
-                except grpc.aio.AbortError:
-                    raise
-                except Exception:
-                    log.exception("unhandled error in %s", method)
-                    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace[:64]})")
+        async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            trace_id_var.set(trace)
+            session_id_var.set("-")
+            try:
+                request = parse(raw) if parse is not None else raw
+            except Exception as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"request is not a valid message for {method} ({type(exc).__name__})")
+            try:
+                return await inner(request, context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                log.exception("unhandled error in %s", method)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
 
-            return behaviour
-
-        return _wrap_unary(handler, wrap)  # type: ignore[return-value]
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour, request_deserializer=None, response_serializer=handler.response_serializer
+        )
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
