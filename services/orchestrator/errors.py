@@ -3,6 +3,10 @@
 Logic classes raise `OrchestratorError` subclasses (no gRPC imports below the servicer); the servicer turns
 them into a `google.rpc.Status` with details (ErrorInfo, RetryInfo, QuotaFailure, BadRequest) via
 grpcio-status, so clients see a precise code, a message a human can act on, and machine-readable details.
+
+Nothing in an error grows with the request: request values are echoed through `clip`, and the message and
+every metadata value are clipped again here, so the trailers stay far below a client's metadata limit
+(16 KiB by default; past it the caller sees RESOURCE_EXHAUSTED "Stream removed" instead of the status).
 """
 
 from __future__ import annotations
@@ -15,6 +19,14 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 DOMAIN = "rlgate.dev"
+MAX_ECHO = 64  # characters of a request value repeated in an error
+MAX_MESSAGE = 1024  # characters of an error message (a backstop: call sites clip what they echo)
+
+
+def clip(value: object, limit: int = MAX_ECHO) -> str:
+    """`value` fit to echo in an error: at most `limit` characters, "…" marks a cut."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class OrchestratorError(Exception):
@@ -24,11 +36,12 @@ class OrchestratorError(Exception):
     reason: str = "INTERNAL"
 
     def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, Any] | None = None) -> None:
+        message = clip(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
         if reason:
             self.reason = reason
-        self.metadata = {k: str(v) for k, v in (metadata or {}).items() if v is not None}
+        self.metadata = {k: clip(v) for k, v in (metadata or {}).items() if v is not None}
 
     def details(self) -> list[Any]:
         return [error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=self.metadata)]
@@ -50,6 +63,7 @@ class InvalidArgument(OrchestratorError):
     reason = "INVALID_ARGUMENT"
 
     def __init__(self, field: str, message: str) -> None:
+        field = clip(field)
         super().__init__(f"{field}: {message}", metadata={"field": field})
         self.field = field
 
@@ -77,7 +91,7 @@ class ResourceExhausted(OrchestratorError):
     def __init__(self, message: str, *, subject: str, reason: str, metadata: dict[str, Any] | None = None,
                  retry_after_s: float | None = None) -> None:
         super().__init__(message, reason=reason, metadata=metadata)
-        self.subject = subject
+        self.subject = clip(subject)
         self.retry_after_s = retry_after_s
 
     def details(self) -> list[Any]:

@@ -7,6 +7,10 @@ owner died (its store heartbeat lapsed), the retry takes the record over and run
 which record it took over: the work converges instead of repeating (Reset derives its session id from the
 request id; a Step whose episode ended after the dead attempt began returns that ending).
 A failed attempt releases its record, so a retry runs again instead of replaying an error.
+
+What is recorded may be a redacted copy (`redact`: Reset clears the agent token, which the store keeps
+only as a hash); `replay` turns a recorded response back into an answer (Reset mints a fresh token).
+Every repeat goes through `replay`, whether it read the record or waited in-process on the first attempt.
 """
 
 from __future__ import annotations
@@ -21,18 +25,11 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import DeadlineExceeded, InvalidArgument
+from rlgate.orchestrator.errors import DeadlineExceeded, clip
 from rlgate.store import RequestRecord, RequestState, SessionStore
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
-
-MAX_REQUEST_ID = 128
-
-
-def check_request_id(request_id: str) -> None:
-    if len(request_id) > MAX_REQUEST_ID:
-        raise InvalidArgument("request_id", f"at most {MAX_REQUEST_ID} characters")
 
 
 class Idempotency:
@@ -43,10 +40,21 @@ class Idempotency:
         self._local: dict[tuple[str, str], asyncio.Future[bytes]] = {}
 
     async def run(self, scope: str, request_id: str, deadline: Deadline, message: type[M],
-                  work: Callable[[RequestRecord | None], Awaitable[M]]) -> M:
-        """`work(prior)`: `prior` is the record of a dead owner's attempt this call took over, else None."""
+                  work: Callable[[RequestRecord | None], Awaitable[M]], *,
+                  redact: Callable[[M], M] | None = None,
+                  replay: Callable[[M], Awaitable[M]] | None = None) -> M:
+        """`work(prior)`: `prior` is the record of a dead owner's attempt this call took over, else None.
+        `redact(response)`: what to record (default: the response); `replay(recorded)`: the answer to a
+        repeat (default: the recorded response)."""
         if not request_id:
             return await work(None)
+        response, recorded = await self._first_or_recorded(scope, request_id, deadline, message, work, redact)
+        return await replay(response) if recorded and replay is not None else response
+
+    async def _first_or_recorded(self, scope: str, request_id: str, deadline: Deadline, message: type[M],
+                                 work: Callable[[RequestRecord | None], Awaitable[M]],
+                                 redact: Callable[[M], M] | None) -> tuple[M, bool]:
+        """(the work's response, False) as the first attempt, or (an earlier attempt's record, True)."""
         key = (scope, request_id)
         prior: RequestRecord | None = None
         while True:
@@ -54,23 +62,24 @@ class Idempotency:
             if local is not None:
                 answer = await self._await_local(local, message, deadline)
                 if answer is not None:
-                    return answer
+                    return answer, True
                 continue  # the first attempt was cancelled and released its record: run it here
             record, created = await self._store.claim_request(scope, request_id, self._owner)
             if created:
-                return await self._run_owned(key, message, functools.partial(work, prior))
+                return await self._run_owned(key, functools.partial(work, prior), redact), False
             if record.state == RequestState.DONE:
-                return message.FromString(base64.b64decode(record.result))
+                return message.FromString(base64.b64decode(record.result)), True
             if record.owner != self._owner and not await self._store.owner_alive(record.owner):
                 log.warning("request %s/%s: owner %s is gone; taking over", scope, request_id, record.owner)
                 await self._store.release_request(scope, request_id)
                 prior = record
                 continue
             if deadline.expired():
-                raise DeadlineExceeded(f"request_id {request_id!r} is still being processed; retry later")
+                raise DeadlineExceeded(f"request_id {clip(request_id)!r} is still being processed; retry later")
             await asyncio.sleep(min(self._poll, deadline.remaining()))
 
-    async def _run_owned(self, key: tuple[str, str], message: type[M], work: Callable[[], Awaitable[M]]) -> M:
+    async def _run_owned(self, key: tuple[str, str], work: Callable[[], Awaitable[M]],
+                         redact: Callable[[M], M] | None) -> M:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._local[key] = future
         try:
@@ -86,7 +95,7 @@ class Idempotency:
             raise
         finally:
             self._local.pop(key, None)
-        data = response.SerializeToString()
+        data = (redact(response) if redact is not None else response).SerializeToString()
         await asyncio.shield(self._store.complete_request(*key, base64.b64encode(data).decode()))
         future.set_result(data)
         return response
@@ -101,3 +110,4 @@ class Idempotency:
                 return None
             raise
         return message.FromString(data)
+

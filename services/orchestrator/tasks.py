@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import Iterable
 from typing import Any
 
-from rlgate.orchestrator.errors import InvalidArgument, NotFound
+from rlgate.orchestrator.errors import InvalidArgument, NotFound, clip
+from rlgate.orchestrator.limits import MAX_KEY
 from rlgate.orchestrator.providers.base import TaskDef
 
 MODALITIES = ("tool_use", "computer_use", "browser_use")
@@ -33,6 +35,8 @@ def task_from_json(obj: dict[str, Any]) -> TaskDef:
     key = obj.get("key") or obj.get("task_key") or obj.get("id")
     if not key:
         raise ValueError("task entry without 'key'")
+    if len(str(key)) > MAX_KEY:  # a Reset could never name it (task_key is at most MAX_KEY characters)
+        raise ValueError(f"task key {clip(key)!r} exceeds {MAX_KEY} characters")
     raw_env = str(obj.get("env_id") or obj.get("env_key") or obj.get("environment_id") or "")
     env_id, env_version = split_env_key(raw_env)
     if not env_id:
@@ -90,7 +94,7 @@ class TaskCatalog:
     def get(self, key: str) -> TaskDef:
         task = self._tasks.get(key)
         if task is None:
-            raise NotFound(f"unknown task_key {key!r} (see ListTasks)", reason="TASK_NOT_FOUND",
+            raise NotFound(f"unknown task_key {clip(key)!r} (see ListTasks)", reason="TASK_NOT_FOUND",
                            metadata={"task_key": key})
         return task
 
@@ -116,20 +120,26 @@ def validate_page_size(page_size: int) -> int:
     return page_size
 
 
+def _scope_digest(scope: str) -> str:
+    """The query a token belongs to, in a fixed size (the filters themselves may be long)."""
+    return hashlib.sha256(scope.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def encode_token(position: str, *, scope: str) -> str:
-    """An opaque page token bound to the query it came from."""
-    raw = json.dumps({"p": position, "s": scope}, separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    """An opaque page token bound to the query it came from (at most `limits.MAX_PAGE_TOKEN` characters
+    for any position of up to `limits.MAX_KEY` characters)."""
+    raw = json.dumps({"p": position, "s": _scope_digest(scope)}, separators=(",", ":"), ensure_ascii=False)
+    return base64.urlsafe_b64encode(raw.encode("utf-8", "surrogatepass")).decode().rstrip("=")
 
 
 def decode_token(token: str, *, scope: str) -> str:
     try:
         padded = token + "=" * (-len(token) % 4)
-        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()).decode("utf-8", "surrogatepass"))
         if not isinstance(data, dict) or not isinstance(data.get("p"), str):
             raise ValueError("not a page token")
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise InvalidArgument("page_token", "not a token returned by this RPC") from exc
-    if data.get("s") != scope:
+    if data.get("s") != _scope_digest(scope):
         raise InvalidArgument("page_token", "token belongs to a different query (filters changed)")
     return str(data["p"])

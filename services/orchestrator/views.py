@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from rlgate.convert import struct_from_dict
+from rlgate.orchestrator.errors import InvalidArgument
 from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.store import Session, ToolCallEntry
 from rlgate.v1 import common_pb2, orchestrator_pb2
@@ -16,9 +18,17 @@ def session_status(status: str) -> int:
     return int(common_pb2.SessionStatus.Value(f"SESSION_STATUS_{status.upper()}"))
 
 
-def status_name(value: int) -> str:
-    """SESSION_STATUS_ACTIVE -> 'active'."""
-    return common_pb2.SessionStatus.Name(value).removeprefix("SESSION_STATUS_").lower()
+def request_enum(enum: EnumTypeWrapper, value: int, field: str) -> str:
+    """A request's enum number -> its name. proto3 enums are open (any int32 arrives), so a number this
+    build does not know is the caller's mistake: INVALID_ARGUMENT naming the field, never a ValueError."""
+    if value not in enum.values():
+        raise InvalidArgument(field, f"unknown {enum.DESCRIPTOR.name} value {value}")
+    return enum.Name(value)
+
+
+def status_name(value: int, field: str = "status") -> str:
+    """SESSION_STATUS_ACTIVE -> 'active' (a request's SessionStatus; see `request_enum`)."""
+    return request_enum(common_pb2.SessionStatus, value, field).removeprefix("SESSION_STATUS_").lower()
 
 
 def done_reason(reason: str) -> int:

@@ -30,6 +30,10 @@ DEFAULT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
+    # Clients reconnect (and re-resolve DNS) every few minutes, so replicas an autoscaler adds get traffic;
+    # in-flight calls get a long grace (verifier runs and provisioning can take minutes).
+    ("grpc.max_connection_age_ms", 300_000),
+    ("grpc.max_connection_age_grace_ms", 180_000),
 ]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from rlgate.convert import NonFiniteNumberError, dict_from_struct, ensure_finite
+from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json
 from rlgate.runtime import metrics
 from rlgate.runtime.interceptors import token_hash
 from rlgate.runtime.logs import session_id_var
@@ -186,8 +186,8 @@ class ToolGateway:
                                f"request_id is {len(request_id)} characters; at most {MAX_REQUEST_ID}")
         arguments = dict_from_struct(request.arguments)
         try:
-            ensure_finite(arguments)
-        except NonFiniteNumberError as exc:
+            ensure_json(arguments)
+        except InvalidJsonValue as exc:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"arguments: {exc}") from exc
 
         scope = f"call:{session.session_id}"

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 
-from rlgate.convert import struct_from_dict
+from rlgate.convert import InvalidJsonValue, struct_from_dict
+from rlgate.errors import InvalidArgument
 from rlgate.retry import RetryPolicy, RetryState
 from rlgate.v1 import (
     common_pb2,
@@ -116,6 +117,8 @@ class ClientSettings:
             ("grpc.max_receive_message_length", self.max_receive_message_bytes),
             # Our own retry loop decides (with request ids); gRPC's transparent retries stay on.
             ("grpc.enable_retries", 1),
+            # A DNS name with several addresses (a Kubernetes headless Service) spreads calls over all pods.
+            ("grpc.lb_policy_name", "round_robin"),
         ]
         if self.tls_server_name:
             options.append(("grpc.ssl_target_name_override", self.tls_server_name))
@@ -323,8 +326,12 @@ class _Core(Generic[C]):
         trace_id: str | None,
         timeout: float | None,
     ) -> _Call[C]:
+        try:
+            struct = struct_from_dict(arguments or {})
+        except InvalidJsonValue as exc:  # undeliverable arguments: the caller's mistake, not a crash
+            raise InvalidArgument(f"arguments of {name!r}: {exc}") from exc
         request = toolgateway_pb2.CallToolRequest(
-            request_id=request_id or new_request_id(), name=name, arguments=struct_from_dict(arguments or {})
+            request_id=request_id or new_request_id(), name=name, arguments=struct
         )
         return self._gateway_call(
             gateway, agent_token, "CallTool", request, trace_id, self._timeout("call_tool", timeout)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.convert import NonFiniteNumberError, dict_from_struct, ensure_finite, py_from_value
+from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json, py_from_value
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -301,8 +301,8 @@ def _normalize_call(obj: Any) -> tuple[ToolCall | None, str]:
     if not isinstance(arguments, dict):
         return None, f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
     try:
-        ensure_finite(arguments)
-    except NonFiniteNumberError as exc:
+        ensure_json(arguments)
+    except InvalidJsonValue as exc:
         return None, f"arguments of {name!r}: {exc}"
     return ToolCall(name=name.strip(), arguments=arguments), ""
 

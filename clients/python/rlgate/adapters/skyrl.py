@@ -14,7 +14,7 @@ then `env_config`, then environment variables):
 | `task_key` (or `env_key`)  | -                         | the task (also read from `extra_info`)        |
 | `max_turns`                | -                         | turn limit passed to Reset (SkyRL always sets)|
 | `on_verifier_error`        | `RLGATE_ON_VERIFIER_ERROR`| `raise` (default) or `zero`                   |
-| `run_id`                   | `RLGATE_RUN_ID`           | labels the sessions of one training run       |
+| `run_id`                   | `RLGATE_TRAINING_RUN_ID`  | labels the sessions of one training run       |
 | `instructions`             | -                         | text placed before the tool list              |
 
 SkyRL calls `init`/`step`/`close` from a thread pool: the env uses the blocking client (one shared per
@@ -38,7 +38,7 @@ from rlgate.episode import Episode, TurnResult
 ENV_ID = "rlgate"
 ENTRY_POINT = "rlgate.adapters.skyrl:RlgateTextEnv"
 ENV_ON_VERIFIER_ERROR = "RLGATE_ON_VERIFIER_ERROR"
-ENV_RUN_ID = "RLGATE_RUN_ID"
+ENV_RUN_ID = "RLGATE_TRAINING_RUN_ID"
 
 log = logging.getLogger("rlgate.adapters.skyrl")
 

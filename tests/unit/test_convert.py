@@ -1,0 +1,54 @@
+"""JSON <-> Struct conversion limits: what cannot travel is refused with a clear error, never a DecodeError."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from rlgate.convert import (
+    MAX_JSON_DEPTH,
+    JsonTooDeepError,
+    NonFiniteNumberError,
+    dict_from_struct,
+    ensure_json,
+    struct_from_dict,
+)
+from rlgate.protocol import parse_assistant_text
+from rlgate.v1 import toolgateway_pb2
+
+
+def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_roundtrip_at_the_depth_limit_is_deliverable() -> None:
+    arguments = nested(MAX_JSON_DEPTH)
+    request = toolgateway_pb2.CallToolRequest(name="t", arguments=struct_from_dict(arguments))
+    parsed = toolgateway_pb2.CallToolRequest.FromString(request.SerializeToString())
+    assert dict_from_struct(parsed.arguments) == arguments  # 1 == 1.0
+
+
+def test_too_deep_is_refused_before_protobuf_sees_it() -> None:
+    with pytest.raises(JsonTooDeepError, match="nested deeper"):
+        struct_from_dict(nested(MAX_JSON_DEPTH + 1))
+    with pytest.raises(JsonTooDeepError):
+        deep_list: Any = 1
+        for _ in range(MAX_JSON_DEPTH):
+            deep_list = [deep_list]
+        ensure_json({"list": deep_list})
+    with pytest.raises(NonFiniteNumberError, match=r"\$\.x\[1\]"):
+        ensure_json({"x": [1.0, math.nan]})
+
+
+def test_model_text_with_undeliverable_arguments_is_an_error_observation() -> None:
+    import json
+
+    text = '<tool_call>{"name": "list_folders", "arguments": ' + json.dumps(nested(40)) + "}</tool_call>"
+    turn = parse_assistant_text(text)
+    assert not turn.tool_calls
+    assert turn.errors and "nested deeper" in turn.errors[0]
