@@ -21,7 +21,7 @@ GENERATED = ROOT / "clients" / "python" / "rlgate" / "v1"
 def _buf() -> str:
     candidate = os.environ.get("RLGATE_BUF") or str(ROOT / ".tools" / "node_modules" / ".bin" / "buf")
     if Path(candidate).exists():
-        return candidate
+        return str(Path(candidate).resolve())  # tests run buf from other directories
     found = shutil.which("buf")
     if found:
         return found
