@@ -26,8 +26,9 @@ from rlgate.orchestrator.errors import (
     NotFound,
     ResourceExhausted,
     Unavailable,
+    clip,
 )
-from rlgate.orchestrator.idempotency import Idempotency, check_request_id
+from rlgate.orchestrator.idempotency import Idempotency
 from rlgate.orchestrator.pool import PoolEntry, WarmPool
 from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Provider, ResetFailed, TaskDef
 from rlgate.orchestrator.provisioning import Provisioner
@@ -51,9 +52,6 @@ from rlgate.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
-MAX_LABEL = 63
-MAX_RUN_ID = 128
-
 
 @dataclass
 class ResetParams:
@@ -69,14 +67,6 @@ class ResetParams:
 def session_id_for_request(request_id: str) -> str:
     """Reset's session id is derived from its request_id, so a retry after a crash converges on it."""
     return "s-" + hashlib.sha256(f"reset:{request_id}".encode()).hexdigest()[:24]
-
-
-def _validate_labels(labels: Mapping[str, str], field_name: str = "labels") -> None:
-    for k, v in labels.items():
-        if not k or len(k) > MAX_LABEL:
-            raise InvalidArgument(field_name, f"label key {k[:70]!r} must be 1..{MAX_LABEL} characters")
-        if len(v) > MAX_LABEL:
-            raise InvalidArgument(field_name, f"value of label {k!r} exceeds {MAX_LABEL} characters")
 
 
 class EpisodeManager:
@@ -113,7 +103,7 @@ class EpisodeManager:
             raise InvalidArgument("session_id", "required")
         session = await self.store.get_session(session_id)
         if session is None:
-            raise NotFound(f"unknown session {session_id!r}", reason="SESSION_NOT_FOUND",
+            raise NotFound(f"unknown session {clip(session_id)!r}", reason="SESSION_NOT_FOUND",
                            metadata={"session_id": session_id})
         session_id_var.set(session_id)
         return session
@@ -154,10 +144,7 @@ class EpisodeManager:
 
     # -- Reset ------------------------------------------------------------------------------------------
     async def reset(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
-        check_request_id(params.request_id)
-        _validate_labels(params.labels)
-        if len(params.run_id) > MAX_RUN_ID:
-            raise InvalidArgument("run_id", f"at most {MAX_RUN_ID} characters")
+        """Id lengths and labels are checked before this (`limits.check_request`, by the servicer)."""
         if params.max_turns < 0:
             raise InvalidArgument("max_turns", "must be >= 0 (0 uses the task's default)")
         if params.session_id and (params.task_key or params.env_key):
@@ -172,8 +159,36 @@ class EpisodeManager:
                 return self._next_episode(params, deadline, prior)
             return self._new_session(params, deadline)
 
-        return await self.idempotency.run("reset", params.request_id, deadline,
-                                          orchestrator_pb2.ResetResponse, work)
+        return await self.idempotency.run("reset", params.request_id, deadline, orchestrator_pb2.ResetResponse,
+                                          work, redact=_without_token, replay=self._replay_reset)
+
+    async def _replay_reset(self, recorded: orchestrator_pb2.ResetResponse) -> orchestrator_pb2.ResetResponse:
+        """A repeat of a finished Reset. Its record holds no token (tokens are stored only as hashes), so the
+        episode gets a fresh one, which revokes the one handed out before: only the latest reply's holder
+        acts. Once the episode is over or superseded: FAILED_PRECONDITION naming the session."""
+        _, token = await self._rotate_token(recorded.session_id, recorded.episode)
+        answer = orchestrator_pb2.ResetResponse()
+        answer.CopyFrom(recorded)
+        answer.agent_token = token
+        return answer
+
+    async def _rotate_token(self, session_id: str, episode: int) -> tuple[Session, str]:
+        """A fresh agent token for `episode` while it is the session's running episode. Compare-and-set:
+        concurrent rotations serialise and the last one's token is the valid one."""
+        token = secrets.token_urlsafe(32)
+
+        def rotate(s: Session) -> bool:
+            if s.status != SessionStatus.ACTIVE or s.episode != episode:
+                raise FailedPrecondition(
+                    f"session {s.session_id} of this request_id has moved on ({s.status}, episode {s.episode}, "
+                    f"turn {s.turn}; the request started episode {episode})", reason="SESSION_NOT_RESUMABLE",
+                    metadata={"session_id": s.session_id, "status": s.status, "episode": s.episode})
+            s.token_hash = token_hash(token)
+            s.last_active_at = time.time()
+            return True
+
+        session, _ = await self._mutate(session_id, rotate)
+        return session, token
 
     async def _acquire(self, env_key: str, task: TaskDef | None,
                        deadline: Deadline) -> tuple[InstanceHandle, Intent | None, bool]:
@@ -273,14 +288,7 @@ class EpisodeManager:
 
     async def _resume_episode(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
         """Answer for an episode that a dead attempt started: same episode, a fresh token."""
-        token = secrets.token_urlsafe(32)
-
-        def rotate(s: Session) -> bool:
-            s.token_hash = token_hash(token)
-            s.last_active_at = time.time()
-            return True
-
-        session, _ = await self._mutate(session.session_id, rotate)
+        session, token = await self._rotate_token(session.session_id, session.episode)
         tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
                                      per_instance=self.provider.manages_instances)
         return self._reset_response(session, task, tools, token)
@@ -390,7 +398,6 @@ class EpisodeManager:
     # -- Step -------------------------------------------------------------------------------------------
     async def step(self, request: orchestrator_pb2.StepRequest,
                    deadline: Deadline) -> orchestrator_pb2.StepResponse:
-        check_request_id(request.request_id)
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
         for i, call in enumerate(request.tool_calls):
@@ -542,7 +549,6 @@ class EpisodeManager:
     async def close_sessions(self, labels: Mapping[str, str], run_id: str) -> list[str]:
         if not labels and not run_id:
             raise InvalidArgument("labels", "at least one filter (labels or run_id) is required")
-        _validate_labels(labels)
         targets = await self.open_sessions(labels=labels, run_id=run_id)
         sem = asyncio.Semaphore(16)
 
@@ -574,7 +580,6 @@ class EpisodeManager:
         self, request: orchestrator_pb2.ListSessionsRequest
     ) -> orchestrator_pb2.ListSessionsResponse:
         size = validate_page_size(request.page_size)
-        _validate_labels(request.labels)
         statuses = frozenset({status_name(request.status)}) if request.status else None
         scope = f"sessions:{request.status}:{sorted(request.labels.items())}:{request.run_id}"
         cursor = decode_token(request.page_token, scope=scope) if request.page_token else ""
@@ -591,6 +596,14 @@ class EpisodeManager:
         return orchestrator_pb2.ListTasksResponse(
             tasks=[task_info(t, default_max_turns=self.config.default_max_turns) for t in tasks],
             next_page_token=next_token, total=total)
+
+
+def _without_token(response: orchestrator_pb2.ResetResponse) -> orchestrator_pb2.ResetResponse:
+    """What Reset's request record keeps: the response minus the agent token (stored only as a hash)."""
+    kept = orchestrator_pb2.ResetResponse()
+    kept.CopyFrom(response)
+    kept.ClearField("agent_token")
+    return kept
 
 
 def _status_value(status: str) -> common_pb2.SessionStatus.ValueType:

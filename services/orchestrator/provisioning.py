@@ -25,7 +25,7 @@ from typing import Any
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import NotFound, OrchestratorError, ResourceExhausted, Unavailable
+from rlgate.orchestrator.errors import NotFound, OrchestratorError, ResourceExhausted, Unavailable, clip
 from rlgate.orchestrator.providers.base import (
     INTENT_ENV_VAR,
     EnvNotFound,
@@ -131,10 +131,10 @@ class Provisioner:
             metrics.PROVISION_SECONDS.labels("error").observe(time.perf_counter() - start)
             await asyncio.shield(self._after_failed_create(intent, exc))
             if isinstance(exc, EnvNotFound):
-                raise NotFound(f"unknown environment {env_key!r}: {exc}", reason="ENV_NOT_FOUND",
+                raise NotFound(f"unknown environment {clip(env_key)!r}: {exc}", reason="ENV_NOT_FOUND",
                                metadata={"env_key": env_key}) from exc
             if isinstance(exc, ProviderError) and not isinstance(exc, InstanceLimit | Retryable):
-                raise Unavailable(f"provider refused to create {env_key}: {exc}", reason="PROVIDER_ERROR",
+                raise Unavailable(f"provider refused to create {clip(env_key)}: {exc}", reason="PROVIDER_ERROR",
                                   retry_after_s=5.0) from exc
             raise
         finally:

@@ -1,18 +1,21 @@
-"""gRPC handlers: translate requests into `EpisodeManager` calls and `OrchestratorError`s into statuses
-with google.rpc details. No orchestration logic lives here."""
+"""gRPC handlers: check every request's ids (`limits.check_request`), translate requests into
+`EpisodeManager` calls and `OrchestratorError`s into statuses with google.rpc details. No orchestration
+logic lives here."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
-from rlgate.orchestrator.errors import OrchestratorError
+from rlgate.orchestrator.errors import MAX_MESSAGE, OrchestratorError, clip
+from rlgate.orchestrator.limits import check_request
 from rlgate.store import StoreError
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
@@ -20,14 +23,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+async def _answer(context: grpc.aio.ServicerContext, request: Message, call: Callable[[], Awaitable[T]]) -> T:
+    """Check the request's ids before any work, run `call`, map errors to statuses."""
     try:
-        return await call
+        check_request(request)
+        return await call()
     except OrchestratorError as exc:
         await context.abort_with_status(exc.to_grpc_status())
     except StoreError as exc:
         log.warning("store unavailable: %s", exc)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}")
+        await context.abort(grpc.StatusCode.UNAVAILABLE, clip(f"session store unavailable: {exc}", MAX_MESSAGE))
     raise AssertionError("unreachable")
 
 
@@ -45,19 +50,20 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         params = ResetParams(request_id=request.request_id, session_id=request.session_id,
                              task_key=request.task_key, env_key=request.env_key, max_turns=request.max_turns,
                              labels=dict(request.labels), run_id=request.run_id)
-        return await _answer(context, self._episodes.reset(params, self._deadline(context)))
+        return await _answer(context, request, lambda: self._episodes.reset(params, self._deadline(context)))
 
     async def Step(self, request: orchestrator_pb2.StepRequest,
                    context: grpc.aio.ServicerContext) -> orchestrator_pb2.StepResponse:
-        return await _answer(context, self._episodes.step(request, self._deadline(context)))
+        return await _answer(context, request, lambda: self._episodes.step(request, self._deadline(context)))
 
     async def State(self, request: orchestrator_pb2.StateRequest,
                     context: grpc.aio.ServicerContext) -> orchestrator_pb2.StateResponse:
-        return await _answer(context, self._episodes.state(request.session_id, request.include_tool_calls))
+        return await _answer(context, request,
+                             lambda: self._episodes.state(request.session_id, request.include_tool_calls))
 
     async def Close(self, request: orchestrator_pb2.CloseRequest,
                     context: grpc.aio.ServicerContext) -> orchestrator_pb2.CloseResponse:
-        return await _answer(context, self._episodes.close(request.session_id))
+        return await _answer(context, request, lambda: self._episodes.close(request.session_id))
 
     async def CloseSessions(self, request: orchestrator_pb2.CloseSessionsRequest,
                             context: grpc.aio.ServicerContext) -> orchestrator_pb2.CloseSessionsResponse:
@@ -65,18 +71,18 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             ids = await self._episodes.close_sessions(dict(request.labels), request.run_id)
             return orchestrator_pb2.CloseSessionsResponse(session_ids=ids)
 
-        return await _answer(context, run())
+        return await _answer(context, request, run)
 
     async def ListTasks(self, request: orchestrator_pb2.ListTasksRequest,
                         context: grpc.aio.ServicerContext) -> orchestrator_pb2.ListTasksResponse:
         async def run() -> orchestrator_pb2.ListTasksResponse:
             return self._episodes.list_tasks(request)
 
-        return await _answer(context, run())
+        return await _answer(context, request, run)
 
     async def ListSessions(self, request: orchestrator_pb2.ListSessionsRequest,
                            context: grpc.aio.ServicerContext) -> orchestrator_pb2.ListSessionsResponse:
-        return await _answer(context, self._episodes.list_sessions(request))
+        return await _answer(context, request, lambda: self._episodes.list_sessions(request))
 
 
 __all__ = ["OrchestratorServicer"]

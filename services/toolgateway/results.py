@@ -10,6 +10,7 @@ from typing import Any
 import mcp_types as mt
 
 from rlgate.convert import value_from_py
+from rlgate.protocol import render_tool_result
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
@@ -130,19 +131,6 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
 
 
 def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
-    """Short text for the tool-call log."""
-    parts: list[str] = []
-    for block in result.content:
-        kind = block.WhichOneof("kind")
-        if kind == "text":
-            parts.append(block.text.text)
-        elif kind == "image":
-            parts.append(f"[image {block.image.mime_type} {len(block.image.data)} bytes]")
-        elif kind == "audio":
-            parts.append(f"[audio {block.audio.mime_type} {len(block.audio.data)} bytes]")
-        elif kind == "resource_link":
-            parts.append(f"[resource link {block.resource_link.uri}]")
-        elif kind == "resource":
-            parts.append(f"[resource {block.resource.uri}]")
-    text = " ".join(parts)
+    """Short text for the tool-call log: what the model sees (rlgate.protocol), cut to `limit`."""
+    text = " ".join(render_tool_result(result).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -111,7 +111,7 @@ def test_result_conversion_all_block_kinds() -> None:
     assert out.content[4].resource.text == "inner" and out.content[5].resource.blob == b"\0\1"
     assert py_from_value(out.structured_content) == {"count": 2.0, "items": ["a"]}
     assert not out.is_error and out.error_kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED
-    assert "[image image/png" in summary(out)
+    assert "[image: image/png" in summary(out)
 
 
 def test_tool_failure_becomes_tool_failed() -> None:
