@@ -44,7 +44,7 @@ up: $(STAMP_SERVER)
 	$(VENV)/bin/rlgate up
 
 test: $(STAMP_ALL) $(BUF)
-	RLGATE_BUF=$(BUF) $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	RLGATE_BUF=$(BUF) $(PY) -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP_ALL) $(BUF)
 	$(VENV)/bin/ruff check .

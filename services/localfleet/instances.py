@@ -17,7 +17,7 @@ import shutil
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -167,6 +167,9 @@ class InstanceRegistry:
         self.stopped: dict[str, Instance] = {}
         self._request_ids: dict[str, str] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # Called with the id of every instance that stops, so per-instance state elsewhere (MCP sessions)
+        # dies with it instead of lingering until its own idle timeout.
+        self.on_stopped: list[Callable[[str], Awaitable[None]]] = []
 
     # ---- lifecycle of the registry itself ----
 
@@ -298,6 +301,11 @@ class InstanceRegistry:
         while len(self.stopped) > _TOMBSTONES:
             self.stopped.pop(next(iter(self.stopped)))
         self.counters.inc("instances_expired" if reason == "expired" else "instances_deleted")
+        for hook in self.on_stopped:
+            try:
+                await hook(instance_id)
+            except Exception:  # cleanup elsewhere must not keep the instance half-deleted
+                log.exception("cleanup of stopped instance %s failed", instance_id)
         await asyncio.to_thread(shutil.rmtree, inst.directory, True)
         log.info("instance %s %s", instance_id, reason)
         return inst

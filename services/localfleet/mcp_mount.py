@@ -134,6 +134,11 @@ class MCPEndpoints:
         self.counters = counters
         self.connections: ConnectionTracker | None = None
         self.forget_after_response: set[str] = set()
+        # instance id -> the legacy-era sessions opened on it (manager key, session id). A client that never
+        # sends DELETE, or sends it after the instance is gone (404 here), would otherwise leave its session,
+        # with its server task and streams, in the SDK's manager until the idle timeout.
+        self._sessions: dict[str, set[tuple[tuple[str, Kind], str]]] = {}
+        registry.on_stopped.append(self.discard_instance)
         security = TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=allowed_hosts,
             allowed_origins=[f"http://{h}" for h in allowed_hosts])
@@ -182,15 +187,27 @@ class MCPEndpoints:
             n += await self._forget(manager, None, env_key)
         return n
 
+    async def discard_instance(self, instance_id: str) -> None:
+        """End every MCP session opened on a stopped instance (they can never serve anything again)."""
+        for key, sid in self._sessions.pop(instance_id, set()):
+            await _end_sessions(self.managers[key], sid)
+
+    async def _track_session(self, instance_id: str, key: tuple[str, Kind], sid: str) -> None:
+        if sid not in _live_sessions(self.managers[key]):  # refused, or already ended
+            return
+        if instance_id not in self.registry.live:  # deleted while its opening request was served
+            await _end_sessions(self.managers[key], sid)
+            return
+        mine = self._sessions.setdefault(instance_id, set())
+        # Sessions the SDK already ended (DELETE, idle timeout) are dropped here, so the set stays small.
+        mine.difference_update({s for s in mine if s[1] not in _live_sessions(self.managers[s[0]])})
+        mine.add((key, sid))
+
     async def _forget(self, manager: StreamableHTTPSessionManager, sid: str | None, env_key: str) -> int:
-        # The SDK has no public "end session" call; _discard_session is what its own DELETE handling uses.
-        sessions = getattr(manager, "_server_instances", {})
-        victims = list(sessions.items()) if sid is None else [(sid, sessions[sid])] if sid in sessions else []
-        for session_id, transport in victims:
-            await manager._discard_session(session_id, transport)
-        if victims:
-            self.counters.inc_env(env_key.partition(":")[0], "sessions_forgotten", len(victims))
-        return len(victims)
+        n = await _end_sessions(manager, sid)
+        if n:
+            self.counters.inc_env(env_key.partition(":")[0], "sessions_forgotten", n)
+        return n
 
     @staticmethod
     def match(path: str) -> tuple[str, Kind] | None:
@@ -220,8 +237,18 @@ class MCPEndpoints:
             return
         scope = dict(scope)
         scope[SCOPE_KEY] = instance_id
-        manager = self.managers[(spec.env_key, kind)]
-        await manager.handle_request(scope, receive, send)
+        key: tuple[str, Kind] = (spec.env_key, kind)
+        manager = self.managers[key]
+        opened: list[str] = []
+
+        async def send_noting_session(message: Message) -> None:
+            if message["type"] == "http.response.start" and not headers.get(SESSION_HEADER):
+                opened.extend(v.decode("latin-1") for k, v in message.get("headers") or [] if k == SESSION_HEADER)
+            await send(message)
+
+        await manager.handle_request(scope, receive, send_noting_session)
+        for new_sid in opened:
+            await self._track_session(instance_id, key, new_sid)
         sid = headers.get(SESSION_HEADER, b"").decode("latin-1")
         if sid and sid in self.forget_after_response:
             self.forget_after_response.discard(sid)
@@ -248,6 +275,20 @@ class MCPEndpoints:
             if isinstance(item, dict) and isinstance(item.get("method"), str):
                 self.counters.mcp_method(env_id, item["method"])
         return _replay(body, receive)
+
+
+def _live_sessions(manager: StreamableHTTPSessionManager) -> dict[str, Any]:
+    return getattr(manager, "_server_instances", {})
+
+
+async def _end_sessions(manager: StreamableHTTPSessionManager, sid: str | None) -> int:
+    """End one session of `manager` (or all with `sid=None`); how many there were."""
+    # The SDK has no public "end session" call; _discard_session is what its own DELETE handling uses.
+    sessions = _live_sessions(manager)
+    victims = list(sessions.items()) if sid is None else [(sid, sessions[sid])] if sid in sessions else []
+    for session_id, transport in victims:
+        await manager._discard_session(session_id, transport)
+    return len(victims)
 
 
 def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Receive:

@@ -129,6 +129,26 @@ async def test_hang_until_cancelled(lf: LocalfleetProcess, env_key: str) -> None
 
 
 @pytest.mark.parametrize("env_key", ["notes", "notes-legacy"])
+async def test_client_timeout_cancels_the_tool(lf: LocalfleetProcess, env_key: str) -> None:
+    """A client that gives up on a call (its own timeout) cancels the tool in both eras, on both endpoints.
+
+    Modern: the 2026-07-28 client cancels by closing the POST; legacy: `notifications/cancelled`.
+    """
+    lf.set_faults(only(env_key, hang_tools=["count_notes"]))
+    inst = create(lf, env_key)
+    for n, endpoint in enumerate(("mcp", "api/v1/mcp"), start=1):
+        async with Client(inst["urls"]["root"] + endpoint, read_timeout_seconds=30) as client:
+            await client.list_tools()
+            started = time.monotonic()
+            with pytest.raises(Exception, match=r"(?i)time"):  # the SDK's timeout error (MCPError)
+                await client.call_tool("count_notes", {}, read_timeout_seconds=0.5)
+            assert time.monotonic() - started < 5
+            await wait_for(lambda n=n: lf.counters()["cancellations"] == n, within=5)  # type: ignore[misc]
+            assert not (await client.call_tool("whoami", {})).is_error  # the client still works
+    assert lf.counters()["by_env"][env_key]["cancellations"] == 2
+
+
+@pytest.mark.parametrize("env_key", ["notes", "notes-legacy"])
 async def test_crash_mid_call(lf: LocalfleetProcess, env_key: str) -> None:
     lf.set_faults(only(env_key, crash_tools=["add_note"]))
     inst = create(lf, env_key)

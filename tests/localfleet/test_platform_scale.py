@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -64,3 +65,59 @@ async def test_500_live_instances() -> None:
               f"after MCP use {rss_used / mib:.0f} MiB, disk {disk / mib:.0f} MiB, batch delete {delete_s:.1f}s")
         assert create_s < 240
         assert rss_used < 1024 * mib
+
+
+VERIFIER = "def v(before, after, transcript=None):\n    return 1\n"
+
+
+async def _episode(http: httpx.AsyncClient, env_key: str, verify: bool) -> None:
+    """One episode as the stack runs it: create, reset, MCP on both endpoints, verify, delete.
+
+    The instance is deleted while its MCP clients are still open (their DELETE then gets 404), as happens
+    when the orchestrator ends an episode before the gateway drops its clients.
+    """
+    r = await http.post("/v1/env/instances", json={"env_key": env_key, "run_id": "soak"})
+    assert r.status_code == 200, r.text
+    inst = r.json()
+    root = inst["urls"]["root"]
+    assert (await http.post(inst["urls"]["manager"]["reset"], json={})).json()["success"]
+    async with contextlib.AsyncExitStack() as stack:
+        for endpoint in ("mcp", "api/v1/mcp"):
+            client = await stack.enter_async_context(Client(root + endpoint, read_timeout_seconds=60))
+            await client.list_tools()
+            assert not (await client.call_tool("add_note", {"title": "t", "body": "b"})).is_error
+        if verify:
+            out = (await http.post(root + "api/v1/env/execute_verifier_function",
+                                   json={"function_code": VERIFIER, "function_name": "v"})).json()
+            assert out["success"], out
+        assert (await http.delete(f"/v1/env/instances/{inst['instance_id']}")).status_code == 200
+
+
+@pytest.mark.slow
+async def test_memory_flat_over_episodes() -> None:
+    """RSS per episode stays small over a few hundred create → MCP (both eras) → verify → delete cycles.
+
+    Before the fix every legacy-era session of a deleted instance stayed in the SDK's session manager until
+    its 10-minute idle timeout: ~46 KiB per episode here (the soak's ~0.1 MB per episode through the stack).
+    """
+    warmup, n = 40, 300
+    with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments") as lf:
+        assert lf.pid is not None
+        proc = psutil.Process(lf.pid)
+        sem = asyncio.Semaphore(4)
+        async with httpx.AsyncClient(base_url=lf.base_url, headers=AUTH, timeout=60) as http:
+            async def one(i: int) -> None:
+                async with sem:
+                    await _episode(http, "notes" if i % 2 == 0 else "notes-legacy", verify=i % 5 == 0)
+
+            await asyncio.gather(*(one(i) for i in range(warmup)))  # imports, templates, allocator pools
+            rss0, started = proc.memory_info().rss, time.monotonic()
+            await asyncio.gather(*(one(i) for i in range(n)))
+            took, rss1 = time.monotonic() - started, proc.memory_info().rss
+            counters = (await http.get("/_admin/counters")).json()
+        per_episode = (rss1 - rss0) / n
+        print(f"\nlocalfleet {n} episodes in {took:.1f}s: RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
+              f"{per_episode / 1024:.1f} KiB per episode, fds {proc.num_fds()}")
+        assert counters["instances_created"] == counters["instances_deleted"] == warmup + n
+        assert counters["running_instances"] == 0
+        assert per_episode < 20 * 1024, f"{per_episode / 1024:.1f} KiB per episode"

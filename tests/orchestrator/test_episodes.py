@@ -4,6 +4,7 @@ toolgateway in-process, the orchestrator over gRPC."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -12,10 +13,12 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
 from rlgate.convert import dict_from_struct, struct_from_dict
+from rlgate.runtime.interceptors import token_hash
 from rlgate.store import SessionStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
@@ -245,13 +248,35 @@ async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Runni
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, orch: Running) -> None:
+async def list_tools_code(gateway: GatewayHandle, token: str) -> grpc.StatusCode:
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        try:
+            await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
+                toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=30)
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK
+
+
+def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
+    status = rpc_status.from_call(err)
+    assert status is not None
+    info = error_details_pb2.ErrorInfo()
+    next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
+    return info
+
+
+async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, orch: Running,
+                                                      gateway: GatewayHandle) -> None:
     created_before = lf.counters()["instances_created"]
     req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="dup-reset")
     a, b = await asyncio.gather(orch.stub.Reset(req, timeout=60), orch.stub.Reset(req, timeout=60))
     c = await orch.stub.Reset(req, timeout=60)
-    assert a.session_id == b.session_id == c.session_id
-    assert a.agent_token == b.agent_token == c.agent_token
+    assert a.session_id == b.session_id == c.session_id and a.episode == b.episode == c.episode == 1
+    # Each reply carries its own token (the record keeps none); only the latest one works.
+    assert len({a.agent_token, b.agent_token, c.agent_token}) == 3
+    assert [await list_tools_code(gateway, r.agent_token) for r in (a, b, c)] == [
+        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OK]
     assert lf.counters()["instances_created"] - created_before == 1
     assert len(instances_of(lf, orch.config.run_id)) == 1
 
@@ -262,6 +287,59 @@ async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, or
     other = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=a.session_id, request_id="step-2"),
                                  timeout=30)
     assert other.turn == 2
+
+
+async def test_reset_replay_mints_a_new_token_and_the_record_keeps_none(
+    orch: Running, store: SessionStore, gateway: GatewayHandle,
+) -> None:
+    """Tokens are stored only as hashes: Reset's request record has no token, a repeat of the request_id
+    gets a fresh one (revoking the earlier reply's), concurrent repeats converge on one valid token, and a
+    repeat after the episode is over is FAILED_PRECONDITION naming the session."""
+    req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="replay-1")
+    first = await orch.stub.Reset(req, timeout=60)
+    record = await store.get_request("reset", "replay-1")
+    assert record is not None
+    kept = orchestrator_pb2.ResetResponse.FromString(base64.b64decode(record.result))
+    assert kept.session_id == first.session_id and kept.tools and kept.agent_token == ""
+
+    again = await orch.stub.Reset(req, timeout=60)
+    assert (again.session_id, again.episode, list(again.tools)) == (first.session_id, 1, list(first.tools))
+    assert again.agent_token and again.agent_token != first.agent_token
+    assert await list_tools_code(gateway, first.agent_token) == grpc.StatusCode.UNAUTHENTICATED
+    assert await list_tools_code(gateway, again.agent_token) == grpc.StatusCode.OK
+
+    # Concurrent repeats: every one answers; the session holds exactly one of their tokens.
+    replies = await asyncio.gather(*(orch.stub.Reset(req, timeout=60) for _ in range(6)))
+    assert {r.session_id for r in replies} == {first.session_id}
+    session = await store.get_session(first.session_id)
+    assert session is not None
+    valid = [r.agent_token for r in replies if token_hash(r.agent_token) == session.token_hash]
+    assert len(valid) == 1 and len({r.agent_token for r in replies}) == 6
+    assert await list_tools_code(gateway, valid[0]) == grpc.StatusCode.OK
+
+    # The episode is over: the repeat cannot hand out a token for it.
+    await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=first.session_id, done=True), timeout=60)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Reset(req, timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    info = error_info(err.value)
+    assert info.reason == "SESSION_NOT_RESUMABLE" and info.metadata["session_id"] == first.session_id
+
+    # A next-episode Reset replays the same way, until a later Reset or Close moves the session on.
+    next_req = orchestrator_pb2.ResetRequest(session_id=first.session_id, request_id="replay-next")
+    started = await orch.stub.Reset(next_req, timeout=60)
+    repeat = await orch.stub.Reset(next_req, timeout=60)
+    assert (repeat.episode, started.episode) == (2, 2) and repeat.agent_token != started.agent_token
+    assert await list_tools_code(gateway, repeat.agent_token) == grpc.StatusCode.OK
+    await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id), timeout=60)  # episode 3
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=first.session_id), timeout=60)
+    for moved_on in (next_req, req):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await orch.stub.Reset(moved_on, timeout=60)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert await list_tools_code(gateway, repeat.agent_token) == grpc.StatusCode.UNAUTHENTICATED
+    record = await store.get_request("reset", "replay-next")
+    assert record is not None and repeat.agent_token.encode() not in base64.b64decode(record.result)
 
 
 async def test_errors_are_precise_statuses(orch: Running) -> None:
@@ -301,6 +379,30 @@ async def test_errors_are_precise_statuses(orch: Running) -> None:
         assert (await code(stub.ListTasks(bad, timeout=10)))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert (await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(page_token="%%%"), timeout=10)))[0] \
         == grpc.StatusCode.INVALID_ARGUMENT
+    # An enum number the proto does not define (proto3 enums are open) is the caller's mistake.
+    c, msg = await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(status=99), timeout=10))
+    assert c == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("status:")
+    # Ids past their limits: named INVALID_ARGUMENT, or NOT_FOUND for names; never echoed whole.
+    huge = "s-" + "x" * 20_000
+    for call in (stub.State(orchestrator_pb2.StateRequest(session_id=huge), timeout=10),
+                 stub.Close(orchestrator_pb2.CloseRequest(session_id=huge), timeout=10),
+                 stub.Step(orchestrator_pb2.StepRequest(session_id=huge, request_id="huge-1"), timeout=10),
+                 stub.Reset(orchestrator_pb2.ResetRequest(session_id=huge, request_id="huge-2"), timeout=10),
+                 stub.Reset(orchestrator_pb2.ResetRequest(task_key=huge), timeout=10)):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        status = rpc_status.from_call(err.value)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and status is not None
+        assert len(err.value.details() or "") < 256 and status.ByteSize() < 1024
+    for call, field in ((stub.ListSessions(orchestrator_pb2.ListSessionsRequest(run_id=huge), timeout=10), "run_id"),
+                        (stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(run_id=huge), timeout=10),
+                         "run_id"),
+                        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key=huge), timeout=10), "env_key"),
+                        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_token=huge), timeout=10),
+                         "page_token"),
+                        (stub.Reset(orchestrator_pb2.ResetRequest(env_key=huge), timeout=10), "env_key")):
+        c, msg = await code(call)
+        assert c == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith(f"{field}:") and len(msg) < 256
     # Details ride in google.rpc.Status.
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)

@@ -17,7 +17,17 @@ from fleet._async.exceptions import (
 )
 from google.rpc import error_details_pb2
 
-from rlgate.orchestrator.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from rlgate.orchestrator.errors import (
+    MAX_ECHO,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    OrchestratorError,
+    ResourceExhausted,
+    Unavailable,
+    clip,
+)
+from rlgate.orchestrator.limits import MAX_KEY, MAX_PAGE_TOKEN, check_request
 from rlgate.orchestrator.pool import parse_pool_targets
 from rlgate.orchestrator.providers.base import (
     EnvNotFound,
@@ -34,6 +44,8 @@ from rlgate.orchestrator.providers.fleet import map_fleet_error, score_of
 from rlgate.orchestrator.providers.mcp import parse_mcp_envs
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
 from rlgate.orchestrator.verifier import Verifier
+from rlgate.orchestrator.views import status_name
+from rlgate.v1 import common_pb2, orchestrator_pb2
 
 
 def _task(key: str, env: str = "mailbox", version: str = "v1") -> TaskDef:
@@ -51,6 +63,8 @@ def test_task_from_fleet_json_variants() -> None:
         task_from_json({"prompt": "no key", "env_id": "x"})
     with pytest.raises(ValueError):
         task_from_json({"key": "no env", "prompt": "p"})
+    with pytest.raises(ValueError):  # a Reset could never name it
+        task_from_json({"key": "k" * (MAX_KEY + 1), "prompt": "p", "env_id": "x"})
 
 
 def test_catalog_pages_and_filters() -> None:
@@ -99,6 +113,62 @@ def test_error_details_travel_in_google_rpc_status() -> None:
     assert Unavailable("down").to_grpc_status().code == grpc.StatusCode.UNAVAILABLE
     bad = InvalidArgument("labels", "too long").to_status()
     assert any(d.Is(error_details_pb2.BadRequest.DESCRIPTOR) for d in bad.details)
+
+
+def test_errors_never_grow_with_the_request() -> None:
+    huge = "x" * 50_000
+    assert clip("short") == "short" and clip(huge) == "x" * MAX_ECHO + "…"
+    errors: list[OrchestratorError] = [
+        NotFound(f"unknown session {huge!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": huge}),
+        FailedPrecondition(huge, metadata={huge[:10]: huge}), InvalidArgument(huge, huge),
+        ResourceExhausted(huge, subject=huge, reason="MAX_SESSIONS", metadata={"limit": huge}),
+    ]
+    for error in errors:
+        assert error.to_status().ByteSize() < 3 * 1024, type(error).__name__
+
+
+@pytest.mark.parametrize(("request_", "code", "field"), [
+    (orchestrator_pb2.StateRequest(session_id="s-" + "x" * 20_000), grpc.StatusCode.NOT_FOUND, "session_id"),
+    (orchestrator_pb2.CloseRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
+    (orchestrator_pb2.StepRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
+    (orchestrator_pb2.ResetRequest(task_key="t" * (MAX_KEY + 1)), grpc.StatusCode.NOT_FOUND, "task_key"),
+    (orchestrator_pb2.ResetRequest(request_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "request_id"),
+    (orchestrator_pb2.StepRequest(session_id="s-1", request_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT,
+     "request_id"),
+    (orchestrator_pb2.ResetRequest(env_key="e" * (MAX_KEY + 1)), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
+    (orchestrator_pb2.ResetRequest(run_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+    (orchestrator_pb2.ResetRequest(labels={"k" * 64: "v"}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
+    (orchestrator_pb2.CloseSessionsRequest(run_id="r" * 10_000), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+    (orchestrator_pb2.ListSessionsRequest(labels={"k": "v" * 64}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
+    (orchestrator_pb2.ListSessionsRequest(page_token="p" * (MAX_PAGE_TOKEN + 1)),
+     grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
+    (orchestrator_pb2.ListTasksRequest(env_key="e" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
+])
+def test_request_ids_are_bounded_before_any_work(request_: Any, code: grpc.StatusCode, field: str) -> None:
+    with pytest.raises(OrchestratorError) as err:
+        check_request(request_)
+    status = err.value.to_status()
+    assert err.value.code == code and status.ByteSize() < 1024
+    assert field in err.value.message if code == grpc.StatusCode.INVALID_ARGUMENT else err.value.metadata[field]
+
+
+def test_requests_within_the_limits_pass() -> None:
+    check_request(orchestrator_pb2.ResetRequest(request_id="r" * 128, task_key="t" * MAX_KEY, run_id="u" * 128,
+                                                env_key="e" * MAX_KEY, labels={"k" * 63: "v" * 63}))
+    check_request(orchestrator_pb2.StepRequest(session_id="s" * 128, assistant_text="a" * 100_000,
+                                               final_answer="f" * 100_000))
+    # A page token positioned at the longest possible task key fits the page_token limit.
+    token = encode_token("\U0001f600" * MAX_KEY, scope="tasks:")
+    check_request(orchestrator_pb2.ListTasksRequest(page_token=token))
+    assert decode_token(token, scope="tasks:") == "\U0001f600" * MAX_KEY
+
+
+def test_unknown_enum_numbers_are_invalid_argument() -> None:
+    assert status_name(common_pb2.SESSION_STATUS_ACTIVE) == "active"
+    for bad in (99, -1, 2**31 - 1):
+        with pytest.raises(InvalidArgument) as err:
+            status_name(bad)
+        assert err.value.field == "status"
 
 
 @pytest.mark.parametrize(("result", "score"), [
