@@ -46,11 +46,9 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
-# Open service issue worked around where it breaks a measurement (recorded in the entries that use it): the
-# orchestrator's periodic reconcile deletes pooled/just-created instances that sessions are being bound to
-# (a stale snapshot, services/orchestrator/reconcile.py), so their CallTools get 404s under concurrent
-# Resets. The start-up reconcile still runs. Remove (set to []) once reconcile re-checks before deleting.
-RECONCILE_WORKAROUND = ["--reconcile-interval-s", "3600"]
+# Orchestrator flags that worked around an open service issue (recorded in the entries that use it). Empty:
+# reconciliation now judges every instance on the current intent and session before deleting it.
+RECONCILE_WORKAROUND: list[str] = []
 
 BENCH_TOOLS = {
     "mailbox:v1": ToolCall("read_message", {"message_id": 1}),

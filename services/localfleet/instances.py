@@ -18,7 +18,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,7 +87,7 @@ class InstanceGone(LookupError):
     """No such instance, or it is no longer running."""
 
 
-@dataclass
+@dataclass(slots=True)  # up to 10,000 stopped ones are kept as tombstones: no per-object __dict__
 class Instance:
     instance_id: str
     spec: EnvironmentSpec
@@ -104,7 +104,6 @@ class Instance:
     updated_at: float = 0.0
     terminated_at: float | None = None
     last_heartbeat: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seed_path(self) -> Path:

@@ -23,6 +23,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
+import anyio
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context, Image
 from mcp.server.mcpserver.exceptions import ToolError
@@ -246,7 +247,12 @@ class MCPEndpoints:
                 opened.extend(v.decode("latin-1") for k, v in message.get("headers") or [] if k == SESSION_HEADER)
             await send(message)
 
-        await manager.handle_request(scope, receive, send_noting_session)
+        if spec.mcp_era == "modern" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # A 2026-07-28 request runs its tool in this request's task, and closing the POST is how its
+            # client cancels: watch for that here, whatever response mode the SDK's handler uses.
+            await _cancel_on_disconnect(manager.handle_request, scope, receive, send_noting_session)
+        else:
+            await manager.handle_request(scope, receive, send_noting_session)
         for new_sid in opened:
             await self._track_session(instance_id, key, new_sid)
         sid = headers.get(SESSION_HEADER, b"").decode("latin-1")
@@ -275,6 +281,44 @@ class MCPEndpoints:
             if isinstance(item, dict) and isinstance(item.get("method"), str):
                 self.counters.mcp_method(env_id, item["method"])
         return _replay(body, receive)
+
+
+async def _cancel_on_disconnect(app: ASGIHandler, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run `app` for one request, cancelling it if the client disconnects before the response is complete.
+
+    `receive` is read by the watcher only; `app` gets the first message (the body), then `http.disconnect`
+    once it happened (the SDK's own watcher, if any, keeps working).
+    """
+    first = await receive()
+    disconnected = anyio.Event()
+    given = responded = False
+
+    async def app_receive() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return first
+        await disconnected.wait()
+        return {"type": "http.disconnect"}
+
+    async def app_send(message: Message) -> None:
+        nonlocal responded
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            responded = True
+        await send(message)
+
+    async with anyio.create_task_group() as tg:
+        async def watch() -> None:
+            if first["type"] != "http.disconnect":
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            disconnected.set()
+            if not responded:
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        await app(scope, app_receive, app_send)
+        tg.cancel_scope.cancel()
 
 
 def _live_sessions(manager: StreamableHTTPSessionManager) -> dict[str, Any]:

@@ -1,11 +1,18 @@
 """Reconciliation: make the provider's instances (tagged with this run_id) agree with the store.
 
 Runs on start-up and every `reconcile_interval_s`, under a store lease so several orchestrators of the same
-run never double-delete. For each live instance: an open session owns it -> keep (resumed); its intent is
-a create in flight or a warm-pool entry of a live process -> keep; anything else is an orphan -> deleted
-(a 404 counts as done, so a delete never happens twice in effect). Intents whose instance never appeared
-are dropped once their owner is dead; sessions whose instance vanished (TTL, heartbeat, manual delete) are
-marked FAILED; sessions stuck PROVISIONING by a dead process are failed and their instance released.
+run never double-delete. A pass reads a snapshot (open sessions, intents, then the provider's instances),
+but sessions and intents keep changing while it runs, so nothing is deleted on the snapshot's word: each
+instance no snapshot session owns is judged on its intent and session as they are *now* (`_orphan_reason`),
+and the candidates are checked against a fresh list of open sessions right before the delete.
+
+What keeps an instance (see `_orphan_reason`): an open session uses it; its intent is in this process's
+warm pool (idle or being handed out / put back); a CREATING or POOLED intent of a live process; a BOUND
+intent whose session is open on it, or whose session closed moments ago (the closer releases it); an
+instance with no intent that is younger than the pass (its intent may be being written). Everything else
+is an orphan and deleted (a 404 counts as done, so a delete never happens twice in effect). Intents whose
+instance never appeared are dropped once their owner is dead; sessions whose instance vanished (TTL,
+heartbeat, manual delete) are marked FAILED; sessions stuck PROVISIONING by a dead process are failed.
 """
 
 from __future__ import annotations
@@ -13,16 +20,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import EpisodeManager
 from rlgate.orchestrator.pool import WarmPool
-from rlgate.orchestrator.providers.base import Provider
+from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.provisioning import Provisioner, intent_owner
-from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionStore
+from rlgate.store import IntentState, SessionStatus, SessionStore
 
 log = logging.getLogger(__name__)
+
+# How long a record a live process just changed is left to that process (a pool entry being appended, a
+# session just closed being released or pooled, an instance whose intent cannot be found yet).
+SETTLE_GRACE_S = 30.0
 
 
 @dataclass
@@ -33,6 +45,18 @@ class ReconcileReport:
     orphans_deleted: int = 0
     intents_dropped: int = 0
     sessions_failed: int = 0
+
+
+def created_at(handle: InstanceHandle) -> float | None:
+    """The provider's creation time of an instance (epoch seconds), if it reports one."""
+    raw = handle.raw.get("created_at") if handle.raw else None
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
 class Reconciler:
@@ -46,6 +70,8 @@ class Reconciler:
         self._episodes = episodes
         self._owner = owner
         self.lease = f"reconcile:{config.run_id}"
+        self._lease_ttl = max(10.0, config.reconcile_interval_s * 3)
+        self._no_intent_since: dict[str, float] = {}  # instances without intent or creation time: first seen
 
     async def _alive(self, owner: str) -> bool:
         if not owner:
@@ -56,43 +82,60 @@ class Reconciler:
         report = ReconcileReport()
         if not self._provider.manages_instances:
             return report
-        ttl = max(10.0, self._config.reconcile_interval_s * 3)
-        if not await self._store.acquire_lease(self.lease, self._owner, ttl):
+        if not await self._store.acquire_lease(self.lease, self._owner, self._lease_ttl):
             return report
         report.ran = True
-        listed_at = time.time()
+        snapshot_at = time.time()
         sessions = await self._episodes.open_sessions(orchestrator_run=self._config.run_id)
         intents = {i.intent_id: i for i in await self._store.list_intents(self._config.run_id)}
         instances = await self._provider.list_instances(self._config.run_id,
                                                         timeout_s=self._config.provider_timeout_s)
         report.instances = len(instances)
-        by_instance = {s.instance_id: s for s in sessions if s.instance_id}
-        by_intent_instance = {i.instance_id: i for i in intents.values() if i.instance_id}
+        by_instance = {s.instance_id for s in sessions if s.instance_id}
+        intent_of_instance = {i.instance_id: i.intent_id for i in intents.values() if i.instance_id}
         live_ids = {inst.instance_id for inst in instances}
         seen_intents = {inst.intent_id for inst in instances if inst.intent_id}
+        self._no_intent_since = {k: v for k, v in self._no_intent_since.items() if k in live_ids}
 
+        candidates: list[tuple[InstanceHandle, str, str]] = []  # (instance, intent id, why it is an orphan)
         for inst in instances:
             if inst.instance_id in by_instance:
                 report.kept += 1
                 if startup:
                     metrics.RECONCILED.labels("session_resumed").inc()
                 continue
-            intent = intents.get(inst.intent_id) or by_intent_instance.get(inst.instance_id)
-            if intent is not None and await self._keep(intent, by_instance):
+            intent_id = inst.intent_id or intent_of_instance.get(inst.instance_id, "")
+            why = await self._orphan_reason(inst, intent_id, snapshot_at)
+            if why is None:
                 report.kept += 1
-                continue
-            log.warning("reconcile: deleting orphan instance %s (%s, intent %s)", inst.instance_id, inst.env_key,
-                        intent.state if intent else "none")
-            if await self._provisioner.release(inst.instance_id, intent.intent_id if intent else ""):
-                report.orphans_deleted += 1
-                metrics.RECONCILED.labels("orphan_deleted").inc()
+            else:
+                candidates.append((inst, intent_id, why))
+        if candidates:
+            # Sessions registered since the snapshot (a hand-out whose intent a dead owner never marked
+            # BOUND is found only this way): every verdict above was reached before this read.
+            fresh = {s.instance_id for s in await self._episodes.open_sessions(
+                orchestrator_run=self._config.run_id) if s.instance_id}
+            for inst, intent_id, why in candidates:
+                if inst.instance_id in fresh:
+                    report.kept += 1
+                    continue
+                if not await self._store.acquire_lease(self.lease, self._owner, self._lease_ttl):
+                    log.warning("reconcile: lease lost mid-pass; leaving the rest to its holder")
+                    break
+                log.warning("reconcile: deleting orphan instance %s (%s, %s)", inst.instance_id, inst.env_key, why)
+                if await self._provisioner.release(inst.instance_id, intent_id):
+                    report.orphans_deleted += 1
+                    metrics.RECONCILED.labels("orphan_deleted").inc()
 
         stale_after = self._config.provision_timeout_s + 30
-        for intent in intents.values():
-            if intent.instance_id in live_ids or intent.intent_id in seen_intents:
+        for snap in intents.values():
+            if snap.instance_id in live_ids or snap.intent_id in seen_intents:
                 continue
+            intent = await self._store.get_intent(snap.intent_id)
+            if intent is None or (intent.state, intent.updated_at) != (snap.state, snap.updated_at):
+                continue  # changed since the snapshot: the next pass judges it
             owner_alive = await self._alive(intent_owner(intent.intent_id))
-            age = listed_at - intent.updated_at
+            age = time.time() - intent.updated_at
             drop = (
                 (intent.state == IntentState.CREATING and not owner_alive)
                 or (intent.state == IntentState.DELETING and (not owner_alive or age > stale_after))
@@ -105,7 +148,7 @@ class Reconciler:
         stuck_after = self._config.provision_timeout_s + self._config.reset_timeout_s + 30
         for s in sessions:
             if s.status == SessionStatus.PROVISIONING:
-                if s.updated_at < listed_at - stuck_after and await self._episodes.fail(
+                if s.updated_at < snapshot_at - stuck_after and await self._episodes.fail(
                         s.session_id, "reset did not finish (its owner is gone)"):
                     report.sessions_failed += 1
             elif s.instance_id and s.instance_id not in live_ids and await self._episodes.fail(
@@ -117,19 +160,46 @@ class Reconciler:
                  report.sessions_failed)
         return report
 
-    async def _keep(self, intent: Intent, by_instance: dict[str, Session]) -> bool:
+    async def _orphan_reason(self, inst: InstanceHandle, intent_id: str, snapshot_at: float) -> str | None:
+        """Why `inst` (owned by no snapshot session) is an orphan, judged on the current records; None keeps
+        it. The pool is asked before the intent is read: a hand-out settles (session registered, intent
+        BOUND) before it leaves the pool, so an entry not in the pool now shows its settled intent below."""
+        if intent_id and intent_id in self._pool.intent_ids():
+            return None  # idle here, or being handed out / put back by this process
+        intent = await self._store.get_intent(intent_id) if intent_id else None
+        now = time.time()
+        if intent is None:
+            return None if self._young(inst, snapshot_at, now) else "no intent"
+        if intent.intent_id in self._pool.intent_ids():
+            return None
+        owner = intent_owner(intent.intent_id)
+        settling = now - intent.updated_at < SETTLE_GRACE_S and await self._alive(owner)
         if intent.state == IntentState.CREATING:
-            return await self._alive(intent_owner(intent.intent_id))  # a create still in flight
+            return None if await self._alive(owner) else "intent creating, owner gone"
         if intent.state == IntentState.POOLED:
-            if intent_owner(intent.intent_id) == self._owner:
-                return intent.intent_id in self._pool.intent_ids()
-            return await self._alive(intent_owner(intent.intent_id))
+            if owner == self._owner:  # not in this pool: an entry about to be appended, or a lost one
+                return None if settling else "intent pooled, not in this process's pool"
+            return None if await self._alive(owner) else "intent pooled, owner gone"
         if intent.state == IntentState.BOUND:
-            # Bound but no open session uses it: the session closed and the delete never finished,
-            # or the session record is gone.
             session = await self._store.get_session(intent.session_id) if intent.session_id else None
-            return bool(session and session.is_open and session.instance_id == intent.instance_id)
-        return False  # DELETING
+            if session is not None and session.is_open and session.instance_id == inst.instance_id:
+                return None
+            if session is not None and not session.is_open and now - session.closed_at < SETTLE_GRACE_S:
+                return None  # just closed: its closer releases (or pools) the instance
+            if session is None and settling:
+                return None  # bound moments ago by a live process; its session is being registered
+            return "intent bound, session " + ("gone" if session is None else
+                                               "closed" if not session.is_open else "moved on")
+        return "intent deleting"  # a release or failed create: deleting again is harmless (404 = done)
+
+    def _young(self, inst: InstanceHandle, snapshot_at: float, now: float) -> bool:
+        """An instance without an intent is an orphan only once it is old enough that its intent cannot be
+        on its way: created before this pass's snapshot, or first seen longer ago than the grace period."""
+        created = created_at(inst)
+        if created is not None:
+            return created >= snapshot_at and now - created < SETTLE_GRACE_S
+        first = self._no_intent_since.setdefault(inst.instance_id, now)
+        return now - first < SETTLE_GRACE_S
 
     async def release_lease(self) -> None:
         try:
@@ -138,4 +208,4 @@ class Reconciler:
             log.debug("could not release the reconcile lease", exc_info=True)
 
 
-__all__ = ["ReconcileReport", "Reconciler"]
+__all__ = ["ReconcileReport", "Reconciler", "created_at"]

@@ -1,20 +1,25 @@
 """Starting the orchestrator: `start_orchestrator` (in-process, tests and embedding) and `run` (the CLI).
 
 Auth: API keys (`authorization: Bearer`) when configured; refusing a non-loopback listen address without
-keys unless `--insecure`. Optional TLS. SIGTERM drains: health NOT_SERVING, every open session of this run
-closed (or handed back), warm pools emptied, background loops cancelled.
+keys unless `--insecure`. Optional TLS. Readiness: until the task catalog has loaded (the provider may start
+after rlgate; the load is retried in the background) health is NOT_SERVING and every task-dependent RPC
+answers UNAVAILABLE. SIGTERM drains: health NOT_SERVING, every open session of this run closed (or handed
+back), warm pools emptied, background loops cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.errors import Unavailable
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
@@ -28,6 +33,9 @@ from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+# RPCs that need the task catalog (task lookups, verification, task info in answers). Close and
+# CloseSessions do not: releasing instances must work whatever state the catalog is in.
+TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "State", "ListTasks", "ListSessions"))
 
 
 class InsecureListenError(ValueError):
@@ -41,6 +49,36 @@ def check_listen(config: OrchestratorConfig) -> None:
             f"refusing to listen on {config.listen} without API keys; set --api-keys or pass --insecure")
 
 
+class ReadinessInterceptor(grpc.aio.ServerInterceptor):
+    """Task-dependent RPCs answer UNAVAILABLE (reason TASKS_NOT_LOADED, RetryInfo) until `ready()`."""
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self._ready = ready
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if self._ready() or details.method not in TASK_DEPENDENT or handler is None:
+            return handler
+
+        async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort_with_status(Unavailable(
+                "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0).to_grpc_status())
+
+        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)
+
+
+async def _serve_when_ready(orchestrator: Orchestrator, server: RunningServer) -> None:
+    """Health SERVING once the catalog has loaded (owned by the handle, cancelled on drain and stop)."""
+    await orchestrator.wait_tasks_loaded()
+    if orchestrator.episodes.accepting:  # not draining meanwhile
+        await server.set_serving(True)
+        log.info("task catalog loaded: health SERVING")
+
+
 @dataclass
 class OrchestratorHandle:
     """A running orchestrator (in-process)."""
@@ -48,6 +86,7 @@ class OrchestratorHandle:
     config: OrchestratorConfig
     server: RunningServer
     orchestrator: Orchestrator
+    readiness: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def port(self) -> int:
@@ -57,19 +96,29 @@ class OrchestratorHandle:
     def address(self) -> str:
         return f"127.0.0.1:{self.server.port}"
 
+    async def _stop_readiness(self) -> None:
+        if self.readiness is not None:
+            self.readiness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.readiness
+
     async def drain(self) -> None:
+        await self._stop_readiness()
         await self.orchestrator.drain()
 
     async def stop(self, *, drain: bool = True, grace: float = 2.0) -> None:
         """Graceful stop: drain (close sessions, empty pools), stop the server, cancel background loops."""
+        await self._stop_readiness()
         try:
             await self.server.shutdown(grace, self.orchestrator.drain if drain else None)
         finally:
             await self.orchestrator.stop()
 
 
-def interceptors(config: OrchestratorConfig) -> Sequence[grpc.aio.ServerInterceptor]:
-    return [ContextInterceptor(), MetricsInterceptor("orchestrator"), ApiKeyInterceptor(config.api_keys)]
+def interceptors(config: OrchestratorConfig,
+                 ready: Callable[[], bool] = lambda: True) -> Sequence[grpc.aio.ServerInterceptor]:
+    return [ContextInterceptor(), MetricsInterceptor("orchestrator"), ApiKeyInterceptor(config.api_keys),
+            ReadinessInterceptor(ready)]
 
 
 async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | None = None) -> OrchestratorHandle:
@@ -85,12 +134,18 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
                 OrchestratorServicer(config, orchestrator.episodes), server)
             return [SERVICE_NAME]
 
-        running = await start_server(config.listen, register, interceptors=interceptors(config),
+        running = await start_server(config.listen, register,
+                                     interceptors=interceptors(config, lambda: orchestrator.tasks_loaded),
                                      tls_cert=config.tls_cert, tls_key=config.tls_key)
     except BaseException:
         await orchestrator.stop()
         raise
-    return OrchestratorHandle(config=config, server=running, orchestrator=orchestrator)
+    handle = OrchestratorHandle(config=config, server=running, orchestrator=orchestrator)
+    if not orchestrator.tasks_loaded:
+        await running.set_serving(False)
+        log.warning("task catalog not loaded yet: health NOT_SERVING until it is")
+        handle.readiness = asyncio.create_task(_serve_when_ready(orchestrator, running), name="readiness")
+    return handle
 
 
 def run(config: OrchestratorConfig) -> None:
@@ -106,7 +161,7 @@ def run(config: OrchestratorConfig) -> None:
         serve_metrics(config.metrics_listen)
         handle = await start_orchestrator(config)
         try:
-            await serve_until_signal(handle.server, grace=config.drain_s, drain=handle.orchestrator.drain)
+            await serve_until_signal(handle.server, grace=config.drain_s, drain=handle.drain)
         finally:
             await handle.stop(drain=False)
 

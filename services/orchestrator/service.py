@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -109,14 +110,25 @@ class Orchestrator:
         self.catalog.replace(tasks)
         self._tasks_loaded.set()
 
+    @property
+    def tasks_loaded(self) -> bool:
+        """Whether the task catalog has loaded (until then task-dependent RPCs answer UNAVAILABLE)."""
+        return self._tasks_loaded.is_set()
+
+    async def wait_tasks_loaded(self) -> None:
+        await self._tasks_loaded.wait()
+
     async def _load_tasks_until_done(self) -> None:
+        """Retry the catalog load with jittered exponential backoff (0.5 s doubling to 30 s)."""
+        delay = 0.5
         while not self._tasks_loaded.is_set():
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(delay * (0.75 + random.random() / 2))
+            delay = min(delay * 2, 30.0)
             try:
                 await self.load_tasks()
-                log.info("loaded %d task(s)", len(self.catalog))
+                log.info("loaded %d task(s); serving", len(self.catalog))
             except Exception as exc:
-                log.warning("loading tasks failed: %s", exc)
+                log.warning("loading tasks failed (retrying in about %.0fs): %s", delay, exc)
 
     async def _reap(self) -> None:
         await self.reaper.run_once()

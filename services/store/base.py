@@ -106,6 +106,26 @@ class SessionStore(abc.ABC):
     async def owner_alive(self, owner: str) -> bool:
         """Whether `owner` heartbeated within its TTL. A SIGKILLed process stops being alive after its TTL."""
 
+    # -- composite --------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def commit(
+        self,
+        *,
+        session: Session | None = None,
+        request: tuple[str, str, str] | None = None,
+        tool_call: ToolCallEntry | None = None,
+    ) -> Session | None:
+        """Several writes of one RPC in one round trip and one atomic step (one transaction / one script):
+
+        - `session`: `update_session(session)`, with the same compare-and-set and the same `ConflictError`;
+        - `request`: `complete_request(scope, request_id, result)`;
+        - `tool_call`: `append_tool_call(tool_call)`, plus `touch_session(tool_call.session_id,
+          tool_call.finished_at)`: a logged call is activity on its session.
+
+        All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
+        loses the race records no result for its request_id and can retry). Returns the updated session
+        as `update_session` does, or None without `session`."""
+
     # -- provisioning intents ---------------------------------------------------------------------------
     @abc.abstractmethod
     async def put_intent(self, intent: Intent) -> None:

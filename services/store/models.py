@@ -43,16 +43,59 @@ class IntentState(StrEnum):
 
 
 class _Json:
-    """JSON round-trip for the dataclasses below (enums as values, unknown keys ignored)."""
+    """JSON round-trip for the dataclasses below (enums as values, unknown keys ignored).
+
+    On the hot path (every Step and CallTool encodes a record), so no `dataclasses.asdict` (it deep-copies
+    every field) and no per-call reflection: fields hold JSON-native values already, so a shallow
+    {name: value} dict is what `json.dumps` needs, and the field names are computed once per class.
+    """
+
+    _field_names: tuple[str, ...] = ()
+    _field_set: frozenset[str] = frozenset()
+
+    @classmethod
+    def _init_fields(cls) -> None:
+        """Cache the dataclass's field names (called once per class, after @dataclass ran)."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        # from_json and copy() skip __init__: only sound while __init__ just assigns the fields.
+        assert not hasattr(cls, "__post_init__") and all(f.init for f in fields), cls
+        cls._field_names = tuple(f.name for f in fields)
+        cls._field_set = frozenset(cls._field_names)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a new dict; values are shared, not copied (copy before mutating them)."""
+        values = self.__dict__
+        return {name: values[name] for name in self._field_names}
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))  # type: ignore[call-overload]
+        return _ENCODE(self.to_dict())
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Self:
         data = json.loads(raw)
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in data.items() if k in names})
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        if data.keys() == cls._field_set:  # the usual case: exactly our fields, so skip __init__
+            record = object.__new__(cls)
+            record.__dict__ = data
+            return record
+        # Written by another version: drop the keys this one lacks; __init__ fills defaults (or raises
+        # TypeError when a required field is missing).
+        return cls(**{k: v for k, v in data.items() if k in cls._field_set})
+
+    def copy(self, **changes: Any) -> Self:
+        """A shallow copy with `changes` applied, like `dataclasses.replace` without re-running __init__
+        (no field is init=False, and no __post_init__ exists to re-run). Containers are shared."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        for name, value in changes.items():
+            if name not in self._field_set:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}")
+            clone.__dict__[name] = value
+        return clone
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per json.dumps call
 
 
 @dataclass
@@ -136,3 +179,7 @@ class Intent(_Json):
     session_id: str = ""
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+
+
+for _record in (Session, ToolCallEntry, RequestRecord, Intent):
+    _record._init_fields()

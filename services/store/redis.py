@@ -29,7 +29,6 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -119,35 +118,74 @@ return 1
 """
 )
 
+# update(p, a, i): compare-and-set a session from a[i .. i+9] = id, expected, new_version, data, token, run,
+# labels, created, retain, last_active. Returns code, last_active (or the stored version when code is 0),
+# retried: code 1 ok, 0 version moved on, -1 token taken, -2 no such session; retried is true when the
+# stored record already is this very update (a retry after a lost reply).
+_UPDATE_LIB = """
+local function update(p, a, i)
+  local id, expected, new_version, data = a[i], a[i + 1], a[i + 2], a[i + 3]
+  local token, run, labels, created, retain = a[i + 4], a[i + 5], a[i + 6], a[i + 7], a[i + 8]
+  local sk = p .. 's:' .. id
+  local cur = redis.call('hmget', sk, 'version', 'data', 'token', 'run', 'labels', 'last_active')
+  if not cur[1] then return -2, '', false end
+  if cur[1] ~= expected then
+    if cur[1] == new_version and cur[2] == data then return 1, cur[6], true end
+    return 0, cur[1], false
+  end
+  if token_taken(p, id, token) then return -1, '', false end
+  unindex(p, id, cur[3], cur[4], cur[5])
+  local last = a[i + 9]
+  if cur[6] and tonumber(cur[6]) > tonumber(last) then last = cur[6] end
+  redis.call('hset', sk, 'data', data, 'version', new_version, 'token', token, 'run', run, 'labels', labels,
+    'created', created, 'retain', retain, 'last_active', last)
+  index(p, id, created, token, run, labels, retain)
+  return 1, last, false
+end
+"""
+
 # ARGV: prefix, id, expected, new_version, data, token, run, labels, created, retain, last_active.
-# Returns {code, last_active}: 1 ok, 0 version moved on, -1 token taken, -2 no such session.
+# Returns {code, last_active} (see update).
 _UPDATE = (
     _PRELUDE
+    + _UPDATE_LIB
     + """
-local p, id = ARGV[1], ARGV[2]
-local sk = p .. 's:' .. id
-local cur = redis.call('hmget', sk, 'version', 'data', 'token', 'run', 'labels', 'last_active')
-if not cur[1] then return {-2, ''} end
-if cur[1] ~= ARGV[3] then
-  if cur[1] == ARGV[4] and cur[2] == ARGV[5] then return {1, cur[6]} end  -- our own retried update
-  return {0, cur[1]}
-end
-if token_taken(p, id, ARGV[6]) then return {-1, ''} end
-unindex(p, id, cur[3], cur[4], cur[5])
-local last = ARGV[11]
-if cur[6] and tonumber(cur[6]) > tonumber(last) then last = cur[6] end
-redis.call('hset', sk, 'data', ARGV[5], 'version', ARGV[4], 'token', ARGV[6], 'run', ARGV[7], 'labels', ARGV[8],
-  'created', ARGV[9], 'retain', ARGV[10], 'last_active', last)
-index(p, id, ARGV[9], ARGV[6], ARGV[7], ARGV[8], ARGV[10])
-return {1, last}
+local code, last = update(ARGV[1], ARGV, 2)
+return {code, last}
 """
 )
 
+# Request records and the tool-call log, shared by their own scripts and _COMMIT.
+_LOG_LIB = """
+local function touch(p, id, now)
+  local sk = p .. 's:' .. id
+  local cur = redis.call('hget', sk, 'last_active')
+  if cur and tonumber(cur) < tonumber(now) then redis.call('hset', sk, 'last_active', now) end
+end
+
+-- The episode's entry count; a request_id already logged for the episode is not logged again.
+local function append(p, id, ep, request_id, entry)
+  if request_id ~= '' and redis.call('sadd', p .. 'tcr:' .. id, ep .. ':' .. request_id) == 0 then
+    return tonumber(redis.call('hget', p .. 'tcn:' .. id, ep) or '0')
+  end
+  redis.call('rpush', p .. 'tc:' .. id, entry)
+  return redis.call('hincrby', p .. 'tcn:' .. id, ep, 1)
+end
+
+-- An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
+local function complete(p, key, scope, request_id, result, now)
+  local k = p .. 'req:' .. key
+  if redis.call('exists', k) == 0 then
+    redis.call('hset', k, 'scope', scope, 'request_id', request_id, 'owner', '', 'created_at', now, 'nonce', '')
+  end
+  redis.call('hset', k, 'state', 'done', 'result', result, 'finished_at', now)
+  redis.call('zadd', p .. 'idx:reqdone', now, key)
+end
+"""
+
 # ARGV: prefix, id, now
-_TOUCH = """
-local sk = ARGV[1] .. 's:' .. ARGV[2]
-local cur = redis.call('hget', sk, 'last_active')
-if cur and tonumber(cur) < tonumber(ARGV[3]) then redis.call('hset', sk, 'last_active', ARGV[3]) end
+_TOUCH = _LOG_LIB + """
+touch(ARGV[1], ARGV[2], ARGV[3])
 return 0
 """
 
@@ -182,13 +220,8 @@ return {#ks, n}
 """
 
 # ARGV: prefix, session id, episode, request_id, entry JSON. Returns the episode's entry count.
-_APPEND = """
-local p, id, ep = ARGV[1], ARGV[2], ARGV[3]
-if ARGV[4] ~= '' and redis.call('sadd', p .. 'tcr:' .. id, ep .. ':' .. ARGV[4]) == 0 then
-  return tonumber(redis.call('hget', p .. 'tcn:' .. id, ep) or '0')
-end
-redis.call('rpush', p .. 'tc:' .. id, ARGV[5])
-return redis.call('hincrby', p .. 'tcn:' .. id, ep, 1)
+_APPEND = _LOG_LIB + """
+return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
 
 # ARGV: prefix, key, scope, request_id, owner, now, nonce.
@@ -207,15 +240,37 @@ return {1, 'pending', ARGV[5], '', ARGV[6], '0'}
 """
 
 # ARGV: prefix, key, scope, request_id, result, now
-_COMPLETE = """
-local k = ARGV[1] .. 'req:' .. ARGV[2]
-if redis.call('exists', k) == 0 then
-  redis.call('hset', k, 'scope', ARGV[3], 'request_id', ARGV[4], 'owner', '', 'created_at', ARGV[6], 'nonce', '')
-end
-redis.call('hset', k, 'state', 'done', 'result', ARGV[5], 'finished_at', ARGV[6])
-redis.call('zadd', ARGV[1] .. 'idx:reqdone', ARGV[6], ARGV[2])
+_COMPLETE = _LOG_LIB + """
+complete(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
+
+# ARGV: prefix, then three parts, each a flag ('1' or '') and its arguments (empty strings when absent):
+#   [2] session?  [3..12] the update's 10 arguments (see update)
+#   [13] request? [14..18] key, scope, request_id, result, now
+#   [19] call?    [20..24] session id, episode, request_id, entry JSON, finished_at (the touch)
+# Returns {code, last_active} of the update ({1, ''} without a session). Nothing is written unless the
+# update succeeds; a retry of an update that already ran returns at once (the rest ran with it).
+_COMMIT = (
+    _PRELUDE
+    + _UPDATE_LIB
+    + _LOG_LIB
+    + """
+local p = ARGV[1]
+local code, last = 1, ''
+if ARGV[2] == '1' then
+  local retried
+  code, last, retried = update(p, ARGV, 3)
+  if code ~= 1 or retried then return {code, last} end
+end
+if ARGV[13] == '1' then complete(p, ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]) end
+if ARGV[19] == '1' then
+  append(p, ARGV[20], ARGV[21], ARGV[22], ARGV[23])
+  touch(p, ARGV[20], ARGV[24])
+end
+return {code, last}
+"""
+)
 
 # ARGV: prefix, key
 _RELEASE = """
@@ -315,6 +370,7 @@ class RedisStore(SessionStore):
         self._delete, self._append = script(_DELETE), script(_APPEND)
         self._prune_sessions, self._prune_requests = script(_PRUNE_SESSIONS), script(_PRUNE_REQUESTS)
         self._claim, self._complete, self._release = script(_CLAIM), script(_COMPLETE), script(_RELEASE)
+        self._commit = script(_COMMIT)
         self._put_intent, self._delete_intent = script(_PUT_INTENT), script(_DELETE_INTENT)
         self._acquire, self._release_lease = script(_ACQUIRE), script(_RELEASE_LEASE)
 
@@ -413,7 +469,7 @@ class RedisStore(SessionStore):
 
     # -- sessions ---------------------------------------------------------------------------------------
     async def create_session(self, session: Session) -> Session:
-        stored = replace(session, version=1)
+        stored = session.copy(version=1)
         code = await self._script(
             "create_session", self._create, stored.session_id, stored.to_json(), *self._session_args(stored)
         )
@@ -426,27 +482,51 @@ class RedisStore(SessionStore):
     async def get_session(self, session_id: str) -> Session | None:
         return (await self._load_sessions([session_id]))[0]
 
-    async def update_session(self, session: Session) -> Session:
-        stored = replace(session, version=session.version + 1, updated_at=time.time())
-        code, last_active = await self._script(
-            "update_session",
-            self._update,
-            stored.session_id,
-            str(session.version),
-            str(stored.version),
-            stored.to_json(),
-            *self._session_args(stored),
-        )
+    def _update_args(self, session: Session) -> tuple[Session, list[str]]:
+        """The record update_session writes (version + 1, updated_at now) and the update's script args."""
+        stored = session.copy(version=session.version + 1, updated_at=time.time())
+        args = [stored.session_id, str(session.version), str(stored.version), stored.to_json()]
+        return stored, args + self._session_args(stored)
+
+    @staticmethod
+    def _updated(stored: Session, code: int, last_active: str) -> Session:
+        """`stored` with the stored last_active_at, or the ConflictError the update's code means."""
+        sid, expected = stored.session_id, stored.version - 1
         if code == -2:
-            raise ConflictError(f"session {session.session_id} does not exist")
+            raise ConflictError(f"session {sid} does not exist")
         if code == 0:
-            raise ConflictError(
-                f"session {session.session_id} changed (version {last_active}, expected {session.version})"
-            )
+            raise ConflictError(f"session {sid} changed (version {last_active}, expected {expected})")
         if code == -1:
-            raise ConflictError(f"agent token of session {session.session_id} is already in use")
+            raise ConflictError(f"agent token of session {sid} is already in use")
         stored.last_active_at = float(last_active)
         return stored
+
+    async def update_session(self, session: Session) -> Session:
+        stored, args = self._update_args(session)
+        code, last_active = await self._script("update_session", self._update, *args)
+        return self._updated(stored, code, last_active)
+
+    async def commit(
+        self,
+        *,
+        session: Session | None = None,
+        request: tuple[str, str, str] | None = None,
+        tool_call: ToolCallEntry | None = None,
+    ) -> Session | None:
+        stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
+        args = ["1" if stored is not None else "", *args]
+        if request is not None:
+            scope, request_id, result = request
+            args += ["1", _request_key(scope, request_id), scope, request_id, result, _score(time.time())]
+        else:
+            args += [""] * 6
+        if tool_call is not None:
+            args += ["1", tool_call.session_id, str(tool_call.episode), tool_call.request_id,
+                     tool_call.to_json(), _score(tool_call.finished_at)]
+        else:
+            args += [""] * 6
+        code, last_active = await self._script("commit", self._commit, *args)
+        return self._updated(stored, code, last_active) if stored is not None else None
 
     async def session_by_token(self, token_hash: str) -> Session | None:
         if not token_hash:  # "" is what a revoked session holds; it must never match

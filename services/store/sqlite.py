@@ -1,7 +1,8 @@
 """SQLite backend: one file in WAL mode, shared safely by several processes and many tasks.
 
-Every store object owns one connection on one dedicated worker thread, so sqlite3 never runs on the event
-loop and calls on one object are serialised. Writes run in `BEGIN IMMEDIATE` transactions (the write lock
+Every store object owns one connection on one dedicated worker thread (`_worker.ThreadWorker`: a queue,
+results handed back to the loop in batches), so sqlite3 never runs on the event loop and calls on one
+object are serialised. Writes run in `BEGIN IMMEDIATE` transactions (the write lock
 is taken up front, waiting up to `busy_timeout` for other processes), which makes every read-check-write
 below atomic across processes; compare-and-set is a conditional `UPDATE ... WHERE version = ?`.
 `synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per commit.
@@ -9,18 +10,15 @@ below atomic across processes; compare-and-set is a conditional `UPDATE ... WHER
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from rlgate.store import _common
+from rlgate.store._worker import ThreadWorker, WorkerStopped
 from rlgate.store.base import SessionStore
 from rlgate.store.models import (
     OPEN_STATUSES,
@@ -177,26 +175,25 @@ def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
 class SqliteStore(SessionStore):
     """The SQLite `SessionStore`. Open with `await SqliteStore.open(path)`; `await close()` when done."""
 
-    def __init__(self, path: str, conn: sqlite3.Connection, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, path: str, conn: sqlite3.Connection, worker: ThreadWorker) -> None:
         self.path = path
         self._conn = conn
-        self._executor = executor
+        self._worker = worker
         self._closed = False
 
     @classmethod
     async def open(cls, path: str, *, busy_timeout_s: float = 15.0) -> SqliteStore:
         """Open (creating and migrating) the database at `path`. StoreError if it cannot be opened."""
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlgate-sqlite")
-        loop = asyncio.get_running_loop()
+        worker = ThreadWorker("rlgate-sqlite")
         try:
-            conn = await loop.run_in_executor(executor, _connect, path, busy_timeout_s)
+            conn = await worker.submit(_connect, path, busy_timeout_s)
         except (sqlite3.Error, OSError) as exc:
-            executor.shutdown(wait=False)
+            worker.stop()
             raise StoreError(f"cannot open sqlite store {path!r}: {exc}") from exc
         except BaseException:
-            executor.shutdown(wait=False)
+            worker.stop()
             raise
-        return cls(path, conn, executor)
+        return cls(path, conn, worker)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
@@ -206,15 +203,12 @@ class SqliteStore(SessionStore):
         """Run `fn(conn, *args)` on the worker thread. A cancelled caller does not undo a started write."""
         if self._closed:
             raise StoreError("store is closed")
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, self._conn, *args))
+            return await self._worker.submit(fn, self._conn, *args)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
-        except RuntimeError as exc:  # executor shut down by a concurrent close()
-            if self._closed:
-                raise StoreError("store is closed") from exc
-            raise
+        except WorkerStopped as exc:  # a concurrent close() got there first
+            raise StoreError("store is closed") from exc
 
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE transaction."""
@@ -227,32 +221,14 @@ class SqliteStore(SessionStore):
 
     # -- sessions ---------------------------------------------------------------------------------------
     @staticmethod
-    def _put_session_rows(conn: sqlite3.Connection, session: Session, insert: bool) -> None:
-        retain_at = _common.retention_time(session)
-        values = (
-            session.created_at,
-            session.status,
-            session.run_id,
-            session.token_hash,
-            retain_at,
-            session.version,
-            session.last_active_at,
-            session.to_json(),
-            session.session_id,
+    def _insert_session_rows(conn: sqlite3.Connection, session: Session) -> None:
+        conn.execute(
+            "INSERT INTO sessions (created_at, status, run_id, token_hash, retain_at, version,"
+            " last_active_at, data, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (session.created_at, session.status, session.run_id, session.token_hash,
+             _common.retention_time(session), session.version, session.last_active_at, session.to_json(),
+             session.session_id),
         )
-        if insert:
-            conn.execute(
-                "INSERT INTO sessions (created_at, status, run_id, token_hash, retain_at, version,"
-                " last_active_at, data, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                values,
-            )
-        else:
-            conn.execute(
-                "UPDATE sessions SET created_at = ?, status = ?, run_id = ?, token_hash = ?, retain_at = ?,"
-                " version = ?, last_active_at = max(last_active_at, ?), data = ? WHERE session_id = ?",
-                values,
-            )
-            conn.execute("DELETE FROM session_labels WHERE session_id = ?", (session.session_id,))
         conn.executemany(
             "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
             [(session.session_id, k, v) for k, v in session.labels.items()],
@@ -268,7 +244,7 @@ class SqliteStore(SessionStore):
         return row is not None and row[0] != session_id
 
     async def create_session(self, session: Session) -> Session:
-        stored = replace(session, version=1)
+        stored = session.copy(version=1)
 
         def create(conn: sqlite3.Connection) -> None:
             if conn.execute(
@@ -277,7 +253,7 @@ class SqliteStore(SessionStore):
                 raise ConflictError(f"session {stored.session_id} already exists")
             if self._token_taken(conn, stored.token_hash, stored.session_id):
                 raise ConflictError(f"agent token of session {stored.session_id} is already in use")
-            self._put_session_rows(conn, stored, insert=True)
+            self._insert_session_rows(conn, stored)
 
         await self._write(create)
         return stored
@@ -291,28 +267,57 @@ class SqliteStore(SessionStore):
 
         return await self._run(get)
 
+    @staticmethod
+    def _next_version(session: Session) -> Session:
+        """What update_session writes: a copy with version + 1 and updated_at now."""
+        return session.copy(version=session.version + 1, updated_at=time.time())
+
+    @classmethod
+    def _update_rows(cls, conn: sqlite3.Connection, stored: Session) -> float:
+        """Compare-and-set `stored` (version already bumped) inside a transaction; its last_active_at.
+
+        The hot path of every Step, so it writes only what changed: a turn rewrites `data`, `version` and
+        `last_active_at`; the indexed columns and the label rows only when they differ from the stored
+        ones (rewriting unchanged index entries costs more than the rest of the update)."""
+        sid, expected = stored.session_id, stored.version - 1
+        row = conn.execute(
+            "SELECT version, created_at, status, run_id, token_hash, retain_at, last_active_at"
+            " FROM sessions WHERE session_id = ?",
+            (sid,),
+        ).fetchone()
+        if row is None:
+            raise ConflictError(f"session {sid} does not exist")
+        if row[0] != expected:
+            raise ConflictError(f"session {sid} changed (version {row[0]}, expected {expected})")
+        # A token this session holds already is no other session's (the index is unique).
+        if stored.token_hash != row[4] and cls._token_taken(conn, stored.token_hash, sid):
+            raise ConflictError(f"agent token of session {sid} is already in use")
+        last_active_at = max(float(row[6]), stored.last_active_at)  # activity never moves backwards
+        indexed = (stored.created_at, stored.status, stored.run_id, stored.token_hash,
+                   _common.retention_time(stored))
+        if indexed == tuple(row[1:6]):
+            conn.execute(
+                "UPDATE sessions SET version = ?, last_active_at = ?, data = ? WHERE session_id = ?",
+                (stored.version, last_active_at, stored.to_json(), sid),
+            )
+        else:
+            conn.execute(
+                "UPDATE sessions SET created_at = ?, status = ?, run_id = ?, token_hash = ?, retain_at = ?,"
+                " version = ?, last_active_at = ?, data = ? WHERE session_id = ?",
+                (*indexed, stored.version, last_active_at, stored.to_json(), sid),
+            )
+        labels = dict(conn.execute("SELECT key, value FROM session_labels WHERE session_id = ?", (sid,)))
+        if labels != stored.labels:
+            conn.execute("DELETE FROM session_labels WHERE session_id = ?", (sid,))
+            conn.executemany(
+                "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
+                [(sid, k, v) for k, v in stored.labels.items()],
+            )
+        return last_active_at
+
     async def update_session(self, session: Session) -> Session:
-        stored = replace(session, version=session.version + 1, updated_at=time.time())
-
-        def update(conn: sqlite3.Connection) -> float:
-            row = conn.execute(
-                "SELECT version FROM sessions WHERE session_id = ?", (session.session_id,)
-            ).fetchone()
-            if row is None:
-                raise ConflictError(f"session {session.session_id} does not exist")
-            if row[0] != session.version:
-                raise ConflictError(
-                    f"session {session.session_id} changed (version {row[0]}, expected {session.version})"
-                )
-            if self._token_taken(conn, stored.token_hash, stored.session_id):
-                raise ConflictError(f"agent token of session {stored.session_id} is already in use")
-            self._put_session_rows(conn, stored, insert=False)
-            last = conn.execute(
-                "SELECT last_active_at FROM sessions WHERE session_id = ?", (session.session_id,)
-            ).fetchone()
-            return float(last[0])
-
-        stored.last_active_at = await self._write(update)
+        stored = self._next_version(session)
+        stored.last_active_at = await self._write(self._update_rows, stored)
         return stored
 
     async def session_by_token(self, token_hash: str) -> Session | None:
@@ -327,14 +332,15 @@ class SqliteStore(SessionStore):
 
         return await self._run(by_token)
 
-    async def touch_session(self, session_id: str, now: float) -> None:
-        def touch(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE sessions SET last_active_at = max(last_active_at, ?) WHERE session_id = ?",
-                (now, session_id),
-            )
+    @staticmethod
+    def _touch_rows(conn: sqlite3.Connection, session_id: str, now: float) -> None:
+        conn.execute(
+            "UPDATE sessions SET last_active_at = max(last_active_at, ?) WHERE session_id = ?",
+            (now, session_id),
+        )
 
-        await self._write(touch)
+    async def touch_session(self, session_id: str, now: float) -> None:
+        await self._write(self._touch_rows, session_id, now)
 
     async def list_sessions(
         self,
@@ -401,14 +407,17 @@ class SqliteStore(SessionStore):
         await self._write(self._delete_session_rows, session_id)
 
     # -- tool-call log ----------------------------------------------------------------------------------
+    @staticmethod
+    def _append_row(conn: sqlite3.Connection, entry: ToolCallEntry) -> None:
+        # (session, episode, request_id) is logged once, so a retried append does not double-count.
+        conn.execute(
+            "INSERT OR IGNORE INTO tool_calls (session_id, episode, request_id, data) VALUES (?, ?, ?, ?)",
+            (entry.session_id, entry.episode, entry.request_id, entry.to_json()),
+        )
+
     async def append_tool_call(self, entry: ToolCallEntry) -> int:
         def append(conn: sqlite3.Connection) -> int:
-            # (session, episode, request_id) is logged once, so a retried append does not double-count.
-            conn.execute(
-                "INSERT OR IGNORE INTO tool_calls (session_id, episode, request_id, data)"
-                " VALUES (?, ?, ?, ?)",
-                (entry.session_id, entry.episode, entry.request_id, entry.to_json()),
-            )
+            self._append_row(conn, entry)
             return self._count_calls(conn, entry.session_id, entry.episode)
 
         return await self._write(append)
@@ -438,6 +447,32 @@ class SqliteStore(SessionStore):
     async def count_tool_calls(self, session_id: str, episode: int) -> int:
         return await self._run(self._count_calls, session_id, episode)
 
+    # -- composite --------------------------------------------------------------------------------------
+    async def commit(
+        self,
+        *,
+        session: Session | None = None,
+        request: tuple[str, str, str] | None = None,
+        tool_call: ToolCallEntry | None = None,
+    ) -> Session | None:
+        stored = self._next_version(session) if session is not None else None
+        now = time.time()
+
+        def commit(conn: sqlite3.Connection) -> float | None:
+            # Session first: a lost compare-and-set raises before anything else is written.
+            last = self._update_rows(conn, stored) if stored is not None else None
+            if request is not None:
+                self._complete_row(conn, *request, now)
+            if tool_call is not None:
+                self._append_row(conn, tool_call)
+                self._touch_rows(conn, tool_call.session_id, tool_call.finished_at)
+            return last
+
+        last_active_at = await self._write(commit)
+        if stored is not None and last_active_at is not None:
+            stored.last_active_at = last_active_at
+        return stored
+
     # -- request records --------------------------------------------------------------------------------
     _REQUEST_COLUMNS = "scope, request_id, state, owner, result, created_at, finished_at"
 
@@ -456,19 +491,18 @@ class SqliteStore(SessionStore):
 
         return await self._write(claim)
 
+    @staticmethod
+    def _complete_row(conn: sqlite3.Connection, scope: str, request_id: str, result: str, now: float) -> None:
+        # An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
+        conn.execute(
+            "INSERT INTO requests (scope, request_id, state, owner, result, created_at, finished_at)"
+            " VALUES (?, ?, 'done', '', ?, ?, ?) ON CONFLICT (scope, request_id) DO UPDATE SET"
+            " state = 'done', result = excluded.result, finished_at = excluded.finished_at",
+            (scope, request_id, result, now, now),
+        )
+
     async def complete_request(self, scope: str, request_id: str, result: str) -> None:
-        now = time.time()
-
-        def complete(conn: sqlite3.Connection) -> None:
-            # An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
-            conn.execute(
-                "INSERT INTO requests (scope, request_id, state, owner, result, created_at, finished_at)"
-                " VALUES (?, ?, 'done', '', ?, ?, ?) ON CONFLICT (scope, request_id) DO UPDATE SET"
-                " state = 'done', result = excluded.result, finished_at = excluded.finished_at",
-                (scope, request_id, result, now, now),
-            )
-
-        await self._write(complete)
+        await self._write(self._complete_row, scope, request_id, result, time.time())
 
     async def release_request(self, scope: str, request_id: str) -> None:
         def release(conn: sqlite3.Connection) -> None:
@@ -629,8 +663,7 @@ class SqliteStore(SessionStore):
         if self._closed:
             return
         self._closed = True
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self._conn.close)
+            await self._worker.submit(self._conn.close)  # after every call already queued
         finally:
-            self._executor.shutdown(wait=False)
+            self._worker.stop()

@@ -128,16 +128,17 @@ async def test_hang_until_cancelled(lf: LocalfleetProcess, env_key: str) -> None
     assert lf.counters()["cancellations"] == 1
 
 
-@pytest.mark.parametrize("env_key", ["notes", "notes-legacy"])
-async def test_client_timeout_cancels_the_tool(lf: LocalfleetProcess, env_key: str) -> None:
+@pytest.mark.parametrize(("env_key", "mode"), [("notes", "auto"), ("notes", "legacy"), ("notes-legacy", "auto")])
+async def test_client_timeout_cancels_the_tool(lf: LocalfleetProcess, env_key: str, mode: str) -> None:
     """A client that gives up on a call (its own timeout) cancels the tool in both eras, on both endpoints.
 
-    Modern: the 2026-07-28 client cancels by closing the POST; legacy: `notifications/cancelled`.
+    Modern (2026-07-28): the client cancels by closing the POST; a legacy-era environment, or an
+    `initialize`-era client of a modern one: `notifications/cancelled`.
     """
     lf.set_faults(only(env_key, hang_tools=["count_notes"]))
     inst = create(lf, env_key)
     for n, endpoint in enumerate(("mcp", "api/v1/mcp"), start=1):
-        async with Client(inst["urls"]["root"] + endpoint, read_timeout_seconds=30) as client:
+        async with Client(inst["urls"]["root"] + endpoint, read_timeout_seconds=30, mode=mode) as client:
             await client.list_tools()
             started = time.monotonic()
             with pytest.raises(Exception, match=r"(?i)time"):  # the SDK's timeout error (MCPError)

@@ -240,6 +240,18 @@ async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisS
         assert created and record.owner == "me"
         assert await with_lost_reply(lambda: store.append_tool_call(ToolCallEntry("s1", 1, "r1", "t"))) == 1
         assert await store.count_tool_calls("s1", 1) == 1
+        # A composite commit: the retry recognises its own update and applies nothing twice, not even
+        # the append of an entry without a request_id (which append_tool_call alone could not dedupe).
+        s3 = await with_lost_reply(lambda: store.commit(
+            session=stored.copy(turn=2), request=("step:s1", "r2", "done-2"),
+            tool_call=ToolCallEntry("s1", 1, "", "t2")))
+        assert s3 is not None and s3.version == 3 and s3.turn == 2
+        assert await store.count_tool_calls("s1", 1) == 2
+        done = await store.get_request("step:s1", "r2")
+        assert done is not None and done.state == RequestState.DONE and done.result == "done-2"
+        await with_lost_reply(lambda: store.commit(
+            request=("call:s1", "r3", "done-3"), tool_call=ToolCallEntry("s1", 1, "r3", "t3")))
+        assert await store.count_tool_calls("s1", 1) == 3
         assert await with_lost_reply(lambda: store.acquire_lease("l", "me", 30))
         assert not await store.acquire_lease("l", "other", 30)
         assert await store.check_invariants() == []

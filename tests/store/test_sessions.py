@@ -328,3 +328,28 @@ async def test_corrupt_record_is_store_error(store: SessionStore, backend: Backe
             await client.aclose()
     with pytest.raises(StoreError):
         await store.get_session("s1")
+
+
+async def test_updates_touching_one_indexed_field_keep_every_index_in_step(store: SessionStore) -> None:
+    """A write changes only what differs (SQLite skips unchanged index columns and label rows): each
+    kind of change on its own must still reach its index."""
+    s = await store.create_session(make_session("s1", run_id="r1", labels={"a": "1"}, status=SessionStatus.ACTIVE,
+                                                token_hash="t1"))
+    s = await store.update_session(replace(s, turn=1))  # nothing indexed changes
+    assert [x.session_id for x in (await store.list_sessions(labels={"a": "1"}, run_id="r1"))[0]] == ["s1"]
+    s = await store.update_session(replace(s, labels={"a": "2", "b": "3"}))  # labels only
+    assert (await store.list_sessions(labels={"a": "1"}))[0] == []
+    assert [x.session_id for x in (await store.list_sessions(labels={"a": "2", "b": "3"}))[0]] == ["s1"]
+    s = await store.update_session(replace(s, run_id="r2"))  # run only
+    assert (await store.list_sessions(run_id="r1"))[0] == [] and len((await store.list_sessions(run_id="r2"))[0]) == 1
+    s = await store.update_session(replace(s, token_hash="t2"))  # token only
+    assert await store.session_by_token("t1") is None
+    assert (found := await store.session_by_token("t2")) is not None and found.version == s.version
+    s = await store.update_session(replace(s, labels={}))
+    assert (await store.list_sessions(labels={"a": "2"}))[0] == []
+    assert await store.check_invariants() == []
+    s = await store.update_session(replace(s, status=SessionStatus.CLOSED, token_hash="", closed_at=1_000.0))
+    assert await store.count_open_sessions() == 0
+    assert await store.check_invariants() == []
+    assert await store.prune(closed_before=2_000.0, requests_before=0) == 1
+    assert await store.get_session("s1") is None

@@ -1,0 +1,134 @@
+"""`SessionStore.commit`: the writes of one Step or CallTool in one atomic step, against both backends."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rlgate.store import ConflictError, RequestState, Session, SessionStatus, SessionStore, ToolCallEntry
+from tests.store.conftest import StoreFactory
+
+
+def active(sid: str, **fields: object) -> Session:
+    return Session(session_id=sid, env_key="mail:v1", status=SessionStatus.ACTIVE,  # type: ignore[arg-type]
+                   token_hash=f"tok-{sid}", **fields)
+
+
+async def test_step_commit_updates_and_completes(store: SessionStore) -> None:
+    created = await store.create_session(active("s1", last_active_at=100.0))
+    await store.claim_request("step:s1", "r1", "me")
+    created.turn = 1
+    before = time.time()
+    updated = await store.commit(session=created, request=("step:s1", "r1", "response-1"))
+    assert updated is not None
+    assert updated.version == 2 and updated.turn == 1 and updated.updated_at >= before
+    assert await store.get_session("s1") == updated
+    record = await store.get_request("step:s1", "r1")
+    assert record is not None and record.state == RequestState.DONE and record.result == "response-1"
+    assert record.owner == "me" and record.finished_at >= before
+    assert await store.check_invariants() == []
+
+
+async def test_lost_compare_and_set_writes_nothing(store: SessionStore) -> None:
+    created = await store.create_session(active("s1", last_active_at=100.0))
+    await store.update_session(created.copy(turn=5))  # someone else moved the session on
+    await store.claim_request("call:s1", "r1", "me")
+    entry = ToolCallEntry("s1", 1, "r1", "search", finished_at=9_000.0)
+    with pytest.raises(ConflictError):
+        await store.commit(session=created.copy(turn=1), request=("call:s1", "r1", "result"), tool_call=entry)
+    record = await store.get_request("call:s1", "r1")
+    assert record is not None and record.state == RequestState.PENDING and record.result == ""
+    assert await store.list_tool_calls("s1") == []
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.turn == 5 and stored.version == 2
+    assert stored.last_active_at == 100.0  # the touch rode with the failed commit: not applied
+
+    with pytest.raises(ConflictError):  # a missing session is a conflict too, as for update_session
+        await store.commit(session=active("ghost", version=1), request=("step:ghost", "r", "x"))
+    assert await store.get_request("step:ghost", "r") is None
+
+
+async def test_commit_keeps_the_token_index_rules(store: SessionStore) -> None:
+    await store.create_session(active("s1"))
+    s2 = await store.create_session(active("s2"))
+    with pytest.raises(ConflictError):
+        await store.commit(session=s2.copy(token_hash="tok-s1"), request=("step:s2", "r", "x"))
+    assert await store.get_request("step:s2", "r") is None
+    rotated = await store.commit(session=s2.copy(token_hash="tok-new", episode=2))
+    assert rotated is not None and rotated.version == 2
+    assert await store.session_by_token("tok-s2") is None
+    found = await store.session_by_token("tok-new")
+    assert found is not None and found.session_id == "s2" and found.episode == 2
+    assert await store.check_invariants() == []
+
+
+async def test_call_commit_logs_touches_and_completes(store: SessionStore) -> None:
+    await store.create_session(active("s1", last_active_at=100.0))
+    entry = ToolCallEntry("s1", 1, "r1", "search", arguments={"q": "x"}, finished_at=5_000.0)
+    assert await store.commit(request=("call:s1", "r1", "result-1"), tool_call=entry) is None
+    logged = await store.list_tool_calls("s1", 1)
+    assert logged == [entry]
+    record = await store.get_request("call:s1", "r1")
+    assert record is not None and record.state == RequestState.DONE and record.result == "result-1"
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.last_active_at == 5_000.0 and stored.version == 1
+
+    # A repeat of the same request_id is logged once; activity never moves backwards.
+    again = ToolCallEntry("s1", 1, "r1", "search", arguments={"q": "x"}, finished_at=4_000.0)
+    await store.commit(request=("call:s1", "r1", "result-1"), tool_call=again)
+    assert await store.count_tool_calls("s1", 1) == 1
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.last_active_at == 5_000.0
+
+    # Without a request record (no request_id): the log only.
+    await store.commit(tool_call=ToolCallEntry("s1", 1, "", "send", finished_at=6_000.0))
+    assert [e.tool for e in await store.list_tool_calls("s1")] == ["search", "send"]
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.last_active_at == 6_000.0
+    assert await store.check_invariants() == []
+
+
+async def test_commit_of_nothing_is_a_no_op(store: SessionStore) -> None:
+    assert await store.commit() is None
+    assert await store.check_invariants() == []
+
+
+async def test_commit_request_without_a_claim_is_recorded(store: SessionStore) -> None:
+    """Like complete_request, commit never drops a result whose PENDING record is gone."""
+    await store.commit(request=("reset", "lost", "payload"))
+    record = await store.get_request("reset", "lost")
+    assert record is not None and record.state == RequestState.DONE and record.result == "payload"
+
+
+async def test_racing_steps_record_exactly_the_winners(store: SessionStore, open_another: StoreFactory) -> None:
+    """20 Steps over two store objects, each a CAS retry loop around commit(session, request): the turn
+    count is exact and every request is recorded once, by the attempt that won."""
+    other = await open_another()
+    await store.create_session(active("s1"))
+    conflicts = 0
+
+    async def step(s: SessionStore, i: int) -> None:
+        nonlocal conflicts
+        while True:
+            current = await s.get_session("s1")
+            assert current is not None
+            current.turn += 1
+            try:
+                await s.commit(session=current, request=("step:s1", f"r{i}", f"turn {current.turn}"))
+                return
+            except ConflictError:
+                conflicts += 1
+                await asyncio.sleep(0)
+
+    await asyncio.gather(*(step(store if i % 2 else other, i) for i in range(20)))
+    final = await store.get_session("s1")
+    assert final is not None and final.turn == 20 and final.version == 21
+    results = set()
+    for i in range(20):
+        record = await store.get_request("step:s1", f"r{i}")
+        assert record is not None and record.state == RequestState.DONE
+        results.add(record.result)
+    assert results == {f"turn {n}" for n in range(1, 21)}  # each turn was recorded by exactly one step
+    assert conflicts > 0
