@@ -26,9 +26,9 @@ import os
 import ssl
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import anyio
 import httpx2
@@ -39,6 +39,7 @@ from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, METHOD_NOT_FOUND, REQU
 
 from rlgate.runtime import metrics
 from rlgate.toolgateway.catalog import (
+    CatalogTool,
     EndpointNotFound,
     ToolCatalog,
     UpstreamUnavailable,
@@ -161,7 +162,40 @@ async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIt
             raise connect_error(url, exc) from exc
         except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
             raise connect_error(url, exc) from exc
+        _forward_only(entered)
         yield entered
+
+
+async def _results_pass_through(name: str, result: mt.CallToolResult) -> None:
+    """The gateway forwards results; the agent's side has the tool's output schema from ListTools."""
+
+
+def _forward_only(client: Client) -> None:
+    """Make an entered client a forwarder: no output-schema validation of results, no schemas kept.
+
+    mcp 2.3.0 has no switch for this (`Client(cache=None)` only turns the response cache off):
+    `ClientSession.call_tool` re-validates every structured result against the tool's output schema
+    (compiling one jsonschema validator per tool per client: ~13 % of the gateway's CPU with the argument
+    check), and `_absorb_tool_listing` keeps every listed tool's output schema per client for that. The
+    public method is replaced on this session instance only; the kept schemas are dropped after each
+    listing (`forget_output_schemas`)."""
+    client.session.validate_tool_result = _results_pass_through  # type: ignore[method-assign]
+
+
+def forget_output_schemas(client: Client) -> None:
+    """Drop the SDK's per-client copy of the listed output schemas (read only by the validation that
+    `_forward_only` switched off), so a client holds no parsed tool list of its own. Private SDK state:
+    left alone if a later SDK version keeps it elsewhere."""
+    schemas = getattr(client.session, "_tool_output_schemas", None)
+    if isinstance(schemas, dict):
+        schemas.clear()
+
+
+async def list_tools_forwarding(client: Client) -> list[mt.Tool]:
+    """Every page of the client's tools/list, without leaving a per-client copy in the SDK."""
+    tools = await list_all_tools(client)
+    forget_output_schemas(client)
+    return tools
 
 
 def _is_session_gone(exc: MCPError) -> bool:
@@ -199,9 +233,8 @@ class ToolListInterner:
 
 class _Link:
     """One mcp `Client` living inside its owner task (entered and exited there). Connecting includes the
-    tool discovery (every page), so the client knows every tool's output schema: the SDK would otherwise
-    list tools *after* a call to validate its result, and a failure there could not be told apart from a
-    rejected call."""
+    tool discovery (every page): the session's catalog needs it, and on 2026-07-28 connections the SDK
+    mirrors `x-mcp-header` arguments into request headers only for tools this client has listed."""
 
     def __init__(self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner) -> None:
         self.url = url
@@ -230,7 +263,7 @@ class _Link:
         opened = False
         try:
             async with open_client(self.url, self._http, self._timeout) as client:
-                self.set_tools(await list_all_tools(client))
+                self.set_tools(await list_tools_forwarding(client))
                 self.client, self.era, opened = client, client.protocol_version, True
                 _open_clients.inc()
                 _connects.labels("ok").inc()
@@ -284,6 +317,7 @@ class EndpointClient:
         self._shared: _SharedTools | None = None
         self.tools_at = 0.0
         self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
+        self.calls = 0  # calls in flight on this endpoint
 
     @property
     def connected(self) -> bool:
@@ -323,6 +357,18 @@ class EndpointClient:
             self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
             self._shared = link.shared  # keeps the interned list alive while this endpoint caches it
 
+    def retire(self) -> bool:
+        """Close the connection of an endpoint that owns no tool the session can call, keeping its cached
+        tool list (a refresh reconnects briefly; a call, should one need it, reconnects). Only an idle,
+        connected link is closed: not one that is connecting, listing or carrying a call."""
+        link = self._link
+        if (link is None or link.dead or link.client is None or self.calls
+                or self._tools_lock.locked() or self._lock.locked()):
+            return False
+        self._link = None
+        link.stop()  # its owner task exits the client
+        return True
+
     def _discard(self, link: _Link, reason: str) -> None:
         if self._link is link:
             self._link = None
@@ -330,7 +376,7 @@ class EndpointClient:
         link.stop()
 
     async def _relist(self, link: _Link, client: Client) -> None:
-        link.set_tools(await list_all_tools(client))
+        link.set_tools(await list_tools_forwarding(client))
         self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
         self._shared = link.shared
 
@@ -367,6 +413,13 @@ class EndpointClient:
 
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
         """Call a tool within `timeout_s` seconds. Raises CallNotSent, CallLost, CallTimedOut, CallRejected."""
+        self.calls += 1
+        try:
+            return await self._call(name, arguments, timeout_s)
+        finally:
+            self.calls -= 1
+
+    async def _call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
         deadline = time.monotonic() + timeout_s
         for attempt in range(2):
             remaining = deadline - time.monotonic()
@@ -375,8 +428,8 @@ class EndpointClient:
             link, client = await self._get_link(remaining)
             try:
                 if name not in link.names:
-                    # This client has not listed the tool: list first (idempotent), so the SDK never lists
-                    # after the call, where a failure would be ambiguous.
+                    # This client has not listed the tool: list first (idempotent), so the SDK knows its
+                    # x-mcp-header arguments and never has to re-list around the call.
                     await asyncio.wait_for(self._relist(link, client), max(deadline - time.monotonic(), 0.001))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -416,30 +469,72 @@ class EndpointClient:
                     link.task.cancel()
 
 
-@dataclass
+@dataclass(frozen=True)
 class SessionCatalog:
-    """A session's unfiltered catalog plus endpoints that could not be reached (url -> reason)."""
+    """A session's catalog: every endpoint's tools (`catalog`, unfiltered), the endpoints that could not be
+    reached (url -> reason), and what the session can call (`visible`, filtered) indexed by name."""
 
     catalog: ToolCatalog
-    unavailable: dict[str, str]
+    unavailable: Mapping[str, str]
+    visible: ToolCatalog
+    by_name: Mapping[str, CatalogTool]
+
+    @classmethod
+    def build(cls, catalog: ToolCatalog, unavailable: Mapping[str, str],
+              tool_filter: Mapping[str, Any] | None, modality: str) -> SessionCatalog:
+        visible = catalog.filtered(tool_filter, modality)
+        return cls(catalog, dict(unavailable), visible, {t.name: t for t in visible.tools})
+
+    def find(self, name: str) -> CatalogTool | None:
+        return self.by_name.get(name)
+
+    def endpoints_in_use(self) -> frozenset[str]:
+        """Endpoints owning at least one tool the session can call (after precedence and filters)."""
+        return frozenset(t.endpoint for t in self.visible.tools)
 
 
 class SessionUpstreams:
-    """All endpoint clients of one session, in the session's precedence order."""
+    """All endpoint clients of one session, in the session's precedence order.
+
+    Only endpoints owning a tool the session can call keep a connection; the others (for a `tool_use`
+    session on Fleet, the aggregator `{root}api/v1/mcp`, whose only own tool is `computer`) are closed
+    once listed, and reconnect only to re-list."""
 
     def __init__(self, session_id: str, endpoints: Sequence[str], pool: UpstreamPool) -> None:
         self.session_id = session_id
         self.endpoints = tuple(endpoints)
         self.clients = {url: EndpointClient(url, pool) for url in self.endpoints}
         self.last_used = time.monotonic()
+        self.confirmed_at = time.monotonic()  # last time an RPC or the janitor saw the session open
         self.last_forced_refresh = 0.0
         self.in_flight = 0  # calls running now: a long call keeps the session from idling out
+        # The last catalog and what it was built from (the endpoints' cached lists, by identity, and the
+        # filter): a call rebuilds nothing while the lists and the filter are unchanged.
+        self._memo_key: tuple[Any, ...] = ()
+        self._memo_lists: tuple[object, ...] = ()
+        self._memo: SessionCatalog | None = None
 
-    async def catalog(self, timeout_s: float, *, refresh: bool = False) -> SessionCatalog:
+    async def catalog(self, timeout_s: float, tool_filter: Mapping[str, Any] | None = None, modality: str = "",
+                      *, refresh: bool = False) -> SessionCatalog:
         self.last_used = time.monotonic()
         results = await asyncio.gather(
             *(self.clients[u].list_tools(timeout_s, refresh=refresh) for u in self.endpoints), return_exceptions=True
         )
+        key: list[Any] = [repr(tool_filter), modality]
+        for res in results:
+            if isinstance(res, BaseException) and not isinstance(res, Exception):
+                raise res
+            key.append(id(res) if isinstance(res, list) else (type(res).__name__, str(res)))
+        memo = self._memo
+        if memo is None or tuple(key) != self._memo_key:
+            memo = self._memo = self._build(results, tool_filter, modality)
+            self._memo_key = tuple(key)
+            self._memo_lists = tuple(results)  # keeps the ids in the key from being reused
+        self._retire_unused(memo)
+        return memo
+
+    def _build(self, results: Sequence[object], tool_filter: Mapping[str, Any] | None,
+               modality: str) -> SessionCatalog:
         per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []
         dropped: dict[str, str] = {}
         unavailable: dict[str, str] = {}
@@ -448,11 +543,16 @@ class SessionUpstreams:
                 dropped[url] = str(res)
             elif isinstance(res, Exception):
                 unavailable[url] = str(res)
-            elif isinstance(res, BaseException):
-                raise res
             else:
-                per_endpoint.append((url, res))
-        return SessionCatalog(union_tools(per_endpoint, dropped), unavailable)
+                per_endpoint.append((url, cast("list[mt.Tool]", res)))
+        return SessionCatalog.build(union_tools(per_endpoint, dropped), unavailable, tool_filter, modality)
+
+    def _retire_unused(self, cat: SessionCatalog) -> None:
+        in_use = cat.endpoints_in_use()
+        for url, client in self.clients.items():
+            if url not in in_use and client.connected and client.retire():
+                log.debug("session %s: closed the connection to %s (owns no tool the session can call)",
+                          self.session_id, url)
 
     async def call(self, endpoint: str, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
         self.last_used = time.monotonic()
@@ -468,6 +568,13 @@ class SessionUpstreams:
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+
+JANITOR_CONCURRENCY = 16  # store reads of one janitor pass in flight at once
+# A session idle for t seconds is re-checked every max(janitor_interval_s, t / IDLE_BACKOFF): a session
+# closed right after its last call (the usual end of an episode) is noticed within one interval, while
+# long-idle open sessions cost few store reads.
+IDLE_BACKOFF = 8.0
 
 
 class UpstreamPool:
@@ -493,9 +600,11 @@ class UpstreamPool:
         return task
 
     def session(self, session_id: str, endpoints: Sequence[str]) -> SessionUpstreams:
-        """The session's upstreams; a changed endpoint list (instance replaced) starts afresh."""
+        """The upstreams of a session an RPC just found open; a changed endpoint list (instance replaced)
+        starts afresh."""
         current = self._sessions.get(session_id)
         if current is not None and current.endpoints == tuple(endpoints):
+            current.confirmed_at = time.monotonic()
             return current
         if current is not None:
             self.spawn(current.close(), f"close-upstreams {session_id}")
@@ -505,30 +614,50 @@ class UpstreamPool:
     def open_clients(self) -> int:
         return sum(s.connected_count() for s in self._sessions.values())
 
+    def sessions(self) -> int:
+        return len(self._sessions)
+
     async def close_session(self, session_id: str) -> None:
         ups = self._sessions.pop(session_id, None)
         if ups is not None:
             await ups.close()
 
-    def start_janitor(self, still_open: Callable[[str], Any]) -> None:
-        """Close clients of sessions idle for `client_idle_s` or no longer open (`still_open(sid)` is an
-        async predicate reading the store)."""
+    def start_janitor(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
+        """Close clients of sessions idle for `client_idle_s` or no longer open (`still_open(sid)` reads the
+        store). A session that an RPC found open since the last look is not read again."""
         self._janitor = self.spawn(self._janitor_loop(still_open), "upstream-janitor")
 
-    async def _janitor_loop(self, still_open: Callable[[str], Any]) -> None:
+    async def _janitor_loop(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
         while True:
             await asyncio.sleep(self.settings.janitor_interval_s)
-            now = time.monotonic()
-            for sid, ups in list(self._sessions.items()):
-                try:
-                    idle = ups.in_flight == 0 and now - ups.last_used > self.settings.client_idle_s
-                    if idle or not await still_open(sid):
-                        log.info("closing upstream clients of session %s (%s)", sid, "idle" if idle else "closed")
-                        if self._sessions.get(sid) is ups:
-                            del self._sessions[sid]
-                        await ups.close()
-                except Exception:
-                    log.warning("janitor could not check session %s", sid, exc_info=True)
+            await self.sweep(still_open)
+
+    async def sweep(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
+        """One janitor pass."""
+        now = time.monotonic()
+        interval = self.settings.janitor_interval_s
+        gate = asyncio.Semaphore(JANITOR_CONCURRENCY)
+
+        async def look(sid: str, ups: SessionUpstreams) -> None:
+            try:
+                idle = ups.in_flight == 0 and now - ups.last_used > self.settings.client_idle_s
+                if not idle:
+                    async with gate:
+                        if await still_open(sid):
+                            ups.confirmed_at = time.monotonic()
+                            return
+                log.info("closing upstream clients of session %s (%s)", sid, "idle" if idle else "closed")
+                if self._sessions.get(sid) is ups:
+                    del self._sessions[sid]
+                await ups.close()
+            except Exception:
+                log.warning("janitor could not check session %s", sid, exc_info=True)
+
+        due = [(sid, ups) for sid, ups in self._sessions.items()
+               if now - ups.confirmed_at >= max(interval, (now - ups.last_used) / IDLE_BACKOFF)
+               or now - ups.last_used > self.settings.client_idle_s]
+        if due:
+            await asyncio.gather(*(look(sid, ups) for sid, ups in due))
 
     async def close(self) -> None:
         """Close every client (each exits in its owner task) and cancel every background task."""
