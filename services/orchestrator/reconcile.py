@@ -4,15 +4,16 @@ Runs on start-up and every `reconcile_interval_s`, under a store lease so severa
 run never double-delete. A pass reads a snapshot (open sessions, intents, then the provider's instances),
 but sessions and intents keep changing while it runs, so nothing is deleted on the snapshot's word: each
 instance no snapshot session owns is judged on its intent and session as they are *now* (`_orphan_reason`),
-and the candidates are checked against a fresh list of open sessions right before the delete.
+and the candidates are checked against fresh lists of open sessions and instances right before the delete.
 
 What keeps an instance (see `_orphan_reason`): an open session uses it; its intent is in this process's
 warm pool (idle or being handed out / put back); a CREATING or POOLED intent of a live process; a BOUND
-intent whose session is open on it, or whose session closed moments ago (the closer releases it); an
-instance with no intent that is younger than the pass (its intent may be being written). Everything else
-is an orphan and deleted (a 404 counts as done, so a delete never happens twice in effect). Intents whose
-instance never appeared are dropped once their owner is dead; sessions whose instance vanished (TTL,
-heartbeat, manual delete) are marked FAILED; sessions stuck PROVISIONING by a dead process are failed.
+intent whose session is open on it, or whose session closed moments ago (the closer releases it); a
+DELETING intent a live process is releasing right now; an instance with no intent that is younger than
+the pass (its intent may be being written). Everything else is an orphan and deleted (a 404 counts as
+done). Intents whose instance never appeared are dropped once their owner is dead; sessions whose
+instance vanished (TTL, heartbeat, manual delete) are marked FAILED; sessions stuck PROVISIONING by a
+dead process are failed.
 """
 
 from __future__ import annotations
@@ -112,12 +113,17 @@ class Reconciler:
                 candidates.append((inst, intent_id, why))
         if candidates:
             # Sessions registered since the snapshot (a hand-out whose intent a dead owner never marked
-            # BOUND is found only this way): every verdict above was reached before this read.
+            # BOUND is found only this way): every verdict above was reached before this read. And the
+            # instances still there: one released meanwhile (its intent gone with it) is no orphan.
             fresh = {s.instance_id for s in await self._episodes.open_sessions(
                 orchestrator_run=self._config.run_id) if s.instance_id}
+            listed = {h.instance_id for h in await self._provider.list_instances(
+                self._config.run_id, timeout_s=self._config.provider_timeout_s)}
             for inst, intent_id, why in candidates:
                 if inst.instance_id in fresh:
                     report.kept += 1
+                    continue
+                if inst.instance_id not in listed:
                     continue
                 if not await self._store.acquire_lease(self.lease, self._owner, self._lease_ttl):
                     log.warning("reconcile: lease lost mid-pass; leaving the rest to its holder")
@@ -173,13 +179,14 @@ class Reconciler:
         if intent.intent_id in self._pool.intent_ids():
             return None
         owner = intent_owner(intent.intent_id)
-        settling = now - intent.updated_at < SETTLE_GRACE_S and await self._alive(owner)
+        alive = await self._alive(owner)
+        settling = alive and now - intent.updated_at < SETTLE_GRACE_S  # its live owner is mid-transition
         if intent.state == IntentState.CREATING:
-            return None if await self._alive(owner) else "intent creating, owner gone"
+            return None if alive else "intent creating, owner gone"
         if intent.state == IntentState.POOLED:
             if owner == self._owner:  # not in this pool: an entry about to be appended, or a lost one
                 return None if settling else "intent pooled, not in this process's pool"
-            return None if await self._alive(owner) else "intent pooled, owner gone"
+            return None if alive else "intent pooled, owner gone"
         if intent.state == IntentState.BOUND:
             session = await self._store.get_session(intent.session_id) if intent.session_id else None
             if session is not None and session.is_open and session.instance_id == inst.instance_id:
@@ -190,7 +197,9 @@ class Reconciler:
                 return None  # bound moments ago by a live process; its session is being registered
             return "intent bound, session " + ("gone" if session is None else
                                                "closed" if not session.is_open else "moved on")
-        return "intent deleting"  # a release or failed create: deleting again is harmless (404 = done)
+        if intent.instance_id and settling:
+            return None  # a release in progress (a failed create's intent has no instance id: delete it)
+        return "intent deleting"  # a failed create, or a release that did not finish: delete (404 = done)
 
     def _young(self, inst: InstanceHandle, snapshot_at: float, now: float) -> bool:
         """An instance without an intent is an orphan only once it is old enough that its intent cannot be

@@ -478,16 +478,19 @@ class SqliteStore(SessionStore):
 
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         def claim(conn: sqlite3.Connection) -> tuple[RequestRecord, bool]:
+            now = time.time()
             created = conn.execute(
                 "INSERT OR IGNORE INTO requests (scope, request_id, state, owner, result, created_at,"
                 " finished_at) VALUES (?, ?, ?, ?, '', ?, 0)",
-                (scope, request_id, RequestState.PENDING.value, owner, time.time()),
+                (scope, request_id, RequestState.PENDING.value, owner, now),
             ).rowcount
+            if created == 1:  # the record is exactly what was inserted: no need to read it back
+                return RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", now, 0.0), True
             row = conn.execute(
                 f"SELECT {self._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
                 (scope, request_id),
             ).fetchone()
-            return _request_from_row(row), created == 1
+            return _request_from_row(row), False
 
         return await self._write(claim)
 

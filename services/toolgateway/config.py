@@ -27,7 +27,7 @@ class GatewayConfig:
     upstream_max_connections: int = setting(
         8, "RLGATE_UPSTREAM_MAX_CONNECTIONS",
         "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)")
-    janitor_interval_s: float = setting(5.0, "RLGATE_JANITOR_INTERVAL_S",
+    janitor_interval_s: float = setting(1.0, "RLGATE_JANITOR_INTERVAL_S",
                                         "How often idle or closed sessions' upstream clients are looked for")
     owner_ttl_s: float = setting(6.0, "RLGATE_OWNER_TTL_S",
                                  "Liveness lease of this process for in-flight request records (heartbeat: TTL/3)")

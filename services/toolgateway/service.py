@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -23,7 +24,6 @@ from rlgate.runtime.logs import session_id_var
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, StoreError, ToolCallEntry
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import prepare_arguments
-from rlgate.toolgateway.catalog import CatalogTool
 from rlgate.toolgateway.upstream import (
     CallLost,
     CallNotSent,
@@ -64,6 +64,7 @@ class GatewaySettings:
     max_output_bytes: int = 262144
 
 
+@functools.lru_cache(maxsize=4096)
 def endpoint_label(url: str) -> str:
     """A bounded-cardinality metrics label for an endpoint URL (`mcp`, `api/v1/mcp`, ...)."""
     path = url.split("?", 1)[0].rstrip("/")
@@ -154,7 +155,8 @@ class ToolGateway:
         ups = self.pool.session(session.session_id, session.endpoints)
         timeout_s = min(deadline.check("before listing tools"), self.settings.upstream_timeout_s)
         try:
-            cat = await asyncio.wait_for(ups.catalog(timeout_s, refresh=refresh), deadline.remaining())
+            async with asyncio.timeout(deadline.remaining()):
+                cat = await ups.catalog(timeout_s, session.tool_filter, session.modality, refresh=refresh)
         except TimeoutError:
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while listing tools") from None
         if cat.unavailable:
@@ -164,14 +166,11 @@ class ToolGateway:
             log.warning("endpoints unavailable (partial tool list): %s", "; ".join(cat.unavailable.values()))
         return cat
 
-    def _visible(self, session: Session, cat: SessionCatalog) -> list[CatalogTool]:
-        return list(cat.catalog.filtered(session.tool_filter, session.modality).tools)
-
     async def list_tools(self, token: str | None, timeout_s: float | None) -> toolgateway_pb2.ListToolsResponse:
         session = await self.authenticate(token)
         deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.upstream_timeout_s)
         cat = await self._catalog(session, deadline)
-        return toolgateway_pb2.ListToolsResponse(tools=[t.spec() for t in self._visible(session, cat)])
+        return toolgateway_pb2.ListToolsResponse(tools=[t.spec() for t in cat.visible.tools])
 
     # -- calls --------------------------------------------------------------------------------------------
     async def call_tool(self, token: str | None, request: toolgateway_pb2.CallToolRequest,
@@ -250,9 +249,8 @@ class ToolGateway:
             raise
 
         response = toolgateway_pb2.CallToolResponse(result=result)
-        await self._record(session, request_id, name, arguments, endpoint, result, started)
-        if request_id:
-            await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
+        # The log entry, the session touch and the DONE record in one store round trip, before the reply.
+        await self._record(session, scope, request_id, name, arguments, endpoint, response, started)
         return response
 
     async def _execute(self, session: Session, name: str, arguments: dict[str, Any], deadline: _Deadline,
@@ -267,15 +265,15 @@ class ToolGateway:
                     "the tool was not called. Give your final answer."), "", arguments
         ups = self.pool.session(session.session_id, session.endpoints)
         cat = await self._catalog(session, deadline)
-        tool = self._find(session, cat, name)
+        tool = cat.find(name)
         if tool is None and time.monotonic() - ups.last_forced_refresh > UNKNOWN_TOOL_REFRESH_S:
             ups.last_forced_refresh = time.monotonic()  # the upstream's tool list may have changed
             cat = await self._catalog(session, deadline, refresh=True)
-            tool = self._find(session, cat, name)
+            tool = cat.find(name)
         if tool is None:
             if cat.unavailable and cat.catalog.get(name) is None:
                 raise CallNotSent("the tool list is incomplete: " + "; ".join(cat.unavailable.values()))
-            return self._unknown_tool(session, cat, name), "", arguments
+            return self._unknown_tool(cat, name), "", arguments
         prepared, problem = prepare_arguments(name, arguments, tool.input_schema)
         if problem:
             return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint, prepared
@@ -295,11 +293,8 @@ class ToolGateway:
         result = results.truncate(results.tool_result(mcp_result), self.settings.max_output_bytes)
         return result, tool.endpoint, prepared
 
-    def _find(self, session: Session, cat: SessionCatalog, name: str) -> CatalogTool | None:
-        return next((t for t in self._visible(session, cat) if t.name == name), None)
-
-    def _unknown_tool(self, session: Session, cat: SessionCatalog, name: str) -> common_pb2.ToolResult:
-        visible = [t.name for t in self._visible(session, cat)]
+    def _unknown_tool(self, cat: SessionCatalog, name: str) -> common_pb2.ToolResult:
+        visible = [t.name for t in cat.visible.tools]
         hidden = cat.catalog.get(name) is not None
         why = "is not available in this task" if hidden else "does not exist"
         listing = ", ".join(visible[:50]) + (" …" if len(visible) > 50 else "")
@@ -335,8 +330,9 @@ class ToolGateway:
     def _count(self, tool: str, endpoint: str, outcome: str) -> None:
         _calls.labels(tool, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
 
-    async def _record(self, session: Session, request_id: str, name: str, arguments: Mapping[str, Any], endpoint: str,
-                      result: common_pb2.ToolResult, started: float) -> None:
+    async def _record(self, session: Session, scope: str, request_id: str, name: str, arguments: Mapping[str, Any],
+                      endpoint: str, response: toolgateway_pb2.CallToolResponse, started: float) -> None:
+        result = response.result
         kind = kind_name(result.error_kind)
         self._count(name, endpoint, "error" if result.is_error else "ok")
         if kind:
@@ -348,13 +344,14 @@ class ToolGateway:
             result_summary=results.summary(result), endpoint=endpoint,
             duration_ms=round((time.monotonic() - started) * 1000, 3),
         )
-        await self._log_entry(session, entry)
+        await self._commit(scope, request_id, entry, response)
 
-    async def _log_entry(self, session: Session, entry: ToolCallEntry) -> None:
-        await asyncio.gather(
-            self._store_quietly(self.store.append_tool_call(entry)),
-            self._store_quietly(self.store.touch_session(session.session_id, time.time())),
-        )
+    async def _commit(self, scope: str, request_id: str, entry: ToolCallEntry,
+                      response: toolgateway_pb2.CallToolResponse) -> None:
+        """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
+        atomic store write, so a retry never finds a DONE record whose call is missing from the log."""
+        request = (scope, request_id, encode_response(response)) if request_id else None
+        await self._store_quietly(self.store.commit(request=request, tool_call=entry))
 
     async def _finish_unknown(self, session: Session, scope: str, request_id: str, name: str,
                               arguments: Mapping[str, Any], endpoint: str, started: float, message: str) -> None:
@@ -365,11 +362,9 @@ class ToolGateway:
             arguments=dict(arguments), is_error=True, error_kind="OUTCOME_UNKNOWN", result_summary=message[:500],
             endpoint=endpoint, duration_ms=round((time.monotonic() - started) * 1000, 3),
         )
-        await self._log_entry(session, entry)
-        if request_id:
-            response = toolgateway_pb2.CallToolResponse(
-                result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message))
-            await self._store_quietly(self.store.complete_request(scope, request_id, encode_response(response)))
+        response = toolgateway_pb2.CallToolResponse(
+            result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message))
+        await self._commit(scope, request_id, entry, response)
 
     async def _settle(self, state: _CallState, session: Session, scope: str, request_id: str, name: str,
                       arguments: dict[str, Any], started: float, why: str) -> None:

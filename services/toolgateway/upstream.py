@@ -299,7 +299,7 @@ class PoolSettings:
     upstream_timeout_s: float = 30.0  # handshake and tools/list
     client_idle_s: float = 300.0  # close a session's clients unused this long
     tools_refresh_s: float = 300.0  # re-list tools at most this old
-    janitor_interval_s: float = 5.0  # how often idle/closed sessions are looked for
+    janitor_interval_s: float = 1.0  # how often idle/closed sessions are looked for
     connect_timeout_s: float = 10.0
     http: HttpSettings = field(default_factory=HttpSettings.shared)
 
@@ -336,10 +336,13 @@ class EndpointClient:
                                           self._pool.tool_lists)
                 link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
                 link.task = self._pool.spawn(link.run(), f"mcp-owner {self.url}")
-        try:
-            await asyncio.wait_for(asyncio.shield(link.ready), timeout_s)
-        except TimeoutError:
-            raise CallNotSent(f"{self.url}: no MCP handshake within {timeout_s:.1f}s") from None
+        if link.ready.done():  # the usual case: no waiter task to build
+            link.ready.result()  # raises the handshake's error
+        else:
+            try:
+                await asyncio.wait_for(asyncio.shield(link.ready), timeout_s)
+            except TimeoutError:
+                raise CallNotSent(f"{self.url}: no MCP handshake within {timeout_s:.1f}s") from None
         client = link.client
         if client is None or link.dead:
             raise CallNotSent(f"{self.url}: connection closed before the call was sent")
@@ -408,7 +411,7 @@ class EndpointClient:
                     raise
                 if self.not_found:
                     raise EndpointNotFound(self.not_found)
-                return self.tools or []
+                return self.tools if self.tools is not None else []
             raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
 
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:

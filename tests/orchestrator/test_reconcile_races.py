@@ -140,14 +140,14 @@ async def test_orphan_verdicts_use_the_current_records(
     other = f"orch-other-{uuid.uuid4().hex[:6]}"
     await store.heartbeat_owner(other, 60)
 
-    async def instance(intent: Intent | None) -> InstanceHandle:
+    async def instance(intent: Intent | None, *, record_id: bool = True) -> InstanceHandle:
         if intent is not None:
             await store.put_intent(intent)
         env = {"RLGATE_INTENT_ID": intent.intent_id} if intent else {}
         made = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables=env)
         [handle] = [h for h in await o.provider.list_instances(run_id, timeout_s=10)
                     if h.instance_id == made.instance_id]
-        if intent is not None:
+        if intent is not None and record_id:
             intent.instance_id = handle.instance_id
             await store.put_intent(intent)
         return handle
@@ -203,8 +203,13 @@ async def test_orphan_verdicts_use_the_current_records(
     await store.put_intent(lc)
     assert await verdict(long_closed, before) == "intent bound, session closed"
     assert await verdict(await instance(intent(other, IntentState.BOUND, session_id="s-not-yet")), before) is None
-    # DELETING: a release or a failed create; deleting again is harmless.
-    assert await verdict(await instance(intent(o.owner, IntentState.DELETING)), before) == "intent deleting"
+    # DELETING: a release in progress is left to the releaser; a stalled one and a failed create (its
+    # intent never learnt the instance id) are orphans.
+    assert await verdict(await instance(intent(o.owner, IntentState.DELETING)), before) is None
+    assert await verdict(await instance(intent(o.owner, IntentState.DELETING, age=300)), before) \
+        == "intent deleting"
+    assert await verdict(await instance(intent(o.owner, IntentState.DELETING), record_id=False), before) \
+        == "intent deleting"
 
     for h in await o.provider.list_instances(run_id, timeout_s=10):
         await fleet.delete(h.instance_id)

@@ -27,6 +27,7 @@ async def test_request_lifecycle(store: SessionStore) -> None:
     record, created = await store.claim_request("reset", "r1", "me")
     assert created and record.state == RequestState.PENDING and record.owner == "me"
     assert record.created_at > 0
+    assert await store.get_request("reset", "r1") == record  # what the claim returns is what it stored
 
     await store.complete_request("reset", "r1", "payload-1")
     done = await store.get_request("reset", "r1")

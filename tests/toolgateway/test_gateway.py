@@ -253,7 +253,8 @@ async def test_fifty_concurrent_calls_share_one_client(store: SessionStore, flee
         # `upstream_max_connections` (8), plus the legacy era's probe and GET stream.
         print(f"\n{era}: 50 concurrent calls -> {c['tcp_connections']} TCP connections for 2 endpoints")
         assert c["tcp_connections"] <= 2 * (8 + 3), c
-        assert handle.pool.open_clients() == 2
+        # A tool_use session calls no tool of the aggregator: only `{root}mcp` keeps its client.
+        assert handle.pool.open_clients() == 1
     finally:
         await handle.stop(grace=0)
 
@@ -304,7 +305,7 @@ async def test_upstream_killed_mid_call_then_back(store: SessionStore, era: str)
 
 async def test_closed_session_clients_are_closed(gateway: GatewayHandle, stub: Stub, store: SessionStore,
                                                  fleet: LocalfleetProcess) -> None:
-    s = await make_session(store, fleet, "gw")
+    s = await make_session(store, fleet, "gw", modality="all")  # a tool on each endpoint: both stay open
     await tool_names(stub, s)
     assert gateway.pool.open_clients() == 2
     current = await store.get_session(s.session.session_id)
@@ -340,7 +341,7 @@ async def test_idle_clients_close_and_reconnect(store: SessionStore, fleet: Loca
         async with grpc.aio.insecure_channel(handle.address) as channel:
             stub = Stub(channel)
             assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
-            assert handle.pool.open_clients() == 2
+            assert handle.pool.open_clients() == 1  # the aggregator owns no tool_use tool: closed after listing
             # A call longer than the idle limit keeps its clients.
             assert text(await call(stub, s, "sleep", {"seconds": 1.0})) == "slept 1.0"
             assert await wait_for(lambda: handle.pool.open_clients() == 0, timeout=5)
