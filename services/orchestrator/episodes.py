@@ -108,16 +108,25 @@ class EpisodeManager:
         session_id_var.set(session_id)
         return session
 
-    async def _mutate(self, session_id: str, change: Callable[[Session], bool]) -> tuple[Session, bool]:
-        """Compare-and-set loop: `change` edits a fresh copy and returns whether to write it."""
+    async def _mutate(self, session_id: str, change: Callable[[Session], bool],
+                      respond: Callable[[Session], tuple[str, str, str] | None] | None = None,
+                      ) -> tuple[Session, bool]:
+        """Compare-and-set loop: `change` edits a fresh copy and returns whether to write it. `respond(edited)`:
+        the request record to complete in the same store write (`Idempotency.completion`), or None."""
         while True:
             session = await self._get(session_id)
             if not change(session):
                 return session, False
+            request = respond(session) if respond is not None else None
             try:
-                return await self.store.update_session(session), True
+                if request is None:
+                    return await self.store.update_session(session), True
+                updated = await self.store.commit(session=session, request=request)
             except ConflictError:
                 continue
+            assert updated is not None
+            self.idempotency.committed(request)
+            return updated, True
 
     def _effective_max_turns(self, requested: int, task: TaskDef | None) -> int:
         if requested < 0:
@@ -442,7 +451,13 @@ class EpisodeManager:
                 s.reward = None
             return True
 
-        session, _ = await self._mutate(request.session_id, count)
+        def respond(s: Session) -> tuple[str, str, str] | None:
+            # A Step that ends the episode answers with the verifier's outcome: recorded after scoring.
+            if not request.request_id or s.status == SessionStatus.DONE:
+                return None
+            return self.idempotency.completion(f"step:{s.session_id}", request.request_id, self._step_response(s))
+
+        session, _ = await self._mutate(request.session_id, count, respond)
         log.info("turn %d: %d tool call(s)%s%s", session.turn, len(request.tool_calls),
                  ", final answer" if has_answer else "", f", done ({session.done_reason})" if session.done_reason
                  else "")

@@ -38,6 +38,17 @@ class Idempotency:
         self._owner = owner
         self._poll = poll_s
         self._local: dict[tuple[str, str], asyncio.Future[bytes]] = {}
+        self._committed: dict[tuple[str, str], str] = {}  # responses the work recorded itself
+
+    @staticmethod
+    def completion(scope: str, request_id: str, response: Message) -> tuple[str, str, str]:
+        """The `request` argument of `store.commit` for work that records its response with its last write
+        (one store call instead of update + complete). Report the commit with `committed` once it succeeded."""
+        return scope, request_id, base64.b64encode(response.SerializeToString()).decode()
+
+    def committed(self, request: tuple[str, str, str]) -> None:
+        scope, request_id, encoded = request
+        self._committed[(scope, request_id)] = encoded
 
     async def run(self, scope: str, request_id: str, deadline: Deadline, message: type[M],
                   work: Callable[[RequestRecord | None], Awaitable[M]], *,
@@ -95,8 +106,11 @@ class Idempotency:
             raise
         finally:
             self._local.pop(key, None)
+            committed = self._committed.pop(key, None)
         data = (redact(response) if redact is not None else response).SerializeToString()
-        await asyncio.shield(self._store.complete_request(*key, base64.b64encode(data).decode()))
+        encoded = base64.b64encode(data).decode()
+        if encoded != committed:  # the work did not record this very response with its last write
+            await asyncio.shield(self._store.complete_request(*key, encoded))
         future.set_result(data)
         return response
 
