@@ -153,6 +153,8 @@ class ToolGateway:
     # -- tools --------------------------------------------------------------------------------------------
     async def _catalog(self, session: Session, deadline: _Deadline, *, refresh: bool = False) -> SessionCatalog:
         ups = self.pool.session(session.session_id, session.endpoints)
+        if not refresh and (cached := ups.cached_catalog(session.tool_filter, session.modality)) is not None:
+            return cached  # every endpoint's listing is cached and fresh: nothing to wait for
         timeout_s = min(deadline.check("before listing tools"), self.settings.upstream_timeout_s)
         try:
             async with asyncio.timeout(deadline.remaining()):

@@ -383,6 +383,15 @@ class EndpointClient:
         self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
         self._shared = link.shared
 
+    def cached(self) -> list[mt.Tool] | EndpointNotFound | None:
+        """The fresh cached listing (tools, or the 404 that dropped the endpoint), or None when it must be
+        listed (again): lets a call skip the listing machinery entirely."""
+        if not self._fresh() or self._tools_lock.locked():
+            return None
+        if self.not_found:
+            return EndpointNotFound(self.not_found)
+        return self.tools
+
     async def list_tools(self, timeout_s: float, *, refresh: bool = False) -> list[mt.Tool]:
         """The endpoint's tools (every page), cached for `tools_refresh_s`. Raises EndpointNotFound (404)
         or UpstreamUnavailable. Listing is idempotent, so it is retried once on a fresh connection."""
@@ -517,12 +526,25 @@ class SessionUpstreams:
         self._memo_lists: tuple[object, ...] = ()
         self._memo: SessionCatalog | None = None
 
+    def cached_catalog(self, tool_filter: Mapping[str, Any] | None = None, modality: str = "") -> SessionCatalog | None:
+        """The catalog from every endpoint's fresh cached listing, or None when one must be listed."""
+        results = [self.clients[u].cached() for u in self.endpoints]
+        if any(res is None for res in results):
+            return None
+        self.last_used = time.monotonic()
+        return self._adopt(results, tool_filter, modality)
+
     async def catalog(self, timeout_s: float, tool_filter: Mapping[str, Any] | None = None, modality: str = "",
                       *, refresh: bool = False) -> SessionCatalog:
+        if not refresh and (cat := self.cached_catalog(tool_filter, modality)) is not None:
+            return cat
         self.last_used = time.monotonic()
         results = await asyncio.gather(
             *(self.clients[u].list_tools(timeout_s, refresh=refresh) for u in self.endpoints), return_exceptions=True
         )
+        return self._adopt(results, tool_filter, modality)
+
+    def _adopt(self, results: Sequence[object], tool_filter: Mapping[str, Any] | None, modality: str) -> SessionCatalog:
         key: list[Any] = [repr(tool_filter), modality]
         for res in results:
             if isinstance(res, BaseException) and not isinstance(res, Exception):

@@ -134,6 +134,7 @@ async def test_two_hundred_sessions_memory(gateway_proc: GatewayProcess, store: 
         elapsed = time.monotonic() - start
         await asyncio.sleep(0.5)
         added = gateway_proc.rss() - base
-        print(f"\n{era}: 200 sessions (400 upstream clients) added {added / 1e6:.1f} MB RSS "
+        # Both endpoints are listed, but only `{root}mcp` owns a tool_use tool: one client per session stays.
+        print(f"\n{era}: 200 sessions (200 upstream clients) added {added / 1e6:.1f} MB RSS "
               f"({added / 200 / 1e3:.0f} KB per session), opened in {elapsed:.1f}s")
-        assert added <= 40e6
+        assert added <= 25e6
