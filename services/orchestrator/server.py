@@ -136,13 +136,13 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
 
         running = await start_server(config.listen, register,
                                      interceptors=interceptors(config, lambda: orchestrator.tasks_loaded),
-                                     tls_cert=config.tls_cert, tls_key=config.tls_key)
+                                     tls_cert=config.tls_cert, tls_key=config.tls_key,
+                                     serving=orchestrator.tasks_loaded)
     except BaseException:
         await orchestrator.stop()
         raise
     handle = OrchestratorHandle(config=config, server=running, orchestrator=orchestrator)
     if not orchestrator.tasks_loaded:
-        await running.set_serving(False)
         log.warning("task catalog not loaded yet: health NOT_SERVING until it is")
         handle.readiness = asyncio.create_task(_serve_when_ready(orchestrator, running), name="readiness")
     return handle

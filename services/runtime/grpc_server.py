@@ -51,7 +51,14 @@ class RunningServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def stopping(self) -> bool:
+        """Shutdown has begun: health stays NOT_SERVING from here on."""
+        return self._stopped.is_set()
+
     async def set_serving(self, serving: bool) -> None:
+        if serving and self.stopping:
+            return  # a late "ready" must not undo a drain
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
@@ -92,8 +99,10 @@ async def start_server(
     tls_cert: str = "",
     tls_key: str = "",
     options: Sequence[tuple[str, int | str]] = (),
+    serving: bool = True,
 ) -> RunningServer:
-    """Create, register and start a server. `register` adds servicers and returns their full names."""
+    """Create, register and start a server. `register` adds servicers and returns their full names.
+    `serving=False` starts with health NOT_SERVING (the service flips it once it is ready)."""
     server = grpc.aio.server(interceptors=list(interceptors), options=[*DEFAULT_OPTIONS, *options])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
@@ -107,7 +116,7 @@ async def start_server(
         raise OSError(f"could not bind {listen}")
     await server.start()
     running = RunningServer(server=server, port=port, health=health_servicer, service_names=names)
-    await running.set_serving(True)
+    await running.set_serving(serving)
     log.info("listening on %s (port %d): %s", listen, port, ", ".join(names))
     return running
 

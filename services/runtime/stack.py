@@ -10,6 +10,7 @@ localfleet is still up), then the gateway, then localfleet.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,26 @@ from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free on 127.0.0.1 now, chosen BELOW the kernel's ephemeral range: outgoing connections
+    take their local ports from that range, so a port picked there can be taken before the server binds it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(10_000, low - 1) if low > 10_500 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise OSError("no free loopback port found")
 
 
 @dataclass
@@ -58,6 +75,7 @@ class LocalStack:
         }
         self.store_url = s.store_url or f"sqlite:///{s.data_dir / 'store.db'}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._started_once: set[str] = set()  # a restart keeps its port (clients hold the address)
 
     # -- addresses --------------------------------------------------------------------------------------
     @property
@@ -96,6 +114,19 @@ class LocalStack:
         return env
 
     def start_service(self, name: str, timeout: float = 60.0) -> None:
+        """Start one service and wait until it is ready. A port we picked that another process took
+        meanwhile (bind failure) is replaced and the start retried."""
+        picked = not getattr(self.settings, f"{'gateway' if name == 'toolgateway' else name}_port")
+        for attempt in range(3):
+            try:
+                return self._start_once(name, timeout)
+            except RuntimeError:
+                lost_port = any(m in self.tail(name, 80).lower() for m in ("failed to bind", "address already in use"))
+                if not (picked and lost_port and attempt < 2 and name not in self._started_once):
+                    raise
+                self.ports[name] = free_port()
+
+    def _start_once(self, name: str, timeout: float) -> None:
         log = self.log_path(name).open("ab")
         try:
             self.procs[name] = subprocess.Popen(
@@ -105,6 +136,7 @@ class LocalStack:
         finally:
             log.close()
         self.wait_ready(name, timeout)
+        self._started_once.add(name)
 
     def ready(self, name: str) -> bool:
         if name == "localfleet":

@@ -639,9 +639,6 @@ class UpstreamPool:
     def open_clients(self) -> int:
         return sum(s.connected_count() for s in self._sessions.values())
 
-    def sessions(self) -> int:
-        return len(self._sessions)
-
     async def close_session(self, session_id: str) -> None:
         ups = self._sessions.pop(session_id, None)
         if ups is not None:

@@ -8,14 +8,11 @@ import time
 
 import pytest
 
+from rlgate.runtime.stack import free_port
+
+__all__ = ["IN_CI", "free_port", "require_binary", "wait_for_port"]
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for subprocesses that need a port up front)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
