@@ -206,7 +206,7 @@ class ToolGateway:
         try:
             result, endpoint, arguments = await self._execute(session, name, arguments, deadline, state)
         except CallNotSent as exc:
-            await self._release(scope, request_id)
+            await self._shielded(self._release(scope, request_id))
             self._count(name, state.endpoint, "unavailable")
             raise GatewayError(grpc.StatusCode.UNAVAILABLE,
                                f"upstream unavailable (the tool did not run): {exc}") from exc
@@ -215,33 +215,35 @@ class ToolGateway:
             if lost:
                 msg = (f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
                        "the same request_id returns OUTCOME_UNKNOWN")
-                await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
-                                           state.endpoint, started, msg)
+                await self._shielded(self._finish_unknown(
+                    session, scope, request_id, name, state.arguments or arguments, state.endpoint, started, msg))
             else:
-                await self._release(scope, request_id)
+                await self._shielded(self._release(scope, request_id))
             self._count(name, state.endpoint, "unavailable")
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(exc) if not lost else msg) from exc
         except CallTimedOut as exc:
             self._count(name, state.endpoint, "deadline")
             if not exc.sent:
-                await self._release(scope, request_id)
+                await self._shielded(self._release(scope, request_id))
                 raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}") from exc
             msg = f"deadline exceeded: {exc}; the upstream call was cancelled and may have partly run"
-            await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
-                                       state.endpoint, started, msg)
+            await self._shielded(self._finish_unknown(
+                session, scope, request_id, name, state.arguments or arguments, state.endpoint, started, msg))
             raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, msg) from exc
         except GatewayError:
-            await self._release(scope, request_id)  # raised before anything was sent upstream
+            await self._shielded(self._release(scope, request_id))  # raised before anything was sent upstream
             raise
         except StoreError as exc:
-            await self._settle(state, session, scope, request_id, name, arguments, started, f"store failed: {exc}")
+            await self._shielded(self._settle(
+                state, session, scope, request_id, name, arguments, started, f"store failed: {exc}"))
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
         except Exception as exc:  # a bug: never leave the request PENDING under a live owner
-            await self._settle(state, session, scope, request_id, name, arguments, started, f"internal error: {exc}")
+            await self._shielded(self._settle(
+                state, session, scope, request_id, name, arguments, started, f"internal error: {exc}"))
             raise
         except asyncio.CancelledError:
-            # The caller went away (cancel or deadline): the upstream request is cancelled with us. The
-            # record and log are written by an owned task, since this one is being cancelled.
+            # The caller went away (cancel or deadline) while the call ran: the upstream request is cancelled
+            # with us. The record and log are written by an owned task, since this one is being cancelled.
             if state.sent:
                 self._in_background(self._finish_unknown(
                     session, scope, request_id, name, state.arguments or arguments, state.endpoint, started,
@@ -252,7 +254,7 @@ class ToolGateway:
 
         response = toolgateway_pb2.CallToolResponse(result=result)
         # The log entry, the session touch and the DONE record in one store round trip, before the reply.
-        await self._record(session, scope, request_id, name, arguments, endpoint, response, started)
+        await self._shielded(self._record(session, scope, request_id, name, arguments, endpoint, response, started))
         return response
 
     async def _execute(self, session: Session, name: str, arguments: dict[str, Any], deadline: _Deadline,
@@ -336,7 +338,9 @@ class ToolGateway:
                       endpoint: str, response: toolgateway_pb2.CallToolResponse, started: float) -> None:
         result = response.result
         kind = kind_name(result.error_kind)
-        self._count(name, endpoint, "error" if result.is_error else "ok")
+        # A name the model invented must not mint a metric series: label unknown tools as one.
+        label = "(unknown)" if result.error_kind == Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL else name
+        self._count(label, endpoint, "error" if result.is_error else "ok")
         if kind:
             _errors.labels(kind).inc()
             log.info("tool %s -> %s: %s", name, kind, result.error_message[:200])
@@ -387,10 +391,16 @@ class ToolGateway:
         except StoreError:
             log.warning("session store write failed", exc_info=True)
 
-    def _in_background(self, coro: Any) -> None:
+    def _in_background(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    async def _shielded(self, coro: Any) -> Any:
+        """Bookkeeping that must finish even if the caller's deadline cancels this RPC right now: a request
+        record left PENDING under a live owner would make every retry wait instead of answering."""
+        return await asyncio.shield(self._in_background(coro))
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Let bookkeeping of cancelled calls finish (shutdown)."""

@@ -197,19 +197,12 @@ async def test_hanging_tool_deadline_cancels_upstream(stub: Stub, store: Session
     start = time.monotonic()
     hanging = asyncio.create_task(call(stub, s, "hang", request_id="hang-1", timeout=1.0))
     assert await wait_for(lambda: fleet.counters()["by_env"][era]["tool_calls"] >= 2)
-    open_during = fleet.counters()["open_connections"]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await hanging
     elapsed = time.monotonic() - start
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert elapsed < 1.5, elapsed
     cancelled = await wait_for(lambda: fleet.counters()["by_env"][era]["cancellations"] > before)
-    if era == "gw" and not cancelled:
-        # The gateway aborted the upstream POST (the 2026-07-28 cancel signal: its connection closes), but
-        # localfleet serves modern JSON responses through the SDK's json_response path, which never
-        # watches http.disconnect, so the tool is not cancelled server-side (reported to localfleet).
-        assert await wait_for(lambda: fleet.counters()["open_connections"] < open_during)
-        pytest.xfail("localfleet's modern json_response path does not observe client disconnects")
     assert cancelled, "no upstream cancel"
     # The same session keeps working, and the timed-out request_id is never run again.
     assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"
