@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -27,13 +27,6 @@ log = logging.getLogger(__name__)
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
-
-
-def _metadata(details: grpc.HandlerCallDetails) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for key, value in details.invocation_metadata or ():
-        out[key.lower()] = value if isinstance(value, str) else value.decode("latin-1")
-    return out
 
 
 def _wrap_unary(
@@ -65,6 +58,36 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+class _PerMethodCache:
+    """Interceptors run on every RPC; building the wrapped handler once per method (and again only when the
+    inner handler changes) keeps their cost to a dict lookup. Per-call data comes from the call context."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(self, method: str, inner: grpc.RpcMethodHandler,
+            build: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
+        hit = self._wrapped.get(method)
+        if hit is not None and hit[0] is inner:
+            return hit[1]
+        wrapped = build(inner)
+        self._wrapped[method] = (inner, wrapped)
+        return wrapped
+
+
+def _unary(handler: grpc.RpcMethodHandler | None) -> bool:
+    return bool(handler is not None and handler.unary_unary is not None and not handler.request_streaming
+                and not handler.response_streaming)
+
+
+def _trace_id(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == TRACE_HEADER:
+            text = value if isinstance(value, str) else value.decode("latin-1")
+            return text[:64]
+    return os.urandom(8).hex()
+
+
 class ContextInterceptor(grpc.aio.ServerInterceptor):
     """Sets the trace id for the RPC, parses the request, and turns unexpected exceptions into a clean INTERNAL.
 
@@ -72,19 +95,25 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
     valid message (corrupt, another RPC's message, nested past protobuf's depth limit) are the caller's
     INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request"."""
 
+    def __init__(self) -> None:
+        self._cache = _PerMethodCache()
+
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.unary_unary is None or handler.request_streaming or handler.response_streaming:
+        if not _unary(handler):
             return handler
-        method = details.method
-        trace = (_metadata(details).get(TRACE_HEADER) or uuid.uuid4().hex[:16])[:64]
+        return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
+
+    @staticmethod
+    def _build(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         inner: Handler = handler.unary_unary
         parse = handler.request_deserializer
 
         async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            trace = _trace_id(context)
             trace_id_var.set(trace)
             session_id_var.set("-")
             try:
@@ -148,13 +177,27 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             "rlgate_grpc_request_seconds", "gRPC request latency", ["service", "method"]
         )
         self._service = service
+        self._cache = _PerMethodCache()
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        method = details.method.rsplit("/", 1)[-1]
+        if not _unary(handler):
+            return handler
+        return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
+
+    def _build(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        method = full_method.rsplit("/", 1)[-1]
+        latency = self._latency.labels(self._service, method)  # label lookups once per method
+        calls: dict[str, Any] = {}
+
+        def count(code: str) -> None:
+            child = calls.get(code)
+            if child is None:
+                child = calls[code] = self._calls.labels(self._service, method, code)
+            child.inc()
 
         def wrap(inner: Handler) -> Handler:
             async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -170,8 +213,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                     code = "INTERNAL"
                     raise
                 finally:
-                    self._calls.labels(self._service, method, code).inc()
-                    self._latency.labels(self._service, method).observe(time.perf_counter() - start)
+                    count(code)
+                    latency.observe(time.perf_counter() - start)
 
             return behaviour
 
