@@ -5,13 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Mapping
 from typing import Any
 
 import mcp_types as mt
-from google.protobuf import struct_pb2
 
-from rlgate.convert import MAX_JSON_DEPTH, JsonTooDeepError
+from rlgate.convert import fill_value
 from rlgate.protocol import render_tool_result
 from rlgate.v1 import common_pb2
 
@@ -52,39 +50,11 @@ def content_block(block: Any) -> common_pb2.ContentBlock:
     return common_pb2.ContentBlock(text=common_pb2.TextContent(text=json.dumps(dump)))
 
 
-def _fill_value(target: struct_pb2.Value, obj: Any, depth: int) -> None:
-    """`rlgate.convert.value_from_py` written into `target` in place: one pass, no nested copies (a
-    structured result is converted on every call). Same limits: JsonTooDeepError past MAX_JSON_DEPTH."""
-    if obj is None:
-        target.null_value = struct_pb2.NULL_VALUE
-    elif isinstance(obj, bool):
-        target.bool_value = obj
-    elif isinstance(obj, int | float):
-        target.number_value = float(obj)
-    elif isinstance(obj, str):
-        target.string_value = obj
-    elif isinstance(obj, Mapping | list | tuple):
-        if depth > MAX_JSON_DEPTH:
-            raise JsonTooDeepError(f"structured_content is nested deeper than {MAX_JSON_DEPTH} levels")
-        if isinstance(obj, Mapping):
-            struct = target.struct_value
-            struct.SetInParent()  # an empty object is still an object
-            for key, item in obj.items():
-                _fill_value(struct.fields[str(key)], item, depth + 1)
-        else:
-            values = target.list_value
-            values.SetInParent()
-            for item in obj:
-                _fill_value(values.values.add(), item, depth + 1)
-    else:
-        target.string_value = str(obj)
-
-
 def tool_result(result: mt.CallToolResult) -> common_pb2.ToolResult:
     """Convert faithfully; an upstream isError becomes TOOL_FAILED with the tool's own text as message."""
     out = common_pb2.ToolResult(content=[content_block(b) for b in result.content], is_error=result.is_error)
     if result.structured_content is not None:
-        _fill_value(out.structured_content, result.structured_content, 1)
+        fill_value(out.structured_content, result.structured_content, what="structured_content")
     if result.is_error:
         out.error_kind = Kind.TOOL_ERROR_KIND_TOOL_FAILED
         text = " ".join(b.text for b in result.content if isinstance(b, mt.TextContent)).strip()

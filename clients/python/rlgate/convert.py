@@ -29,31 +29,46 @@ class JsonTooDeepError(InvalidJsonValue):
     """Objects/arrays nested deeper than MAX_JSON_DEPTH."""
 
 
+def fill_value(target: struct_pb2.Value, obj: Any, depth: int = 1, what: str = "$") -> None:
+    """Write a JSON value into `target` in place: one pass, no nested message copies (hot paths convert a
+    structured result per call). Raises JsonTooDeepError past MAX_JSON_DEPTH instead of building a message
+    no receiver could parse."""
+    if obj is None:
+        target.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(obj, bool):
+        target.bool_value = obj
+    elif isinstance(obj, int | float):
+        target.number_value = float(obj)
+    elif isinstance(obj, str):
+        target.string_value = obj
+    elif isinstance(obj, Mapping | list | tuple):
+        if depth > MAX_JSON_DEPTH:
+            raise JsonTooDeepError(f"{what} is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(obj, Mapping):
+            struct = target.struct_value
+            struct.SetInParent()  # an empty object is still an object
+            for key, item in obj.items():
+                fill_value(struct.fields[str(key)], item, depth + 1, what)
+        else:
+            values = target.list_value
+            values.SetInParent()
+            for item in obj:
+                fill_value(values.values.add(), item, depth + 1, what)
+    else:
+        target.string_value = str(obj)
+
+
 def value_from_py(obj: Any) -> struct_pb2.Value:
     value = struct_pb2.Value()
-    if obj is None:
-        value.null_value = struct_pb2.NULL_VALUE
-    elif isinstance(obj, bool):
-        value.bool_value = obj
-    elif isinstance(obj, int | float):
-        value.number_value = float(obj)
-    elif isinstance(obj, str):
-        value.string_value = obj
-    elif isinstance(obj, Mapping):
-        value.struct_value.CopyFrom(struct_from_dict(obj))
-    elif isinstance(obj, list | tuple):
-        value.list_value.values.extend(value_from_py(v) for v in obj)
-    else:
-        value.string_value = str(obj)
+    fill_value(value, obj)
     return value
 
 
 def struct_from_dict(obj: Mapping[str, Any] | None) -> struct_pb2.Struct:
     """A Struct from a JSON object; raises JsonTooDeepError rather than building an undeliverable message."""
-    _check_depth(obj or {}, "$", 1)
     struct = struct_pb2.Struct()
     for key, item in (obj or {}).items():
-        struct.fields[str(key)].CopyFrom(value_from_py(item))
+        fill_value(struct.fields[str(key)], item, 2)
     return struct
 
 
