@@ -34,14 +34,13 @@ from rlgate.orchestrator.providers.base import (
     InstanceGone,
     InstanceHandle,
     InstanceLimit,
-    Provider,
     RateLimited,
     Retryable,
     TaskDef,
     VerifierRun,
 )
 from rlgate.orchestrator.providers.fleet import map_fleet_error, score_of
-from rlgate.orchestrator.providers.mcp import parse_mcp_envs
+from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import status_name
@@ -205,14 +204,19 @@ def test_config_parsers() -> None:
         parse_mcp_envs("calc:v1")
 
 
-class _ScriptedProvider(Provider):
-    """A provider whose verify() follows a script (the verifier's policy is what is under test)."""
+class _ScriptedProvider(McpProvider):
+    """The mcp provider (no instances to manage) whose verify() follows a script: the verifier's policy is
+    what is under test."""
 
     name = "scripted"
 
     def __init__(self, script: list[Any]) -> None:
+        super().__init__({})
         self.script = script
         self.calls = 0
+
+    def can_verify(self, task: TaskDef) -> bool:
+        return True
 
     async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
                      timeout_s: float) -> VerifierRun:
@@ -224,28 +228,6 @@ class _ScriptedProvider(Provider):
             raise step
         assert isinstance(step, VerifierRun)
         return step
-
-    async def load_tasks(self, *, timeout_s: float) -> list[TaskDef]:
-        return []
-
-    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
-                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
-        raise NotImplementedError
-
-    async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:
-        return None
-
-    async def health(self, handle: InstanceHandle, *, timeout_s: float) -> bool:
-        return True
-
-    async def delete(self, instance_id: str, *, timeout_s: float) -> None:
-        return None
-
-    async def heartbeat(self, instance_id: str, *, timeout_s: float) -> None:
-        return None
-
-    async def list_instances(self, run_id: str, *, timeout_s: float) -> list[InstanceHandle]:
-        return []
 
 
 async def _verify(script: list[Any], *, retries: int = 2, limit_s: float = 2.0) -> tuple[Any, int]:
