@@ -34,6 +34,7 @@ from rlgate.orchestrator.providers.base import (
     InstanceGone,
     InstanceHandle,
     InstanceLimit,
+    Provider,
     RateLimited,
     Retryable,
     TaskDef,
@@ -215,8 +216,7 @@ class _ScriptedProvider(McpProvider):
         self.script = script
         self.calls = 0
 
-    def can_verify(self, task: TaskDef) -> bool:
-        return True
+    can_verify = Provider.can_verify  # scored when the task has verifier code (McpProvider wants an answer)
 
     async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
                      timeout_s: float) -> VerifierRun:
