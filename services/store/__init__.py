@@ -10,12 +10,14 @@ from rlgate.store.models import (
     ConflictError,
     Intent,
     IntentState,
+    RequestExists,
     RequestRecord,
     RequestState,
     Session,
     SessionStatus,
     StoreError,
     ToolCallEntry,
+    call_scope,
 )
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "ConflictError",
     "Intent",
     "IntentState",
+    "RequestExists",
     "RequestRecord",
     "RequestState",
     "Session",
@@ -30,5 +33,6 @@ __all__ = [
     "SessionStore",
     "StoreError",
     "ToolCallEntry",
+    "call_scope",
     "open_store",
 ]

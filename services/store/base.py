@@ -114,17 +114,35 @@ class SessionStore(abc.ABC):
         session: Session | None = None,
         request: tuple[str, str, str] | None = None,
         tool_call: ToolCallEntry | None = None,
+        new_request: bool = False,
     ) -> Session | None:
         """Several writes of one RPC in one round trip and one atomic step (one transaction / one script):
 
         - `session`: `update_session(session)`, with the same compare-and-set and the same `ConflictError`;
-        - `request`: `complete_request(scope, request_id, result)`;
+        - `request` = (scope, request_id, result): `complete_request(scope, request_id, result)`; with
+          `new_request=True` the record must not exist yet and is created DONE with `result` (owner "",
+          created_at = finished_at = now): a request run without a prior `claim_request`. If any record
+          (PENDING or DONE) exists for (scope, request_id), `RequestExists` carrying it is raised and
+          nothing at all is written. That check comes before the session's compare-and-set.
+          `new_request=True` without `request` is a ValueError;
         - `tool_call`: `append_tool_call(tool_call)`, plus `touch_session(tool_call.session_id,
           tool_call.finished_at)`: a logged call is activity on its session.
 
         All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
         loses the race records no result for its request_id and can retry). Returns the updated session
         as `update_session` does, or None without `session`."""
+
+    @abc.abstractmethod
+    async def authorize_call(
+        self, token_hash: str, request_id: str, owner: str
+    ) -> tuple[Session | None, RequestRecord | None, bool]:
+        """A CallTool's authentication and idempotency claim in one round trip and one atomic step:
+        `session_by_token(token_hash)` and, when that session exists, holds a token, is ACTIVE and
+        `request_id` is not "", `claim_request(call_scope(session.session_id), request_id, owner)`.
+
+        Returns (session, record, created): (None, None, False) for an unknown or revoked token;
+        (session, None, False) when nothing was claimed (no request_id, or the session is not ACTIVE);
+        otherwise the claim's (record, created) exactly as `claim_request` returns them."""
 
     # -- provisioning intents ---------------------------------------------------------------------------
     @abc.abstractmethod

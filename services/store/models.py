@@ -18,6 +18,18 @@ class ConflictError(StoreError):
     """A compare-and-set lost: the record changed since it was read (or already exists)."""
 
 
+class RequestExists(ConflictError):
+    """`commit(..., new_request=True)` found a record for the request_id already (PENDING or DONE):
+    nothing was written. `record` is the existing record (a DONE one carries the result to replay)."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        super().__init__(f"request {record.request_id!r} in scope {record.scope!r} already exists ({record.state})")
+        self.record = record
+
+    def __reduce__(self) -> tuple[type[RequestExists], tuple[RequestRecord]]:
+        return type(self), (self.record,)  # picklable although __init__ takes the record, not a message
+
+
 class SessionStatus(StrEnum):
     PROVISIONING = "provisioning"
     ACTIVE = "active"
@@ -165,6 +177,14 @@ class RequestRecord(_Json):
     result: str = ""  # recorded response (base64 protobuf or JSON), set when DONE
     created_at: float = field(default_factory=time.time)
     finished_at: float = 0.0
+
+
+CALL_SCOPE_PREFIX = "call:"
+
+
+def call_scope(session_id: str) -> str:
+    """The scope of the gateway's CallTool request records for one session."""
+    return CALL_SCOPE_PREFIX + session_id
 
 
 @dataclass

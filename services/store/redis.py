@@ -18,8 +18,8 @@ under a prefix (default `rlgate:`):
 Connection failures (a Redis restart, a dropped socket, AOF loading) are retried with backoff for up to
 `retry_s` seconds, then surface as StoreError. A retry may re-send a script that already ran (the reply
 was lost), so every script is idempotent for its own retry: creates and updates recognise their own
-payload, a claim carries a per-call nonce, tool-call appends are keyed by (episode, request_id), and
-timestamps are fixed before the first attempt.
+payload, a claim (and a commit's new request record) carries a per-call nonce, tool-call appends are keyed
+by (episode, request_id), and timestamps are fixed before the first attempt.
 """
 
 from __future__ import annotations
@@ -41,14 +41,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rlgate.store import _common
 from rlgate.store.base import SessionStore
 from rlgate.store.models import (
+    CALL_SCOPE_PREFIX,
     OPEN_STATUSES,
     ConflictError,
     Intent,
+    RequestExists,
     RequestRecord,
     RequestState,
     Session,
+    SessionStatus,
     StoreError,
     ToolCallEntry,
+    call_scope,
 )
 
 T = TypeVar("T")
@@ -172,11 +176,13 @@ local function append(p, id, ep, request_id, entry)
   return redis.call('hincrby', p .. 'tcn:' .. id, ep, 1)
 end
 
--- An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
-local function complete(p, key, scope, request_id, result, now)
+-- An upsert: a result is never dropped, even if the PENDING record was lost or pruned. `nonce` (optional)
+-- marks a record this call creates, so a retry of the same call recognises it.
+local function complete(p, key, scope, request_id, result, now, nonce)
   local k = p .. 'req:' .. key
   if redis.call('exists', k) == 0 then
-    redis.call('hset', k, 'scope', scope, 'request_id', request_id, 'owner', '', 'created_at', now, 'nonce', '')
+    redis.call('hset', k, 'scope', scope, 'request_id', request_id, 'owner', '', 'created_at', now,
+      'nonce', nonce or '')
   end
   redis.call('hset', k, 'state', 'done', 'result', result, 'finished_at', now)
   redis.call('zadd', p .. 'idx:reqdone', now, key)
@@ -224,19 +230,58 @@ _APPEND = _LOG_LIB + """
 return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
 
+# Request-record reads and claims, shared by _CLAIM, _COMMIT and _AUTHORIZE.
+_REQUEST_LIB = """
+-- The stored record as {state, owner, result, created_at, finished_at, nonce}, or nil.
+local function request_fields(p, key)
+  local r = redis.call('hmget', p .. 'req:' .. key, 'state', 'owner', 'result', 'created_at', 'finished_at', 'nonce')
+  if r[1] then return r end
+  return nil
+end
+
+-- Returns {created, state, owner, result, created_at, finished_at}; created is 1 for our own retried claim.
+local function claim(p, key, scope, request_id, owner, now, nonce)
+  local r = request_fields(p, key)
+  if r then
+    local mine = 0
+    if r[6] == nonce then mine = 1 end
+    return {mine, r[1], r[2], r[3], r[4], r[5]}
+  end
+  redis.call('hset', p .. 'req:' .. key, 'scope', scope, 'request_id', request_id, 'state', 'pending',
+    'owner', owner, 'result', '', 'created_at', now, 'finished_at', '0', 'nonce', nonce)
+  return {1, 'pending', owner, '', now, '0'}
+end
+
+-- _request_key in Lua: the scope's length in code points, as Python's len() counts it (UTF-8
+-- continuation bytes 0x80-0xBF do not start a character).
+local function request_key(scope, request_id)
+  local _, n = string.gsub(scope, '[^\\128-\\191]', '')
+  return n .. ':' .. scope .. ':' .. request_id
+end
+"""
+
 # ARGV: prefix, key, scope, request_id, owner, now, nonce.
 # Returns {created, state, owner, result, created_at, finished_at}.
-_CLAIM = """
-local k = ARGV[1] .. 'req:' .. ARGV[2]
-local r = redis.call('hmget', k, 'state', 'owner', 'result', 'created_at', 'finished_at', 'nonce')
-if r[1] then
-  local mine = 0
-  if r[6] == ARGV[7] then mine = 1 end  -- our own retried claim
-  return {mine, r[1], r[2], r[3], r[4], r[5]}
-end
-redis.call('hset', k, 'scope', ARGV[3], 'request_id', ARGV[4], 'state', 'pending', 'owner', ARGV[5],
-  'result', '', 'created_at', ARGV[6], 'finished_at', '0', 'nonce', ARGV[7])
-return {1, 'pending', ARGV[5], '', ARGV[6], '0'}
+_CLAIM = _REQUEST_LIB + """
+return claim(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+"""
+
+# ARGV: prefix, token_hash, request_id, owner, now, nonce, call scope prefix, active status.
+# Returns {} for an unknown token; {data, version, last_active} when nothing is claimed; else
+# {data, version, last_active, created, state, owner, result, created_at, finished_at}.
+_AUTHORIZE = _REQUEST_LIB + """
+local p, token, request_id = ARGV[1], ARGV[2], ARGV[3]
+local id = redis.call('get', p .. 'tok:' .. token)
+if not id then return {} end
+local s = redis.call('hmget', p .. 's:' .. id, 'data', 'version', 'last_active', 'token')
+-- The index and the record change in one script; checking again costs nothing and guards reads.
+if not s[1] or s[4] ~= token then return {} end
+local session = {s[1], s[2], s[3] or ''}
+if request_id == '' or cjson.decode(s[1]).status ~= ARGV[8] then return session end
+local scope = ARGV[7] .. id
+local r = claim(p, request_key(scope, request_id), scope, request_id, ARGV[4], ARGV[5], ARGV[6])
+for i = 1, 6 do session[3 + i] = r[i] end
+return session
 """
 
 # ARGV: prefix, key, scope, request_id, result, now
@@ -249,21 +294,33 @@ return 1
 #   [2] session?  [3..12] the update's 10 arguments (see update)
 #   [13] request? [14..18] key, scope, request_id, result, now
 #   [19] call?    [20..24] session id, episode, request_id, entry JSON, finished_at (the touch)
-# Returns {code, last_active} of the update ({1, ''} without a session). Nothing is written unless the
-# update succeeds; a retry of an update that already ran returns at once (the rest ran with it).
+#   [25] new request? [26] nonce of this call ('' unless new)
+# Returns {code, last_active} of the update ({1, ''} without a session), or {-3, state, owner, result,
+# created_at, finished_at} when a new request's record exists already. Nothing is written unless the
+# request check and the update succeed; a retry of a commit that already ran returns at once (the rest
+# ran with it): for a new request, the record carrying this call's nonce says so.
 _COMMIT = (
     _PRELUDE
     + _UPDATE_LIB
     + _LOG_LIB
+    + _REQUEST_LIB
     + """
 local p = ARGV[1]
 local code, last = 1, ''
+if ARGV[25] == '1' then
+  local r = request_fields(p, ARGV[14])
+  if r and r[6] ~= ARGV[26] then return {-3, r[1], r[2], r[3], r[4], r[5]} end
+  if r then  -- our own retried commit
+    if ARGV[2] == '1' then return {1, redis.call('hget', p .. 's:' .. ARGV[3], 'last_active') or ARGV[12]} end
+    return {1, ''}
+  end
+end
 if ARGV[2] == '1' then
   local retried
   code, last, retried = update(p, ARGV, 3)
   if code ~= 1 or retried then return {code, last} end
 end
-if ARGV[13] == '1' then complete(p, ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]) end
+if ARGV[13] == '1' then complete(p, ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18], ARGV[26]) end
 if ARGV[19] == '1' then
   append(p, ARGV[20], ARGV[21], ARGV[22], ARGV[23])
   touch(p, ARGV[20], ARGV[24])
@@ -338,6 +395,11 @@ def _labels_field(labels: Mapping[str, str]) -> str:
     return json.dumps([item for pair in sorted(labels.items()) for item in pair])
 
 
+def _label_index(key: str, value: str) -> str:
+    # The scripts' label_key: Lua's string.len counts the key's UTF-8 bytes, not its characters.
+    return f"idx:label:{len(key.encode())}:{key}:{value}"
+
+
 def _request_key(scope: str, request_id: str) -> str:
     # The scope's length keeps ("a:b", "c") and ("a", "b:c") apart.
     return f"{len(scope)}:{scope}:{request_id}"
@@ -349,9 +411,23 @@ def _session_from_fields(fields: list[str | None]) -> Session | None:
         return None
     session = _common.decode(Session, data)
     session.version = int(version or session.version)
-    if last_active is not None:
+    if last_active:  # None (hmget) or "" (a script's stand-in for a missing field)
         session.last_active_at = float(last_active)
     return session
+
+
+def _request_from_reply(scope: str, request_id: str, fields: list[Any]) -> RequestRecord:
+    """A record from a script's {state, owner, result, created_at, finished_at} reply."""
+    state, owner, result, created_at, finished_at = fields
+    return RequestRecord(
+        scope=scope,
+        request_id=request_id,
+        state=state,
+        owner=owner,
+        result=result,
+        created_at=float(created_at),
+        finished_at=float(finished_at),
+    )
 
 
 class RedisStore(SessionStore):
@@ -370,7 +446,7 @@ class RedisStore(SessionStore):
         self._delete, self._append = script(_DELETE), script(_APPEND)
         self._prune_sessions, self._prune_requests = script(_PRUNE_SESSIONS), script(_PRUNE_REQUESTS)
         self._claim, self._complete, self._release = script(_CLAIM), script(_COMPLETE), script(_RELEASE)
-        self._commit = script(_COMMIT)
+        self._commit, self._authorize = script(_COMMIT), script(_AUTHORIZE)
         self._put_intent, self._delete_intent = script(_PUT_INTENT), script(_DELETE_INTENT)
         self._acquire, self._release_lease = script(_ACQUIRE), script(_RELEASE_LEASE)
 
@@ -512,7 +588,10 @@ class RedisStore(SessionStore):
         session: Session | None = None,
         request: tuple[str, str, str] | None = None,
         tool_call: ToolCallEntry | None = None,
+        new_request: bool = False,
     ) -> Session | None:
+        if new_request and request is None:
+            raise ValueError("commit(new_request=True) needs a request")
         stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
         args = ["1" if stored is not None else "", *args]
         if request is not None:
@@ -525,7 +604,11 @@ class RedisStore(SessionStore):
                      tool_call.to_json(), _score(tool_call.finished_at)]
         else:
             args += [""] * 6
-        code, last_active = await self._script("commit", self._commit, *args)
+        args += ["1", uuid.uuid4().hex] if new_request else ["", ""]
+        reply = await self._script("commit", self._commit, *args)
+        if reply[0] == -3 and request is not None:
+            raise RequestExists(_request_from_reply(request[0], request[1], reply[1:]))
+        code, last_active = reply
         return self._updated(stored, code, last_active) if stored is not None else None
 
     async def session_by_token(self, token_hash: str) -> Session | None:
@@ -551,7 +634,7 @@ class RedisStore(SessionStore):
             return self._key(f"idx:run:{run_id}")
         if labels:
             key, value = next(iter(labels.items()))
-            return self._key(f"idx:label:{len(key)}:{key}:{value}")
+            return self._key(_label_index(key, value))
         if statuses is not None and statuses <= OPEN_STATUSES:
             return self._key("idx:open")
         return self._key("idx:all")
@@ -633,20 +716,26 @@ class RedisStore(SessionStore):
 
     # -- request records --------------------------------------------------------------------------------
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
-        created, state, stored_owner, result, created_at, finished_at = await self._script(
+        reply = await self._script(
             "claim_request", self._claim, _request_key(scope, request_id), scope, request_id, owner,
             _score(time.time()), uuid.uuid4().hex,
         )
-        record = RequestRecord(
-            scope=scope,
-            request_id=request_id,
-            state=state,
-            owner=stored_owner,
-            result=result,
-            created_at=float(created_at),
-            finished_at=float(finished_at),
+        return _request_from_reply(scope, request_id, reply[1:]), reply[0] == 1
+
+    async def authorize_call(
+        self, token_hash: str, request_id: str, owner: str
+    ) -> tuple[Session | None, RequestRecord | None, bool]:
+        if not token_hash:  # a revoked session holds ""; it must never match
+            return None, None, False
+        reply = await self._script(
+            "authorize_call", self._authorize, token_hash, request_id, owner, _score(time.time()),
+            uuid.uuid4().hex, CALL_SCOPE_PREFIX, SessionStatus.ACTIVE.value,
         )
-        return record, created == 1
+        session = _session_from_fields(reply[:3]) if reply else None
+        if session is None or len(reply) == 3:
+            return session, None, False
+        record = _request_from_reply(call_scope(session.session_id), request_id, reply[4:])
+        return session, record, reply[3] == 1
 
     async def complete_request(self, scope: str, request_id: str, result: str) -> None:
         await self._script(
@@ -775,7 +864,7 @@ class RedisStore(SessionStore):
             checks.get(key(f"tok:{session.token_hash}") if session.token_hash else key("tok:"))
             checks.zscore(key(f"idx:run:{session.run_id}"), sid)
             for k, v in session.labels.items():
-                checks.zscore(key(f"idx:label:{len(k)}:{k}:{v}"), sid)
+                checks.zscore(key(_label_index(k, v)), sid)
         results = iter(await checks.execute() if loaded else [])
         for sid, session in loaded.items():
             if session.token_hash and next(results) != sid:

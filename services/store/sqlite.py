@@ -24,11 +24,14 @@ from rlgate.store.models import (
     OPEN_STATUSES,
     ConflictError,
     Intent,
+    RequestExists,
     RequestRecord,
     RequestState,
     Session,
+    SessionStatus,
     StoreError,
     ToolCallEntry,
+    call_scope,
 )
 
 T = TypeVar("T")
@@ -320,17 +323,17 @@ class SqliteStore(SessionStore):
         stored.last_active_at = await self._write(self._update_rows, stored)
         return stored
 
+    @staticmethod
+    def _by_token_row(conn: sqlite3.Connection, token_hash: str) -> Session | None:
+        row = conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
+        ).fetchone()
+        return _session_from_row(row) if row else None
+
     async def session_by_token(self, token_hash: str) -> Session | None:
         if not token_hash:  # "" is what a revoked session holds; it must never match
             return None
-
-        def by_token(conn: sqlite3.Connection) -> Session | None:
-            row = conn.execute(
-                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
-            ).fetchone()
-            return _session_from_row(row) if row else None
-
-        return await self._run(by_token)
+        return await self._run(self._by_token_row, token_hash)
 
     @staticmethod
     def _touch_rows(conn: sqlite3.Connection, session_id: str, now: float) -> None:
@@ -454,12 +457,19 @@ class SqliteStore(SessionStore):
         session: Session | None = None,
         request: tuple[str, str, str] | None = None,
         tool_call: ToolCallEntry | None = None,
+        new_request: bool = False,
     ) -> Session | None:
+        if new_request and request is None:
+            raise ValueError("commit(new_request=True) needs a request")
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 
         def commit(conn: sqlite3.Connection) -> float | None:
-            # Session first: a lost compare-and-set raises before anything else is written.
+            if new_request and request is not None:
+                existing = self._request_row(conn, request[0], request[1])
+                if existing is not None:
+                    raise RequestExists(existing)  # rolls the (still empty) transaction back
+            # Then the session: a lost compare-and-set raises before anything else is written.
             last = self._update_rows(conn, stored) if stored is not None else None
             if request is not None:
                 self._complete_row(conn, *request, now)
@@ -476,23 +486,48 @@ class SqliteStore(SessionStore):
     # -- request records --------------------------------------------------------------------------------
     _REQUEST_COLUMNS = "scope, request_id, state, owner, result, created_at, finished_at"
 
-    async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
-        def claim(conn: sqlite3.Connection) -> tuple[RequestRecord, bool]:
-            now = time.time()
-            created = conn.execute(
-                "INSERT OR IGNORE INTO requests (scope, request_id, state, owner, result, created_at,"
-                " finished_at) VALUES (?, ?, ?, ?, '', ?, 0)",
-                (scope, request_id, RequestState.PENDING.value, owner, now),
-            ).rowcount
-            if created == 1:  # the record is exactly what was inserted: no need to read it back
-                return RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", now, 0.0), True
-            row = conn.execute(
-                f"SELECT {self._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
-                (scope, request_id),
-            ).fetchone()
-            return _request_from_row(row), False
+    @classmethod
+    def _request_row(cls, conn: sqlite3.Connection, scope: str, request_id: str) -> RequestRecord | None:
+        row = conn.execute(
+            f"SELECT {cls._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
+            (scope, request_id),
+        ).fetchone()
+        return _request_from_row(row) if row else None
 
-        return await self._write(claim)
+    @classmethod
+    def _claim_row(
+        cls, conn: sqlite3.Connection, scope: str, request_id: str, owner: str
+    ) -> tuple[RequestRecord, bool]:
+        now = time.time()
+        created = conn.execute(
+            "INSERT OR IGNORE INTO requests (scope, request_id, state, owner, result, created_at,"
+            " finished_at) VALUES (?, ?, ?, ?, '', ?, 0)",
+            (scope, request_id, RequestState.PENDING.value, owner, now),
+        ).rowcount
+        if created == 1:  # the record is exactly what was inserted: no need to read it back
+            return RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", now, 0.0), True
+        existing = cls._request_row(conn, scope, request_id)
+        assert existing is not None  # the insert was ignored because it exists, inside this transaction
+        return existing, False
+
+    async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
+        return await self._write(self._claim_row, scope, request_id, owner)
+
+    async def authorize_call(
+        self, token_hash: str, request_id: str, owner: str
+    ) -> tuple[Session | None, RequestRecord | None, bool]:
+        if not token_hash:  # a revoked session holds ""; it must never match
+            return None, None, False
+
+        def authorize(conn: sqlite3.Connection) -> tuple[Session | None, RequestRecord | None, bool]:
+            session = self._by_token_row(conn, token_hash)
+            if session is None or not request_id or session.status != SessionStatus.ACTIVE:
+                return session, None, False
+            record, created = self._claim_row(conn, call_scope(session.session_id), request_id, owner)
+            return session, record, created
+
+        # Without a request_id nothing is written: a plain read, no write lock.
+        return await (self._write(authorize) if request_id else self._run(authorize))
 
     @staticmethod
     def _complete_row(conn: sqlite3.Connection, scope: str, request_id: str, result: str, now: float) -> None:
@@ -517,14 +552,7 @@ class SqliteStore(SessionStore):
         await self._write(release)
 
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
-        def get(conn: sqlite3.Connection) -> RequestRecord | None:
-            row = conn.execute(
-                f"SELECT {self._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
-                (scope, request_id),
-            ).fetchone()
-            return _request_from_row(row) if row else None
-
-        return await self._run(get)
+        return await self._run(self._request_row, scope, request_id)
 
     async def heartbeat_owner(self, owner: str, ttl_s: float) -> None:
         def beat(conn: sqlite3.Connection) -> None:

@@ -35,7 +35,16 @@ import httpx2
 import mcp_types as mt
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+from mcp_types import (
+    CONNECTION_CLOSED,
+    HEADER_MISMATCH,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    REQUEST_TIMEOUT,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from rlgate.runtime import metrics
 from rlgate.toolgateway.catalog import (
@@ -46,6 +55,7 @@ from rlgate.toolgateway.catalog import (
     list_all_tools,
     union_tools,
 )
+from rlgate.toolgateway.http_calls import HttpCaller, HttpCallSettings, RequestTimedOut, ResponseLost, SendFailed
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +312,10 @@ class PoolSettings:
     janitor_interval_s: float = 1.0  # how often idle/closed sessions are looked for
     connect_timeout_s: float = 10.0
     http: HttpSettings = field(default_factory=HttpSettings.shared)
+    # Modern-era tools/call over the gateway's own pooled HTTP connections (`http_calls`) instead of the
+    # SDK client's per-request machinery; False sends every call through the SDK.
+    direct_calls: bool = True
+    direct_http: HttpCallSettings = field(default_factory=HttpCallSettings)
 
 
 class EndpointClient:
@@ -318,6 +332,7 @@ class EndpointClient:
         self.tools_at = 0.0
         self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
         self.calls = 0  # calls in flight on this endpoint
+        self._direct_slots: asyncio.Semaphore | None = None  # direct calls in flight, as the SDK's limits
 
     @property
     def connected(self) -> bool:
@@ -446,6 +461,14 @@ class EndpointClient:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
+                if self._direct(link, client):
+                    try:
+                        return await self._call_direct(client, name, arguments, remaining)
+                    except MCPError as exc:
+                        if exc.code != HEADER_MISMATCH:
+                            raise CallRejected(exc) from exc
+                        # Refused before the tool ran: the SDK re-lists the tool's headers and resends.
+                    remaining = deadline - time.monotonic()
                 return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
             except TimeoutError as exc:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
@@ -469,6 +492,37 @@ class EndpointClient:
                     continue
                 raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
         raise CallNotSent(f"{self.url}: could not send {name!r}")
+
+    def _direct(self, link: _Link, client: Client) -> bool:
+        """Whether this call goes over `http_calls`: a modern-era link whose SDK session can stamp it."""
+        return (self._pool.settings.direct_calls and link.era in MODERN_PROTOCOL_VERSIONS
+                and callable(getattr(client.session, "_stamp", None)))
+
+    async def _call_direct(self, client: Client, name: str, arguments: dict[str, Any],
+                           timeout_s: float) -> mt.CallToolResult:
+        """A modern-era call over `http_calls`, stamped (`_meta`, headers) by the SDK session as its own
+        requests are. Raises CallNotSent, CallLost, CallTimedOut, CallRejected, or MCPError (retryable)."""
+        data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": arguments}}
+        opts: dict[str, Any] = {}
+        client.session._stamp(data, opts)  # type: ignore[arg-type]  # the SDK's own request stamping
+        try:
+            if self._direct_slots is None:
+                self._direct_slots = asyncio.Semaphore(self._pool.settings.http.limits.max_connections or 8)
+            raw = await self._pool.http.request(self.url, data, opts.get("headers", {}), timeout_s,
+                                                gate=self._direct_slots)
+        except SendFailed as exc:
+            raise CallNotSent(str(exc)) from exc
+        except ResponseLost as exc:
+            raise CallLost(str(exc)) from exc
+        except RequestTimedOut as exc:
+            raise CallTimedOut(f"{name!r}: {exc}", sent=exc.sent) from exc
+        if raw.get("resultType", "complete") != "complete":
+            raise CallRejected(MCPError(INVALID_REQUEST, f"the tool answered {raw.get('resultType')!r} (it asks "
+                                                         "for input), which the gateway cannot supply"))
+        try:
+            return mt.CallToolResult.model_validate(raw, by_name=False)
+        except ValidationError as exc:
+            raise CallRejected(MCPError(PARSE_ERROR, f"malformed tools/call result: {exc}")) from exc
 
     async def close(self) -> None:
         link, self._link = self._link, None
@@ -614,6 +668,7 @@ class UpstreamPool:
         self._janitor: asyncio.Task[None] | None = None
         self._closed = False
         self.tool_lists = ToolListInterner()
+        self.http = HttpCaller(self.settings.direct_http, ssl_context=self.settings.http.ssl_context)
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         if self._closed:
@@ -653,6 +708,7 @@ class UpstreamPool:
         while True:
             await asyncio.sleep(self.settings.janitor_interval_s)
             await self.sweep(still_open)
+            self.http.prune()
 
     async def sweep(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
         """One janitor pass."""
@@ -688,6 +744,7 @@ class UpstreamPool:
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
         self._closed = True
+        self.http.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

@@ -201,6 +201,14 @@ async def test_list_reflects_updates(store: SessionStore) -> None:
     assert (await store.list_sessions(statuses=OPEN_STATUSES))[0] == []
 
 
+async def test_list_by_non_ascii_labels(store: SessionStore) -> None:
+    """Label keys and values outside ASCII index and list like any other (Redis keys count bytes)."""
+    await store.create_session(make_session("s1", labels={"clé": "värde 🙂"}))
+    await store.create_session(make_session("s2", labels={"clé": "other"}))
+    assert [x.session_id for x in (await store.list_sessions(labels={"clé": "värde 🙂"}))[0]] == ["s1"]
+    assert await store.check_invariants() == []
+
+
 async def test_count_open_sessions(store: SessionStore) -> None:
     assert await store.count_open_sessions() == 0
     for i, status in enumerate([SessionStatus.PROVISIONING, SessionStatus.ACTIVE, SessionStatus.DONE,
