@@ -69,6 +69,22 @@ def session_id_for_request(request_id: str) -> str:
     return "s-" + hashlib.sha256(f"reset:{request_id}".encode()).hexdigest()[:24]
 
 
+def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
+    """Apply one Step to an active session: the turn, and the episode's end if this turn ends it."""
+    session.turn += 1
+    session.last_active_at = time.time()
+    if request.HasField("final_answer"):
+        session.done_reason = "final_answer"
+    elif request.done:
+        session.done_reason = "agent_done"
+    elif session.max_turns and session.turn >= session.max_turns:
+        session.done_reason = "max_turns"
+    if session.done_reason:
+        session.status = SessionStatus.DONE
+        session.verification = {}
+        session.reward = None
+
+
 class EpisodeManager:
     def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, catalog: TaskCatalog,
                  tools: ToolCache, verifier: Verifier, provisioner: Provisioner, pool: WarmPool,
@@ -413,9 +429,32 @@ class EpisodeManager:
             if not call.name:
                 raise InvalidArgument(f"tool_calls[{i}].name", "required")
         session_id_var.set(request.session_id)
+        if request.request_id and (response := await self._step_in_one_write(request)) is not None:
+            return response
         return await self.idempotency.run(f"step:{request.session_id}", request.request_id, deadline,
                                           orchestrator_pb2.StepResponse,
                                           lambda prior: self._step(request, prior))
+
+    async def _step_in_one_write(self, request: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse | None:
+        """The common turn (a new request_id, an active episode it does not end) as one read and one write:
+        the turn and its request record DONE with the response, committed together only if the request_id
+        is new (`commit(new_request=True)`). None sends the Step down the general path (claim, then
+        work), which answers everything else: a repeat (replay or wait), a lost race, an ending turn
+        (scored after the write), a session that cannot take a turn."""
+        session = await self._get(request.session_id)
+        if session.status != SessionStatus.ACTIVE:
+            return None
+        _count_turn(session, request)
+        if session.status == SessionStatus.DONE:
+            return None
+        response = self._step_response(session)
+        record = self.idempotency.completion(f"step:{session.session_id}", request.request_id, response)
+        try:
+            await self.store.commit(session=session, request=record, new_request=True)
+        except ConflictError:  # RequestExists (a repeat) included
+            return None
+        self._log_turn(session, request)
+        return response
 
     async def _step(self, request: orchestrator_pb2.StepRequest,
                     prior: RequestRecord | None = None) -> orchestrator_pb2.StepResponse:
@@ -437,18 +476,7 @@ class EpisodeManager:
                                          reason="EPISODE_DONE")
             if s.status != SessionStatus.ACTIVE:
                 raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_NOT_ACTIVE")
-            s.turn += 1
-            s.last_active_at = time.time()
-            if has_answer:
-                s.done_reason = "final_answer"
-            elif request.done:
-                s.done_reason = "agent_done"
-            elif s.max_turns and s.turn >= s.max_turns:
-                s.done_reason = "max_turns"
-            if s.done_reason:
-                s.status = SessionStatus.DONE
-                s.verification = {}
-                s.reward = None
+            _count_turn(s, request)
             return True
 
         def respond(s: Session) -> tuple[str, str, str] | None:
@@ -458,12 +486,17 @@ class EpisodeManager:
             return self.idempotency.completion(f"step:{s.session_id}", request.request_id, self._step_response(s))
 
         session, _ = await self._mutate(request.session_id, count, respond)
-        log.info("turn %d: %d tool call(s)%s%s", session.turn, len(request.tool_calls),
-                 ", final answer" if has_answer else "", f", done ({session.done_reason})" if session.done_reason
-                 else "")
+        self._log_turn(session, request)
         if session.status == SessionStatus.DONE:
             session = await self._score(session, request.final_answer if has_answer else None)
         return self._step_response(session)
+
+    @staticmethod
+    def _log_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
+        if log.isEnabledFor(logging.INFO):
+            log.info("turn %d: %d tool call(s)%s%s", session.turn, len(request.tool_calls),
+                     ", final answer" if request.HasField("final_answer") else "",
+                     f", done ({session.done_reason})" if session.done_reason else "")
 
     @staticmethod
     def _step_response(session: Session) -> orchestrator_pb2.StepResponse:

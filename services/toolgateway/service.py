@@ -21,7 +21,16 @@ from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json
 from rlgate.runtime import metrics
 from rlgate.runtime.interceptors import token_hash
 from rlgate.runtime.logs import session_id_var
-from rlgate.store import RequestState, Session, SessionStatus, SessionStore, StoreError, ToolCallEntry
+from rlgate.store import (
+    RequestRecord,
+    RequestState,
+    Session,
+    SessionStatus,
+    SessionStore,
+    StoreError,
+    ToolCallEntry,
+    call_scope,
+)
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import prepare_arguments
 from rlgate.toolgateway.upstream import (
@@ -85,6 +94,19 @@ def decode_response(raw: str) -> toolgateway_pb2.CallToolResponse:
     return toolgateway_pb2.CallToolResponse.FromString(base64.b64decode(raw))
 
 
+def _request_problem(name: str, request_id: str, arguments: dict[str, Any]) -> str:
+    """Why a CallTool request is malformed (INVALID_ARGUMENT), or ""."""
+    if not name:
+        return "name is empty: give a tool name from ListTools"
+    if len(request_id) > MAX_REQUEST_ID:
+        return f"request_id is {len(request_id)} characters; at most {MAX_REQUEST_ID}"
+    try:
+        ensure_json(arguments)
+    except InvalidJsonValue as exc:
+        return f"arguments: {exc}"
+    return ""
+
+
 class _Deadline:
     def __init__(self, timeout_s: float) -> None:
         self.at = time.monotonic() + timeout_s
@@ -121,13 +143,39 @@ class ToolGateway:
 
     # -- auth ---------------------------------------------------------------------------------------------
     async def authenticate(self, token: str | None) -> Session:
+        try:
+            session = await self.store.session_by_token(self._token_hash(token))
+        except StoreError as exc:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+        return self._admit(session)
+
+    async def _authorize(self, token: str | None, scope_request_id: str) -> tuple[Session, RequestRecord | None]:
+        """`authenticate` plus the claim of `scope_request_id` (if any) in one store round trip: the
+        session and, if this call claimed the request_id, None; else the earlier attempt's record."""
+        try:
+            session, record, created = await self.store.authorize_call(
+                self._token_hash(token), scope_request_id, self.owner)
+        except StoreError as exc:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+        try:
+            self._admit(session)
+        except GatewayError:
+            if created and session is not None:  # claimed, then refused (e.g. TTL passed): free the id again
+                await self._shielded(self._release(call_scope(session.session_id), scope_request_id))
+            raise
+        assert session is not None
+        return session, None if created else record
+
+    @staticmethod
+    def _token_hash(token: str | None) -> str:
         if not token:
             raise GatewayError(grpc.StatusCode.UNAUTHENTICATED,
                                "missing agent token: send 'authorization: Bearer <agent token>' from Reset")
-        try:
-            session = await self.store.session_by_token(token_hash(token))
-        except StoreError as exc:
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+        return token_hash(token)
+
+    @staticmethod
+    def _admit(session: Session | None) -> Session:
+        """The session if its agent token may call tools now, else the GatewayError saying why not."""
         if session is None or not session.token_hash:
             raise GatewayError(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked agent token")
         session_id_var.set(session.session_id)
@@ -177,28 +225,17 @@ class ToolGateway:
     # -- calls --------------------------------------------------------------------------------------------
     async def call_tool(self, token: str | None, request: toolgateway_pb2.CallToolRequest,
                         timeout_s: float | None) -> toolgateway_pb2.CallToolResponse:
-        session = await self.authenticate(token)
         deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.call_timeout_s)
         name, request_id = request.name, request.request_id
-        if not name:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "name is empty: give a tool name from ListTools")
-        if len(request_id) > MAX_REQUEST_ID:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
-                               f"request_id is {len(request_id)} characters; at most {MAX_REQUEST_ID}")
         arguments = dict_from_struct(request.arguments)
-        try:
-            ensure_json(arguments)
-        except InvalidJsonValue as exc:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, f"arguments: {exc}") from exc
-
-        scope = f"call:{session.session_id}"
-        if request_id:
-            try:
-                record, created = await self.store.claim_request(scope, request_id, self.owner)
-            except StoreError as exc:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
-            if not created:
-                return await self._replay(scope, request_id, record.state, record.result, record.owner, deadline)
+        problem = _request_problem(name, request_id, arguments)
+        # A malformed request claims nothing; the token is still checked first (UNAUTHENTICATED wins).
+        session, earlier = await self._authorize(token, "" if problem else request_id)
+        if problem:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        scope = call_scope(session.session_id)
+        if earlier is not None:
+            return await self._replay(scope, request_id, earlier.state, earlier.result, earlier.owner, deadline)
 
         started = time.monotonic()
         endpoint = ""
