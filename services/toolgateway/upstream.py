@@ -63,6 +63,9 @@ _rebuilds = metrics.counter("rlgate_toolgateway_upstream_rebuilds_total",
                             "Upstream MCP clients rebuilt after a dead connection or forgotten session", ["reason"])
 _open_clients = metrics.gauge("rlgate_toolgateway_upstream_clients", "Open upstream MCP clients")
 _connects = metrics.counter("rlgate_toolgateway_upstream_connects_total", "Upstream MCP handshakes", ["result"])
+_sent = metrics.counter("rlgate_toolgateway_upstream_calls_sent_total",
+                        "Tool calls sent upstream, by path: direct (http_calls) or sdk (the mcp client)", ["path"])
+_sent_direct, _sent_sdk = _sent.labels("direct"), _sent.labels("sdk")
 
 
 class CallNotSent(UpstreamUnavailable):
@@ -462,6 +465,7 @@ class EndpointClient:
                 if remaining <= 0:
                     raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
                 if self._direct(link, client):
+                    _sent_direct.inc()
                     try:
                         return await self._call_direct(client, name, arguments, remaining)
                     except MCPError as exc:
@@ -469,6 +473,7 @@ class EndpointClient:
                             raise CallRejected(exc) from exc
                         # Refused before the tool ran: the SDK re-lists the tool's headers and resends.
                     remaining = deadline - time.monotonic()
+                _sent_sdk.inc()
                 return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
             except TimeoutError as exc:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
