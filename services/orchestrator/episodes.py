@@ -43,6 +43,7 @@ from rlgate.store import (
     ConflictError,
     Intent,
     IntentState,
+    RequestExists,
     RequestRecord,
     Session,
     SessionStatus,
@@ -51,6 +52,8 @@ from rlgate.store import (
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
+
+MAX_REMEMBERED = 16384  # sessions whose last Step's write is kept for the next Step (a Session each)
 
 
 @dataclass
@@ -104,6 +107,10 @@ class EpisodeManager:
         self._no_creations = asyncio.Event()  # set while no new-session Reset is in flight here
         self._no_creations.set()
         self.accepting = True
+        # The version of each session this process's last Step wrote: the next Step of that session starts
+        # from it instead of reading the store. The write is a compare-and-set on the version, so an entry
+        # gone stale (another replica's or the reaper's write) only costs the fresh read it would have made.
+        self._last_written: dict[str, Session] = {}
 
     # -- helpers ----------------------------------------------------------------------------------------
     def task_of(self, session: Session) -> TaskDef | None:
@@ -129,6 +136,7 @@ class EpisodeManager:
                       ) -> tuple[Session, bool]:
         """Compare-and-set loop: `change` edits a fresh copy and returns whether to write it. `respond(edited)`:
         the request record to complete in the same store write (`Idempotency.completion`), or None."""
+        self._last_written.pop(session_id, None)  # stale from this write on
         while True:
             session = await self._get(session_id)
             if not change(session):
@@ -441,7 +449,8 @@ class EpisodeManager:
         is new (`commit(new_request=True)`). None sends the Step down the general path (claim, then
         work), which answers everything else: a repeat (replay or wait), a lost race, an ending turn
         (scored after the write), a session that cannot take a turn."""
-        session = await self._get(request.session_id)
+        remembered = self._last_written.pop(request.session_id, None)
+        session = remembered or await self._get(request.session_id)
         if session.status != SessionStatus.ACTIVE:
             return None
         _count_turn(session, request)
@@ -450,11 +459,21 @@ class EpisodeManager:
         response = self._step_response(session)
         record = self.idempotency.completion(f"step:{session.session_id}", request.request_id, response)
         try:
-            await self.store.commit(session=session, request=record, new_request=True)
-        except ConflictError:  # RequestExists (a repeat) included
+            written = await self.store.commit(session=session, request=record, new_request=True)
+        except RequestExists:
             return None
+        except ConflictError:
+            # Changed since: from a remembered copy, try once more from the store; else the general path.
+            return await self._step_in_one_write(request) if remembered is not None else None
+        assert written is not None
+        self._remember(written)
         self._log_turn(session, request)
         return response
+
+    def _remember(self, session: Session) -> None:
+        if len(self._last_written) >= MAX_REMEMBERED:
+            del self._last_written[next(iter(self._last_written))]  # the oldest entry
+        self._last_written[session.session_id] = session
 
     async def _step(self, request: orchestrator_pb2.StepRequest,
                     prior: RequestRecord | None = None) -> orchestrator_pb2.StepResponse:

@@ -17,6 +17,7 @@ timed-out or cancelled call closes its connection, which in this era is how a ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import ssl
@@ -123,7 +124,8 @@ class _Connection:
                 return event
             self._h11.receive_data(await self._reader.read(READ_SIZE))  # b"" (EOF) makes h11 raise or close
 
-    async def body(self, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+    async def body(self, limit: int | None = None) -> bytes:
+        limit = MAX_RESPONSE_BYTES if limit is None else limit
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -135,6 +137,12 @@ class _Connection:
                 if size > limit:
                     raise MCPError(INTERNAL_ERROR, f"response larger than {limit} bytes")
                 chunks.append(bytes(event.data))
+
+    def take_received_end(self) -> None:
+        """Consume the end of the response if it has already been received (never reads the socket), so
+        `finish` can reuse the connection."""
+        with contextlib.suppress(h11.RemoteProtocolError):
+            self._h11.next_event()
 
     def finish(self) -> bool:
         """After a complete exchange: ready the connection for the next one (False if it must close)."""
@@ -157,6 +165,7 @@ class _OriginPool:
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(settings.max_connections)
         self.in_use = 0
+        self.closed = False
 
     async def acquire(self) -> _Connection:
         """A connection for one request (the caller bounds the wait). Raises SendFailed."""
@@ -178,7 +187,7 @@ class _OriginPool:
             raise
 
     def release(self, conn: _Connection, reuse: bool) -> None:
-        if reuse and len(self._idle) < self._settings.max_idle:
+        if reuse and not self.closed and len(self._idle) < self._settings.max_idle:
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
@@ -205,6 +214,7 @@ class _OriginPool:
         return not self._idle and self.in_use == 0
 
     def close(self) -> None:
+        self.closed = True
         for conn in self._idle:
             conn.close()
         self._idle.clear()
@@ -339,6 +349,7 @@ class HttpCaller:
         only if the stream ended with the response (`finish`); otherwise it is closed."""
         buffer = b""
         data_lines: list[str] = []
+        event_type = "message"
         received = 0
         while True:
             event = await conn.next_event()
@@ -355,13 +366,21 @@ class HttpCaller:
                 line = raw.decode("utf-8", errors="replace")
                 if line.startswith("data:"):
                     data_lines.append(line[5:].removeprefix(" "))
-                elif not line and data_lines:  # a blank line ends an event
-                    result = _outcome(_parse_json("\n".join(data_lines)), request_id)
-                    if result is not None:
-                        return result
-                    data_lines = []
-                # event:, id:, retry: and comments (": ping") carry nothing this path uses
-        if data_lines and (result := _outcome(_parse_json("\n".join(data_lines)), request_id)) is not None:
+                elif line.startswith("event:"):
+                    event_type = line[6:].strip()
+                elif not line:  # a blank line ends an event
+                    data = "\n".join(data_lines)
+                    # As the SDK: only "message" events carry JSON-RPC; empty ones (priming) carry nothing.
+                    if data and event_type == "message":
+                        result = _outcome(_parse_json(data), request_id)
+                        if result is not None:
+                            if not buffer:
+                                conn.take_received_end()
+                            return result
+                    data_lines, event_type = [], "message"
+                # id:, retry: and comments (": ping") carry nothing this path uses
+        if data_lines and event_type == "message" and (
+                result := _outcome(_parse_json("\n".join(data_lines)), request_id)) is not None:
             return result
         raise MCPError(INTERNAL_ERROR, "SSE stream ended without a response")
 

@@ -131,26 +131,36 @@ class ClientSettings:
 
 
 class _Pool(Generic[C]):
-    """Round-robin over one channel per address; channels are made on first use."""
+    """Round-robin over one channel per address; channels (and their stubs) are made on first use."""
 
     def __init__(self, addresses: Sequence[str], factory: Callable[[str], C]) -> None:
         self.addresses = tuple(addresses)
         self._factory = factory
         self._channels: dict[str, C] = {}
+        # A stub builds a callable per RPC of its service: built once per channel, not once per call.
+        self._stubs: dict[tuple[str, type], Any] = {}
         self._counter = itertools.count()
         self._lock = threading.Lock()
 
-    def next(self) -> C:
+    def _channel(self, address: str) -> C:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = self._factory(address)
+        return channel
+
+    def next_stub(self, stub_class: type) -> Any:
+        """A `stub_class` stub on the next channel in turn."""
         with self._lock:
             address = self.addresses[next(self._counter) % len(self.addresses)]
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = self._factory(address)
-            return channel
+            stub = self._stubs.get((address, stub_class))
+            if stub is None:
+                stub = self._stubs[(address, stub_class)] = stub_class(self._channel(address))
+            return stub
 
     def take_channels(self) -> list[C]:
         with self._lock:
             channels, self._channels = list(self._channels.values()), {}
+            self._stubs.clear()
             return channels
 
 
@@ -384,7 +394,7 @@ class Client:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
-            stub = call.stub(call.pool.next())
+            stub = call.pool.next_stub(call.stub)
             try:
                 return getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
@@ -494,7 +504,7 @@ class AsyncClient:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
-            stub = call.stub(call.pool.next())
+            stub = call.pool.next_stub(call.stub)
             try:
                 return await getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
