@@ -27,6 +27,13 @@ class GatewayConfig:
     upstream_max_connections: int = setting(
         8, "RLGATE_UPSTREAM_MAX_CONNECTIONS",
         "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)")
+    direct_calls: bool = setting(
+        True, "RLGATE_DIRECT_CALLS",
+        "Send modern-era (2026-07-28) tool calls over the gateway's own pooled HTTP connections instead of "
+        "through the mcp SDK client (same requests, a fraction of the CPU); off: every call through the SDK")
+    upstream_keepalive_s: float = setting(
+        60.0, "RLGATE_UPSTREAM_KEEPALIVE_S",
+        "Reuse an idle pooled upstream connection (direct calls) at most this long after its last response")
     janitor_interval_s: float = setting(1.0, "RLGATE_JANITOR_INTERVAL_S",
                                         "How often idle or closed sessions' upstream clients are looked for")
     owner_ttl_s: float = setting(6.0, "RLGATE_OWNER_TTL_S",

@@ -20,6 +20,7 @@ from rlgate.runtime.metrics import serve_metrics
 from rlgate.runtime.settings import default_store_url
 from rlgate.store import SessionStore, StoreError, open_store
 from rlgate.toolgateway.config import GatewayConfig
+from rlgate.toolgateway.http_calls import HttpCallSettings
 from rlgate.toolgateway.service import GatewaySettings, ToolGateway
 from rlgate.toolgateway.servicer import ToolGatewayServicer
 from rlgate.toolgateway.upstream import HttpSettings, PoolSettings, UpstreamPool
@@ -96,6 +97,9 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
         connect_timeout_s=config.connect_timeout_s,
         http=HttpSettings.create(connect_timeout=config.connect_timeout_s,
                                  max_connections=config.upstream_max_connections),
+        direct_calls=config.direct_calls,
+        direct_http=HttpCallSettings(keepalive_s=config.upstream_keepalive_s,
+                                     connect_timeout_s=config.connect_timeout_s),
     ))
     gateway = ToolGateway(store, pool, owner, GatewaySettings(
         call_timeout_s=config.call_timeout_s, upstream_timeout_s=config.upstream_timeout_s,
