@@ -205,9 +205,19 @@ def forget_output_schemas(client: Client) -> None:
 
 
 async def list_tools_forwarding(client: Client) -> list[mt.Tool]:
-    """Every page of the client's tools/list, without leaving a per-client copy in the SDK."""
+    """Every page of the client's tools/list, without leaving a per-client copy in the SDK.
+
+    The SDK's message reader (`JSONRPCDispatcher.run`) holds the last message it received until the next
+    one arrives. A modern-era link's calls go direct (`http_calls`), so after listing it would receive
+    nothing and hold the whole raw listing (~115 KiB per session measured with localfleet's mailbox
+    tools). It therefore ends its listing with a `ping`, whose small answer (a result, or the modern
+    era's "method not found") takes the listing's place. Handshake-era calls go through the SDK and
+    replace it anyway."""
     tools = await list_all_tools(client)
     forget_output_schemas(client)
+    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        with contextlib.suppress(MCPError):
+            await client.send_ping()
     return tools
 
 

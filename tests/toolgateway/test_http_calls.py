@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from mcp import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR, JSONRPCResponse
 from prometheus_client import REGISTRY
 
 from rlgate.store import SessionStore
@@ -662,3 +662,22 @@ async def test_gateway_sends_modern_calls_direct_and_legacy_calls_through_the_sd
     assert grew == ((4.0, 0.0) if era == "gw" else (0.0, 4.0)), (era, grew)
     # The direct calls shared one pooled connection; the legacy era never opened one.
     assert gateway.pool.http.idle_connections() == (1 if era == "gw" else 0)
+
+
+def _held_listings() -> int:
+    """tools/list answers still alive in this process (the SDK's JSON-RPC response objects)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects()
+               if isinstance(o, JSONRPCResponse) and isinstance(o.result, dict) and "tools" in o.result)
+
+
+async def test_a_direct_link_does_not_keep_its_raw_tool_listing(
+        gateway: GatewayHandle, stub: Stub, store: SessionStore, fleet: LocalfleetProcess) -> None:
+    # The SDK's reader holds the last message it received; a link whose calls go direct would otherwise
+    # keep its whole raw tools/list answer for as long as the session lives (~115 KiB with a real app).
+    before = _held_listings()
+    sessions = [await make_session(store, fleet, "gw") for _ in range(3)]
+    for s in sessions:
+        assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
+    assert gateway.pool.open_clients() == 3
+    assert _held_listings() - before <= 0
