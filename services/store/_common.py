@@ -9,7 +9,15 @@ import json
 from collections.abc import Mapping
 from typing import TypeVar
 
-from rlgate.store.models import OPEN_STATUSES, Intent, Session, SessionStatus, StoreError, ToolCallEntry
+from rlgate.store.models import (
+    OPEN_STATUSES,
+    Intent,
+    RequestRecord,
+    Session,
+    SessionStatus,
+    StoreError,
+    ToolCallEntry,
+)
 
 R = TypeVar("R", Session, ToolCallEntry, Intent)
 
@@ -23,6 +31,13 @@ def decode(cls: type[R], raw: str | bytes) -> R:
         return cls.from_json(raw)
     except (ValueError, TypeError) as exc:
         raise StoreError(f"corrupt {cls.__name__} record in the store: {exc}") from exc
+
+
+def request_record(scope: str, request_id: str, state: str, owner: str, result: str, created_at: float | str,
+                   finished_at: float | str) -> RequestRecord:
+    """A request record from a row (SQLite) or a script's reply fields (Redis, timestamps as strings)."""
+    return RequestRecord(scope=scope, request_id=request_id, state=state, owner=owner, result=result,
+                         created_at=float(created_at), finished_at=float(finished_at))
 
 
 def page_limit(limit: int) -> int:

@@ -418,16 +418,7 @@ def _session_from_fields(fields: list[str | None]) -> Session | None:
 
 def _request_from_reply(scope: str, request_id: str, fields: list[Any]) -> RequestRecord:
     """A record from a script's {state, owner, result, created_at, finished_at} reply."""
-    state, owner, result, created_at, finished_at = fields
-    return RequestRecord(
-        scope=scope,
-        request_id=request_id,
-        state=state,
-        owner=owner,
-        result=result,
-        created_at=float(created_at),
-        finished_at=float(finished_at),
-    )
+    return _common.request_record(scope, request_id, *fields)
 
 
 class RedisStore(SessionStore):

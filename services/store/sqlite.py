@@ -163,16 +163,7 @@ def _session_from_row(row: tuple[str, int, float]) -> Session:
 
 
 def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
-    scope, request_id, state, owner, result, created_at, finished_at = row
-    return RequestRecord(
-        scope=scope,
-        request_id=request_id,
-        state=state,
-        owner=owner,
-        result=result,
-        created_at=created_at,
-        finished_at=finished_at,
-    )
+    return _common.request_record(*row)
 
 
 class SqliteStore(SessionStore):

@@ -217,7 +217,7 @@ async def list_tools_forwarding(client: Client) -> list[mt.Tool]:
     forget_output_schemas(client)
     if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
         with contextlib.suppress(MCPError):
-            await client.send_ping()
+            await client.session.send_ping()
     return tools
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import pickle
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -244,15 +243,8 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
     proxy = ReplyDroppingProxy(redis_server.port)
     port = await proxy.start()
     store = await open_store(f"redis://127.0.0.1:{port}/0")
+    with_lost_reply = proxy.dropping_one_reply
     try:
-
-        async def with_lost_reply(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
-            proxy.marker = b"EVALSHA"
-            before = proxy.dropped
-            result = await coro_fn()
-            assert proxy.dropped == before + 1, "the reply was not dropped"
-            return result
-
         created = await store.create_session(session("s1"))
         updated = await with_lost_reply(lambda: store.commit(
             session=created.copy(turn=1), request=("step:s1", "r1", "resp"),

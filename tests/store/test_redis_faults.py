@@ -158,6 +158,14 @@ class ReplyDroppingProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
+    async def dropping_one_reply(self, coro_fn: Callable[[], Awaitable[Any]]) -> Any:
+        """Run one store call whose script reply (EVALSHA) this proxy drops: the client must retry."""
+        self.marker = b"EVALSHA"
+        before = self.dropped
+        result = await coro_fn()
+        assert self.dropped == before + 1, "the reply was not dropped"
+        return result
+
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
@@ -217,15 +225,8 @@ async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisS
     proxy = ReplyDroppingProxy(redis_server.port)
     port = await proxy.start()
     store = await open_store(f"redis://127.0.0.1:{port}/0")
+    with_lost_reply = proxy.dropping_one_reply
     try:
-
-        async def with_lost_reply(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
-            proxy.marker = b"EVALSHA"
-            before = proxy.dropped
-            result = await coro_fn()
-            assert proxy.dropped == before + 1, "the reply was not dropped"
-            return result
-
         s = await with_lost_reply(
             lambda: store.create_session(Session(session_id="s1", env_key="e", token_hash="t1",
                                                  status=SessionStatus.ACTIVE))
