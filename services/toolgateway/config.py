@@ -32,8 +32,10 @@ class GatewayConfig:
         "Send modern-era (2026-07-28) tool calls over the gateway's own pooled HTTP connections instead of "
         "through the mcp SDK client (same requests, a fraction of the CPU); off: every call through the SDK")
     upstream_keepalive_s: float = setting(
-        60.0, "RLGATE_UPSTREAM_KEEPALIVE_S",
-        "Reuse an idle pooled upstream connection (direct calls) at most this long after its last response")
+        4.0, "RLGATE_UPSTREAM_KEEPALIVE_S",
+        "Reuse an idle pooled upstream connection (direct calls) at most this long after its last response; "
+        "keep it below the upstream servers' idle timeout (uvicorn: 5 s), or a call racing the server's close "
+        "is reported OUTCOME_UNKNOWN")
     janitor_interval_s: float = setting(1.0, "RLGATE_JANITOR_INTERVAL_S",
                                         "How often idle or closed sessions' upstream clients are looked for")
     owner_ttl_s: float = setting(6.0, "RLGATE_OWNER_TTL_S",

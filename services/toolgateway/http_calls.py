@@ -63,7 +63,7 @@ class _Attempt:
 class HttpCallSettings:
     max_connections: int = 128  # per origin, in use at once
     max_idle: int = 32  # per origin, kept for reuse
-    keepalive_s: float = 120.0  # an idle connection older than this is closed instead of reused
+    keepalive_s: float = 4.0  # an idle connection older than this is closed instead of reused (below uvicorn's 5 s)
     connect_timeout_s: float = 10.0
 
 
@@ -102,9 +102,12 @@ class _Connection:
     @classmethod
     async def open(cls, origin: Origin, ssl_context: ssl.SSLContext | None, timeout_s: float) -> _Connection:
         tls = origin.scheme == "https"
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(
-            origin.host, origin.port, ssl=ssl_context if tls else None, server_hostname=origin.host if tls else None,
-            limit=READ_SIZE), timeout_s)
+        # asyncio.timeout, not wait_for: 3.11's wait_for swallows an enclosing timeout's cancel that lands just
+        # as the connect completes, and the call would then run with no deadline.
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                origin.host, origin.port, ssl=ssl_context if tls else None,
+                server_hostname=origin.host if tls else None, limit=READ_SIZE)
         return cls(reader, writer)
 
     def reusable(self, now: float, keepalive_s: float) -> bool:

@@ -4,7 +4,9 @@ takes the general path. Real SQLite; the orchestrator's parts wired as in produc
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -110,3 +112,26 @@ async def test_the_ending_turn_and_a_done_episode_take_the_general_path(parts: A
         await episodes.step(step(), deadline())
     assert (await episodes.step(step("end"), deadline())) == last  # a repeat of the ending turn replays it
     assert (await store.get_session(SID)).turn == 5
+
+
+async def test_a_claim_whose_caller_was_cancelled_is_released(parts: Any, tmp_path: Path) -> None:
+    # A store write that has started is not undone by cancelling its caller: a claim that lands after the
+    # caller gave up must not stay PENDING under this live process (every retry would wait on it).
+    episodes, _, store = parts
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for a moment
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(episodes.idempotency.run(
+                f"step:{SID}", "held", deadline(), orchestrator_pb2.StepResponse,
+                lambda prior: episodes._step(step("held"), prior)), 0.3)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    for _ in range(100):  # the claim commits once the lock is gone, then is released
+        await asyncio.sleep(0.05)
+        if await store.get_request(f"step:{SID}", "held") is None and not episodes.idempotency._tasks:
+            break
+    assert await store.get_request(f"step:{SID}", "held") is None
+    reply = await episodes.step(step("held", done=True), deadline())  # a retry runs at once
+    assert reply.turn == 1

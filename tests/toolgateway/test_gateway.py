@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sqlite3
 import time
 from dataclasses import replace
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
-from rlgate.store import SessionStatus, SessionStore, open_store
+from rlgate.store import SessionStatus, SessionStore, call_scope, open_store
 from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
@@ -376,4 +377,34 @@ async def test_replicas_on_redis_are_interchangeable(redis_server: Any, fleet: L
     finally:
         await a.stop(grace=0)
         await b.stop(grace=0)
+        await store.close()
+
+
+async def test_a_claim_whose_call_was_cancelled_does_not_block_retries(tmp_path: Any,
+                                                                       fleet: LocalfleetProcess) -> None:
+    # The client's deadline cancels CallTool while its auth + claim waits for the store (another process
+    # holds SQLite's write lock): the claim still lands when the lock goes, and must then be released, or
+    # every retry of the request_id would wait on a PENDING record of this live gateway until its deadline.
+    path = tmp_path / "store.db"
+    store = await open_store(f"sqlite:///{path}")
+    handle = await start_gateway(gateway_config(), store)
+    try:
+        s = await make_session(store, fleet, "gw")
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        async with grpc.aio.insecure_channel(handle.address) as channel:
+            stub = Stub(channel)
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as first:
+                    await call(stub, s, "add", {"n": 1}, request_id="r1", timeout=0.5)
+                assert first.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            assert await wait_for(lambda: not handle.gateway._background, timeout=10.0)
+            assert await store.get_request(call_scope(s.session.session_id), "r1") is None
+            reply = await call(stub, s, "add", {"n": 1}, request_id="r1", timeout=10.0)
+            assert text(reply) == "2 (int)" and not reply.replayed
+    finally:
+        await handle.stop(grace=0)
         await store.close()
