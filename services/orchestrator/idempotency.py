@@ -19,15 +19,14 @@ import asyncio
 import base64
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from google.protobuf.message import Message
 
 from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.errors import DeadlineExceeded, clip
 from rlgate.store import RequestRecord, RequestState, SessionStore
-from rlgate.store.claims import claim_or_release
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -40,18 +39,6 @@ class Idempotency:
         self._poll = poll_s
         self._local: dict[tuple[str, str], asyncio.Future[bytes]] = {}
         self._committed: dict[tuple[str, str], str] = {}  # responses the work recorded itself
-        self._tasks: set[asyncio.Task[Any]] = set()  # claims outliving a cancelled caller, and their releases
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        """Let claims and releases in flight finish (shutdown): each is one store call."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=5.0)
 
     @staticmethod
     def completion(scope: str, request_id: str, response: Message) -> tuple[str, str, str]:
@@ -88,9 +75,7 @@ class Idempotency:
                 if answer is not None:
                     return answer, True
                 continue  # the first attempt was cancelled and released its record: run it here
-            record, created = await claim_or_release(
-                self._store.claim_request(scope, request_id, self._owner),
-                lambda claim: key if claim[1] else None, self._store.release_request, self._spawn)
+            record, created = await self._store.claim_request(scope, request_id, self._owner)
             if created:
                 return await self._run_owned(key, functools.partial(work, prior), redact), False
             if record.state == RequestState.DONE:

@@ -197,7 +197,6 @@ class Orchestrator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self.episodes.idempotency.close()
         await self.reconciler.release_lease()
         with contextlib.suppress(Exception):
             await self.provider.close()

@@ -23,10 +23,12 @@ T = TypeVar("T")
 MAX_BATCH = 64  # results held back for one wakeup at most
 MAX_HOLD_S = 0.002  # nor longer than this, so a long queue cannot delay the first answer much
 
-# (loop, future, fn, args); None stops the thread.
-_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
-# (future, result, exception)
-_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+# A call's result whose caller was cancelled after the call had started (the result is otherwise dropped).
+Abandoned = Callable[[Any], None]
+# (loop, future, fn, args, abandoned); None stops the thread.
+_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...], Abandoned | None]
+# (future, result, exception, abandoned)
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None, Abandoned | None]
 
 
 class WorkerStopped(RuntimeError):
@@ -45,14 +47,15 @@ class ThreadWorker:
         self._thread.start()
         weakref.finalize(self, self._queue.put, None)
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[..., T], *args: Any, abandoned: Abandoned | None = None) -> asyncio.Future[T]:
         """Queue `fn(*args)`; the future resolves on the calling loop. If the future is cancelled before
-        the call starts, the call is skipped; once started it runs to the end (its result is dropped)."""
+        the call starts, the call is skipped; once started it runs to the end, and its result is dropped,
+        or handed to `abandoned(result)` on the loop (a write that must be undone, e.g. a claim)."""
         if self._stopped:
             raise WorkerStopped("worker stopped")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((loop, future, fn, args))
+        self._queue.put((loop, future, fn, args, abandoned))
         return future
 
     def stop(self) -> None:
@@ -82,15 +85,15 @@ def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
             _hand_back(done)
             _fail_rest(jobs)
             return
-        loop, future, fn, args = job
+        loop, future, fn, args, abandoned = job
         # Read without the loop's lock: a plain state check under the GIL. A cancel racing with it only
         # means the call runs and its result is dropped, as for a call already started.
         if future.cancelled():
             continue
         try:
-            outcome: _Outcome = (future, fn(*args), None)
+            outcome: _Outcome = (future, fn(*args), None, abandoned)
         except BaseException as exc:  # handed to the awaiting task, which re-raises it
-            outcome = (future, None, exc)
+            outcome = (future, None, exc, abandoned)
         done.setdefault(loop, []).append(outcome)
         held += 1
         if held == 1:
@@ -117,14 +120,16 @@ def _fail_rest(jobs: queue.SimpleQueue[_Job | None]) -> None:
         except queue.Empty:
             break
         if job is not None:
-            rest.setdefault(job[0], []).append((job[1], None, stopped))
+            rest.setdefault(job[0], []).append((job[1], None, stopped, None))
     _hand_back(rest)
 
 
 def _settle(outcomes: list[_Outcome]) -> None:
     """On the loop: resolve the futures of one batch (skipping callers that gave up)."""
-    for future, result, exc in outcomes:
+    for future, result, exc, abandoned in outcomes:
         if future.cancelled():
+            if abandoned is not None and exc is None:
+                abandoned(result)
             continue
         if exc is not None:
             future.set_exception(exc)

@@ -83,7 +83,8 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         """Atomically create a PENDING record owned by `owner`, or return the existing one.
-        Returns (record, created)."""
+        Returns (record, created). If the caller is cancelled while the claim runs, a record the claim
+        still created is released by the store (else every retry would wait on this live owner)."""
 
     @abc.abstractmethod
     async def complete_request(self, scope: str, request_id: str, result: str) -> None:
@@ -142,7 +143,8 @@ class SessionStore(abc.ABC):
 
         Returns (session, record, created): (None, None, False) for an unknown or revoked token;
         (session, None, False) when nothing was claimed (no request_id, or the session is not ACTIVE);
-        otherwise the claim's (record, created) exactly as `claim_request` returns them."""
+        otherwise the claim's (record, created) exactly as `claim_request` returns them. A claim made after
+        the caller was cancelled is released, as for `claim_request`."""
 
     # -- provisioning intents ---------------------------------------------------------------------------
     @abc.abstractmethod

@@ -1,9 +1,11 @@
-"""Claiming a request record from a caller that may be cancelled mid-claim.
+"""Claims whose caller is cancelled mid-claim: the store releases what they created.
 
 A store write that has started is not undone when its caller is cancelled (the SQLite worker runs it to the
-end; a Redis script already sent runs). A claim that lands after its caller gave up would stay PENDING under
-a live owner, and every retry of that request_id would wait on it until its deadline. `claim_or_release`
-lets the claim finish on its own and releases it if it created the record.
+end; a Redis script already sent runs). A claim that landed after its caller gave up would stay PENDING
+under a live owner, and every retry of that request_id would wait on it until its deadline. The SQLite store
+learns such a result from its worker (`ThreadWorker.submit(abandoned=...)`, no cost on the normal path);
+the Redis store lets the claim finish as its own task (`claim_or_release`). Either way the release is a
+store-owned write (`BackgroundWrites`), finished before the store closes.
 """
 
 from __future__ import annotations
@@ -16,33 +18,50 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+DRAIN_S = 5.0
+
+
+class BackgroundWrites:
+    """Store writes nobody awaits (releases of abandoned claims), owned by their store."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, op: Coroutine[Any, Any, Any], *, quiet: bool = True) -> asyncio.Task[Any]:
+        """Run `op` as an owned task; `quiet`: its failure is logged, not raised (nobody awaits it)."""
+        task = asyncio.get_running_loop().create_task(self._quietly(op) if quiet else op)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _quietly(op: Awaitable[Any]) -> Any:
+        try:
+            return await op
+        except Exception:  # the store is down or closing: a retry waits until this owner's heartbeat lapses
+            log.warning("could not release a claim whose caller was cancelled", exc_info=True)
+            return None
+
+    async def drain(self, timeout_s: float = DRAIN_S) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
 
 async def claim_or_release(claim: Coroutine[Any, Any, T], created: Callable[[T], tuple[str, str] | None],
-                           release: Callable[[str, str], Awaitable[None]], spawn: Spawn) -> T:
-    """Await `claim` (a store call that may create a PENDING record). If the caller is cancelled meanwhile,
-    the claim still completes, and the record it created (`created(result)` -> (scope, request_id), or
-    None) is released. `spawn` runs both as tasks its caller owns (and cancels or drains on shutdown)."""
-    task = spawn(claim)
+                           release: Callable[[str, str], Coroutine[Any, Any, None]],
+                           background: BackgroundWrites) -> T:
+    """Await `claim`; if the caller is cancelled meanwhile, the claim still completes as its own task and
+    the record it created (`created(result)` -> (scope, request_id), or None) is released."""
+    task = background.spawn(claim, quiet=False)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        task.add_done_callback(lambda done: _release_created(done, created, release, spawn))
+        def undo(done: asyncio.Task[Any]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return
+            target = created(done.result())
+            if target is not None:
+                background.spawn(release(*target))
+
+        task.add_done_callback(undo)
         raise
-
-
-def _release_created(done: asyncio.Task[Any], created: Callable[[Any], tuple[str, str] | None],
-                     release: Callable[[str, str], Awaitable[None]], spawn: Spawn) -> None:
-    if done.cancelled() or done.exception() is not None:
-        return
-    target = created(done.result())
-    if target is not None:
-        spawn(_quietly(release(*target)))
-
-
-async def _quietly(op: Awaitable[None]) -> None:
-    try:
-        await op
-    except Exception:  # the store is down or closing: a retry waits until this process's owner lapses
-        log.warning("could not release a claim whose caller was cancelled", exc_info=True)

@@ -40,6 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rlgate.store import _common
 from rlgate.store.base import SessionStore
+from rlgate.store.claims import BackgroundWrites, claim_or_release
 from rlgate.store.models import (
     CALL_SCOPE_PREFIX,
     OPEN_STATUSES,
@@ -431,6 +432,7 @@ class RedisStore(SessionStore):
         # redis-py types replies as bytes | str; with decode_responses=True they are str, so use Any.
         self._client: Any = client
         self._closed = False
+        self._background = BackgroundWrites()
         script = self._register
         self._scripts: list[Any] = []
         self._create, self._update, self._touch = script(_CREATE), script(_UPDATE), script(_TOUCH)
@@ -707,6 +709,11 @@ class RedisStore(SessionStore):
 
     # -- request records --------------------------------------------------------------------------------
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
+        return await claim_or_release(self._claim_request(scope, request_id, owner),
+                                      lambda claim: (scope, request_id) if claim[1] else None,
+                                      self.release_request, self._background)
+
+    async def _claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         reply = await self._script(
             "claim_request", self._claim, _request_key(scope, request_id), scope, request_id, owner,
             _score(time.time()), uuid.uuid4().hex,
@@ -718,6 +725,17 @@ class RedisStore(SessionStore):
     ) -> tuple[Session | None, RequestRecord | None, bool]:
         if not token_hash:  # a revoked session holds ""; it must never match
             return None, None, False
+
+        def claimed(result: tuple[Session | None, RequestRecord | None, bool]) -> tuple[str, str] | None:
+            session, _, created = result
+            return (call_scope(session.session_id), request_id) if created and session is not None else None
+
+        return await claim_or_release(self._authorize_call(token_hash, request_id, owner), claimed,
+                                      self.release_request, self._background)
+
+    async def _authorize_call(
+        self, token_hash: str, request_id: str, owner: str
+    ) -> tuple[Session | None, RequestRecord | None, bool]:
         reply = await self._script(
             "authorize_call", self._authorize, token_hash, request_id, owner, _score(time.time()),
             uuid.uuid4().hex, CALL_SCOPE_PREFIX, SessionStatus.ACTIVE.value,
@@ -886,5 +904,6 @@ class RedisStore(SessionStore):
     async def close(self) -> None:
         if self._closed:
             return
+        await self._background.drain()  # releases of abandoned claims, before the connection goes
         self._closed = True
         await self._client.aclose()

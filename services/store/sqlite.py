@@ -18,8 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from rlgate.store import _common
-from rlgate.store._worker import ThreadWorker, WorkerStopped
+from rlgate.store._worker import Abandoned, ThreadWorker, WorkerStopped
 from rlgate.store.base import SessionStore
+from rlgate.store.claims import BackgroundWrites
 from rlgate.store.models import (
     OPEN_STATUSES,
     ConflictError,
@@ -174,6 +175,7 @@ class SqliteStore(SessionStore):
         self._conn = conn
         self._worker = worker
         self._closed = False
+        self._background = BackgroundWrites()
 
     @classmethod
     async def open(cls, path: str, *, busy_timeout_s: float = 15.0) -> SqliteStore:
@@ -193,25 +195,31 @@ class SqliteStore(SessionStore):
         return f"SqliteStore({self.path!r})"
 
     # -- plumbing ---------------------------------------------------------------------------------------
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` on the worker thread. A cancelled caller does not undo a started write."""
+    async def _run(self, fn: Callable[..., T], *args: Any, abandoned: Abandoned | None = None) -> T:
+        """Run `fn(conn, *args)` on the worker thread. A cancelled caller does not undo a started write;
+        `abandoned(result)` gets the result of one whose caller was cancelled."""
         if self._closed:
             raise StoreError("store is closed")
         try:
-            return await self._worker.submit(fn, self._conn, *args)
+            return await self._worker.submit(fn, self._conn, *args, abandoned=abandoned)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
         except WorkerStopped as exc:  # a concurrent close() got there first
             raise StoreError("store is closed") from exc
 
-    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _write(self, fn: Callable[..., T], *args: Any, abandoned: Abandoned | None = None) -> T:
         """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE transaction."""
 
         def in_transaction(conn: sqlite3.Connection, *inner: Any) -> T:
             with _transaction(conn):
                 return fn(conn, *inner)
 
-        return await self._run(in_transaction, *args)
+        return await self._run(in_transaction, *args, abandoned=abandoned)
+
+    def _release_abandoned(self, scope: str, request_id: str) -> None:
+        """A claim landed after its caller was cancelled: release it (see `SessionStore.claim_request`)."""
+        if not self._closed:
+            self._background.spawn(self.release_request(scope, request_id))
 
     # -- sessions ---------------------------------------------------------------------------------------
     @staticmethod
@@ -502,7 +510,11 @@ class SqliteStore(SessionStore):
         return existing, False
 
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
-        return await self._write(self._claim_row, scope, request_id, owner)
+        def abandoned(claim: tuple[RequestRecord, bool]) -> None:
+            if claim[1]:
+                self._release_abandoned(scope, request_id)
+
+        return await self._write(self._claim_row, scope, request_id, owner, abandoned=abandoned)
 
     async def authorize_call(
         self, token_hash: str, request_id: str, owner: str
@@ -517,8 +529,12 @@ class SqliteStore(SessionStore):
             record, created = self._claim_row(conn, call_scope(session.session_id), request_id, owner)
             return session, record, created
 
+        def abandoned(result: tuple[Session | None, RequestRecord | None, bool]) -> None:
+            if result[2] and result[0] is not None:
+                self._release_abandoned(call_scope(result[0].session_id), request_id)
+
         # Without a request_id nothing is written: a plain read, no write lock.
-        return await (self._write(authorize) if request_id else self._run(authorize))
+        return await (self._write(authorize, abandoned=abandoned) if request_id else self._run(authorize))
 
     @staticmethod
     def _complete_row(conn: sqlite3.Connection, scope: str, request_id: str, result: str, now: float) -> None:
@@ -684,6 +700,7 @@ class SqliteStore(SessionStore):
     async def close(self) -> None:
         if self._closed:
             return
+        await self._background.drain()  # releases of abandoned claims, before the connection goes
         self._closed = True
         try:
             await self._worker.submit(self._conn.close)  # after every call already queued

@@ -31,7 +31,6 @@ from rlgate.store import (
     ToolCallEntry,
     call_scope,
 )
-from rlgate.store.claims import claim_or_release
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import prepare_arguments
 from rlgate.toolgateway.upstream import (
@@ -153,14 +152,9 @@ class ToolGateway:
     async def _authorize(self, token: str | None, scope_request_id: str) -> tuple[Session, RequestRecord | None]:
         """`authenticate` plus the claim of `scope_request_id` (if any) in one store round trip: the
         session and, if this call claimed the request_id, None; else the earlier attempt's record."""
-        def claimed(result: tuple[Session | None, RequestRecord | None, bool]) -> tuple[str, str] | None:
-            session, _, created = result
-            return (call_scope(session.session_id), scope_request_id) if created and session is not None else None
-
-        try:
-            session, record, created = await claim_or_release(
-                self.store.authorize_call(self._token_hash(token), scope_request_id, self.owner),
-                claimed, self.store.release_request, self._in_background)
+        try:  # a claim landing after this call was cancelled is released by the store
+            session, record, created = await self.store.authorize_call(
+                self._token_hash(token), scope_request_id, self.owner)
         except StoreError as exc:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
         try:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import sqlite3
 import time
 from typing import Any
 
 import pytest
+import redis.asyncio
 
 from rlgate.store import (
     ConflictError,
@@ -22,7 +24,7 @@ from rlgate.store import (
     call_scope,
     open_store,
 )
-from tests.store.conftest import StoreFactory
+from tests.store.conftest import Backend, StoreFactory
 from tests.store.test_redis_faults import ReplyDroppingProxy
 from tests.support.redis import RedisServer
 
@@ -265,3 +267,53 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
     finally:
         await store.close()
         await proxy.close()
+
+
+# -- a claim whose caller was cancelled -----------------------------------------------------------------------
+class _StoreBusy:
+    """Keeps the backend busy for `seconds` from another connection, so a claim queued behind it starts only
+    after its caller has given up: SQLite's write lock held by another process's connection, or a Lua script
+    spinning on the (single-threaded) Redis server."""
+
+    def __init__(self, backend: Backend, seconds: float) -> None:
+        self.backend, self.seconds = backend, seconds
+
+    async def __aenter__(self) -> None:
+        if self.backend.redis is None:
+            self._conn = sqlite3.connect(self.backend.url.removeprefix("sqlite:///"), isolation_level=None)
+            self._conn.execute("BEGIN IMMEDIATE")
+            asyncio.get_running_loop().call_later(self.seconds, self._conn.execute, "ROLLBACK")
+        else:
+            client = redis.asyncio.Redis.from_url(self.backend.url)
+            spin = "local t = redis.call('TIME'); local s = t[1] + t[2] / 1e6; " \
+                   "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 - s > tonumber(ARGV[1]); return 1"
+            self._task: asyncio.Future[Any] = asyncio.ensure_future(client.eval(spin, 0, self.seconds))
+            self._client = client
+            await asyncio.sleep(0.05)  # the script is running
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.backend.redis is None:
+            await asyncio.sleep(self.seconds)
+            self._conn.close()
+        else:
+            await self._task
+            await self._client.aclose()
+
+
+@pytest.mark.parametrize("op", ["claim_request", "authorize_call"])
+async def test_a_claim_landing_after_its_caller_gave_up_is_released(store: SessionStore, backend: Backend,
+                                                                     op: str) -> None:
+    await store.create_session(session("s1"))
+    scope = "call:s1" if op == "authorize_call" else "step:s1"
+    claim = (store.authorize_call("tok-s1", "r1", "me") if op == "authorize_call"
+             else store.claim_request(scope, "r1", "me"))
+    async with _StoreBusy(backend, 0.6):
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(claim, 0.2)
+    for _ in range(100):
+        if await store.get_request(scope, "r1") is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await store.get_request(scope, "r1") is None  # released: a retry runs instead of waiting
+    record, created = await store.claim_request(scope, "r1", "me")
+    assert created and record.state == RequestState.PENDING
