@@ -108,7 +108,6 @@ class SessionStore(abc.ABC):
         """Whether `owner` heartbeated within its TTL. A SIGKILLed process stops being alive after its TTL."""
 
     # -- composite --------------------------------------------------------------------------------------
-    @abc.abstractmethod
     async def commit(
         self,
         *,
@@ -132,6 +131,14 @@ class SessionStore(abc.ABC):
         All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
         loses the race records no result for its request_id and can retry). Returns the updated session
         as `update_session` does, or None without `session`."""
+        if new_request and request is None:
+            raise ValueError("commit(new_request=True) needs a request")
+        return await self._commit_writes(session, request, tool_call, new_request)
+
+    @abc.abstractmethod
+    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
+                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
+        """`commit` with its arguments checked: the backend's one round trip."""
 
     @abc.abstractmethod
     async def authorize_call(

@@ -575,16 +575,8 @@ class RedisStore(SessionStore):
         code, last_active = await self._script("update_session", self._update, *args)
         return self._updated(stored, code, last_active)
 
-    async def commit(
-        self,
-        *,
-        session: Session | None = None,
-        request: tuple[str, str, str] | None = None,
-        tool_call: ToolCallEntry | None = None,
-        new_request: bool = False,
-    ) -> Session | None:
-        if new_request and request is None:
-            raise ValueError("commit(new_request=True) needs a request")
+    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
+                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
         stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
         args = ["1" if stored is not None else "", *args]
         if request is not None:

@@ -450,16 +450,8 @@ class SqliteStore(SessionStore):
         return await self._run(self._count_calls, session_id, episode)
 
     # -- composite --------------------------------------------------------------------------------------
-    async def commit(
-        self,
-        *,
-        session: Session | None = None,
-        request: tuple[str, str, str] | None = None,
-        tool_call: ToolCallEntry | None = None,
-        new_request: bool = False,
-    ) -> Session | None:
-        if new_request and request is None:
-            raise ValueError("commit(new_request=True) needs a request")
+    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
+                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 

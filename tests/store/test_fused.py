@@ -22,10 +22,9 @@ from rlgate.store import (
     SessionStore,
     ToolCallEntry,
     call_scope,
-    open_store,
 )
 from tests.store.conftest import Backend, StoreFactory
-from tests.store.test_redis_faults import ReplyDroppingProxy
+from tests.store.test_redis_faults import store_losing_replies
 from tests.support.redis import RedisServer
 
 
@@ -242,11 +241,8 @@ async def test_concurrent_authorize_has_one_winner(store: SessionStore, open_ano
 @pytest.mark.redis
 async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServer) -> None:
     """A retried script whose first run's reply was lost recognises its own work (a per-call nonce)."""
-    proxy = ReplyDroppingProxy(redis_server.port)
-    port = await proxy.start()
-    store = await open_store(f"redis://127.0.0.1:{port}/0")
-    with_lost_reply = proxy.dropping_one_reply
-    try:
+    async with store_losing_replies(redis_server) as (store, proxy):
+        with_lost_reply = proxy.dropping_one_reply
         created = await store.create_session(session("s1"))
         updated = await with_lost_reply(lambda: store.commit(
             session=created.copy(turn=1), request=("step:s1", "r1", "resp"),
@@ -264,9 +260,6 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
         # Another call with the same request_id still sees the claim as taken.
         assert (await store.authorize_call("tok-s1", "r3", "gw-2"))[1:] == (record, False)
         assert await store.check_invariants() == []
-    finally:
-        await store.close()
-        await proxy.close()
 
 
 # -- a claim whose caller was cancelled -----------------------------------------------------------------------

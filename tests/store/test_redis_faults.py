@@ -19,6 +19,7 @@ from rlgate.store import (
     RequestState,
     Session,
     SessionStatus,
+    SessionStore,
     StoreError,
     ToolCallEntry,
     open_store,
@@ -221,12 +222,22 @@ class ReplyDroppingProxy:
             self._writers.difference_update((client_w, server_w))
 
 
-async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisServer) -> None:
-    proxy = ReplyDroppingProxy(redis_server.port)
+@contextlib.asynccontextmanager
+async def store_losing_replies(server: RedisServer) -> AsyncIterator[tuple[SessionStore, ReplyDroppingProxy]]:
+    """A Redis store reached through a `ReplyDroppingProxy` (its `dropping_one_reply` loses one reply)."""
+    proxy = ReplyDroppingProxy(server.port)
     port = await proxy.start()
     store = await open_store(f"redis://127.0.0.1:{port}/0")
-    with_lost_reply = proxy.dropping_one_reply
     try:
+        yield store, proxy
+    finally:
+        await store.close()
+        await proxy.close()
+
+
+async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisServer) -> None:
+    async with store_losing_replies(redis_server) as (store, proxy):
+        with_lost_reply = proxy.dropping_one_reply
         s = await with_lost_reply(
             lambda: store.create_session(Session(session_id="s1", env_key="e", token_hash="t1",
                                                  status=SessionStatus.ACTIVE))
@@ -256,6 +267,3 @@ async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisS
         assert await with_lost_reply(lambda: store.acquire_lease("l", "me", 30))
         assert not await store.acquire_lease("l", "other", 30)
         assert await store.check_invariants() == []
-    finally:
-        await store.close()
-        await proxy.close()
