@@ -24,7 +24,7 @@ from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
-from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor
+from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
 from rlgate.store import SessionStore
@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
 # RPCs that need the task catalog (task lookups, verification, task info in answers). Close and
 # CloseSessions do not: releasing instances must work whatever state the catalog is in.
-TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "State", "ListTasks", "ListSessions"))
+TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "StepStream", "State",
+                                                                 "ListTasks", "ListSessions"))
 
 
 class InsecureListenError(ValueError):
@@ -67,8 +68,7 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
             await context.abort_with_status(Unavailable(
                 "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0).to_grpc_status())
 
-        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+        return wrap_behaviour(handler, lambda _inner: refuse)  # type: ignore[return-value]
 
 
 async def _serve_when_ready(orchestrator: Orchestrator, server: RunningServer) -> None:

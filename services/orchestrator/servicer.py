@@ -1,26 +1,46 @@
 """gRPC handlers: check every request's ids (`limits.check_request`), translate requests into
 `EpisodeManager` calls and `OrchestratorError`s into statuses with google.rpc details. No orchestration
-logic lives here."""
+logic lives here. StepStream serves Step calls over a stream (`runtime.multiplex`) through the same path."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
+from google.rpc import status_pb2
+from grpc_status import rpc_status
 
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
 from rlgate.orchestrator.errors import MAX_MESSAGE, OrchestratorError, clip
 from rlgate.orchestrator.limits import check_request
+from rlgate.runtime.interceptors import RpcMetrics
+from rlgate.runtime.multiplex import Multiplexer, StreamedMethod
 from rlgate.store import StoreError
-from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+def error_status(exc: Exception) -> status_pb2.Status | None:
+    """The status an RPC ends with for an expected exception (None: a bug, answered INTERNAL)."""
+    if isinstance(exc, OrchestratorError):
+        return exc.to_status()
+    if isinstance(exc, StoreError):
+        log.warning("store unavailable: %s", exc)
+        return status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0],
+                                 message=clip(f"session store unavailable: {exc}", MAX_MESSAGE))
+    return None
+
+
+def _streamed_status(exc: Exception) -> common_pb2.CallStatus | None:
+    status = error_status(exc)
+    return None if status is None else common_pb2.CallStatus.FromString(status.SerializeToString())
 
 
 async def _answer(context: grpc.aio.ServicerContext, request: Message, call: Callable[[], Awaitable[T]]) -> T:
@@ -28,22 +48,29 @@ async def _answer(context: grpc.aio.ServicerContext, request: Message, call: Cal
     try:
         check_request(request)
         return await call()
-    except OrchestratorError as exc:
-        await context.abort_with_status(exc.to_grpc_status())
-    except StoreError as exc:
-        log.warning("store unavailable: %s", exc)
-        await context.abort(grpc.StatusCode.UNAVAILABLE, clip(f"session store unavailable: {exc}", MAX_MESSAGE))
+    except Exception as exc:
+        status = error_status(exc)
+        if status is None:
+            raise
+        await context.abort_with_status(rpc_status.to_status(status))
     raise AssertionError("unreachable")
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
-    def __init__(self, config: OrchestratorConfig, episodes: EpisodeManager) -> None:
+    def __init__(self, config: OrchestratorConfig, episodes: EpisodeManager,
+                 metrics: RpcMetrics | None = None) -> None:
         self._config = config
         self._episodes = episodes
+        self._step_stream = Multiplexer(StreamedMethod(
+            name="Step", response=orchestrator_pb2.StepStreamResponse, handle=self._streamed_step,
+            known_error=_streamed_status, observe=(metrics or RpcMetrics("orchestrator")).method("Step")))
 
     def _deadline(self, context: grpc.aio.ServicerContext) -> Deadline:
+        return self._deadline_of(context.time_remaining())
+
+    def _deadline_of(self, seconds_left: float | None) -> Deadline:
         default = self._config.provision_timeout_s + self._config.capacity_wait_s
-        return Deadline.from_grpc(context.time_remaining(), default)
+        return Deadline.from_grpc(seconds_left, default)
 
     async def Reset(self, request: orchestrator_pb2.ResetRequest,
                     context: grpc.aio.ServicerContext) -> orchestrator_pb2.ResetResponse:
@@ -55,6 +82,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def Step(self, request: orchestrator_pb2.StepRequest,
                    context: grpc.aio.ServicerContext) -> orchestrator_pb2.StepResponse:
         return await _answer(context, request, lambda: self._episodes.step(request, self._deadline(context)))
+
+    async def StepStream(self, requests: AsyncIterator[orchestrator_pb2.StepStreamRequest],
+                         context: grpc.aio.ServicerContext) -> None:
+        await self._step_stream.serve(requests, context)
+
+    async def _streamed_step(self, envelope: Any, seconds_left: float | None) -> orchestrator_pb2.StepResponse:
+        check_request(envelope.step)
+        return await self._episodes.step(envelope.step, self._deadline_of(seconds_left))
 
     async def State(self, request: orchestrator_pb2.StateRequest,
                     context: grpc.aio.ServicerContext) -> orchestrator_pb2.StateResponse:

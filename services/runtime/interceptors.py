@@ -15,7 +15,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -29,17 +29,25 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _wrap_unary(
+def wrap_behaviour(
     handler: grpc.RpcMethodHandler | None, wrap: Callable[[Handler], Handler]
 ) -> grpc.RpcMethodHandler | None:
-    """Wrap the behaviour of a unary-unary handler (the only kind rlgate serves)."""
-    if handler is None or handler.unary_unary is None or handler.request_streaming or handler.response_streaming:
+    """Wrap the behaviour of a unary-unary or stream-stream handler (the kinds rlgate serves)."""
+    if handler is None:
         return handler
-    return grpc.unary_unary_rpc_method_handler(
-        wrap(handler.unary_unary),
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+    if _unary(handler):
+        return grpc.unary_unary_rpc_method_handler(
+            wrap(handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if _bidi(handler):
+        return grpc.stream_stream_rpc_method_handler(
+            wrap(handler.stream_stream),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
 
 
 def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
@@ -80,6 +88,10 @@ def _unary(handler: grpc.RpcMethodHandler | None) -> bool:
                 and not handler.response_streaming)
 
 
+def _bidi(handler: grpc.RpcMethodHandler | None) -> bool:
+    return bool(handler is not None and handler.stream_stream is not None)
+
+
 def _trace_id(context: grpc.aio.ServicerContext) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == TRACE_HEADER:
@@ -93,7 +105,9 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
     Must be the first (outermost) interceptor: it takes over request parsing, so that bytes that are not a
     valid message (corrupt, another RPC's message, nested past protobuf's depth limit) are the caller's
-    INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request"."""
+    INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request". On a stream it parses
+    each message (a bad one ends the stream with INVALID_ARGUMENT); the calls a stream carries get their own
+    trace ids and INTERNAL answers from `runtime.multiplex`."""
 
     def __init__(self) -> None:
         self._cache = _PerMethodCache()
@@ -103,9 +117,42 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
+        if _bidi(handler):
+            return self._cache.get(details.method, handler, lambda h: self._build_stream(details.method, h))
         if not _unary(handler):
             return handler
         return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
+
+    @staticmethod
+    def _build_stream(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        inner = handler.stream_stream
+        parse = handler.request_deserializer
+
+        async def behaviour(raw_requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+            trace = _trace_id(context)
+            trace_id_var.set(trace)
+            session_id_var.set("-")
+
+            async def parsed() -> AsyncIterator[Any]:
+                async for raw in raw_requests:
+                    try:
+                        message = parse(raw) if parse is not None else raw
+                    except Exception as exc:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"a request is not a valid message for {method} ({type(exc).__name__})")
+                    yield message
+
+            try:
+                await inner(parsed(), context)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                log.exception("unhandled error in %s", method)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
+
+        return grpc.stream_stream_rpc_method_handler(
+            behaviour, request_deserializer=None, response_serializer=handler.response_serializer
+        )
 
     @staticmethod
     def _build(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -163,11 +210,13 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
             return deny
 
-        return _wrap_unary(handler, wrap)  # type: ignore[return-value]
+        return wrap_behaviour(handler, wrap)  # type: ignore[return-value]
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts RPCs by method and status code and observes their latency."""
+class RpcMetrics:
+    """RPC counts by method and status code and latency histograms of one service (Prometheus). Used by
+    `MetricsInterceptor` per unary RPC and by `runtime.multiplex` per call a stream carries, so a call is
+    counted under its method ("CallTool", "Step") whichever way it came."""
 
     def __init__(self, service: str) -> None:
         from rlgate.runtime import metrics
@@ -177,6 +226,27 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             "rlgate_grpc_request_seconds", "gRPC request latency", ["service", "method"]
         )
         self._service = service
+
+    def method(self, method: str) -> Callable[[str, float], None]:
+        """`observe(code_name, seconds)` for one method (label lookups done once, not per call)."""
+        latency = self._latency.labels(self._service, method)
+        calls: dict[str, Any] = {}
+
+        def observe(code: str, seconds: float) -> None:
+            child = calls.get(code)
+            if child is None:
+                child = calls[code] = self._calls.labels(self._service, method, code)
+            child.inc()
+            latency.observe(seconds)
+
+        return observe
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts unary RPCs by method and status code and observes their latency (`RpcMetrics`)."""
+
+    def __init__(self, service: str) -> None:
+        self._metrics = RpcMetrics(service)
         self._cache = _PerMethodCache()
 
     async def intercept_service(
@@ -189,15 +259,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
 
     def _build(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        method = full_method.rsplit("/", 1)[-1]
-        latency = self._latency.labels(self._service, method)  # label lookups once per method
-        calls: dict[str, Any] = {}
-
-        def count(code: str) -> None:
-            child = calls.get(code)
-            if child is None:
-                child = calls[code] = self._calls.labels(self._service, method, code)
-            child.inc()
+        observe = self._metrics.method(full_method.rsplit("/", 1)[-1])
 
         def wrap(inner: Handler) -> Handler:
             async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -213,9 +275,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                     code = "INTERNAL"
                     raise
                 finally:
-                    count(code)
-                    latency.observe(time.perf_counter() - start)
+                    observe(code, time.perf_counter() - start)
 
             return behaviour
 
-        return _wrap_unary(handler, wrap)  # type: ignore[return-value]
+        return wrap_behaviour(handler, wrap)  # type: ignore[return-value]

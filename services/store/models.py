@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Self
+
+from rlgate.runtime import jsoncodec
 
 
 class StoreError(Exception):
@@ -59,7 +60,8 @@ class _Json:
 
     On the hot path (every Step and CallTool encodes a record), so no `dataclasses.asdict` (it deep-copies
     every field) and no per-call reflection: fields hold JSON-native values already, so a shallow
-    {name: value} dict is what `json.dumps` needs, and the field names are computed once per class.
+    {name: value} dict is what the encoder (`runtime.jsoncodec`) needs, and the field names are computed
+    once per class.
     """
 
     _field_names: tuple[str, ...] = ()
@@ -80,11 +82,11 @@ class _Json:
         return {name: values[name] for name in self._field_names}
 
     def to_json(self) -> str:
-        return _ENCODE(self.to_dict())
+        return jsoncodec.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Self:
-        data = json.loads(raw)
+        data = jsoncodec.loads(raw)
         if not isinstance(data, dict):
             raise TypeError(f"expected a JSON object, got {type(data).__name__}")
         if data.keys() == cls._field_set:  # the usual case: exactly our fields, so skip __init__
@@ -107,7 +109,6 @@ class _Json:
         return clone
 
 
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per json.dumps call
 
 
 @dataclass

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import ssl
 import time
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ import h11
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 
+from rlgate.runtime import jsoncodec
 from rlgate.toolgateway.catalog import UpstreamUnavailable
 
 READ_SIZE = 65536
@@ -245,7 +245,7 @@ def _outcome(message: Any, request_id: int) -> dict[str, Any] | None:
 
 def _parse_json(data: bytes | str) -> Any:
     try:
-        return json.loads(data)
+        return jsoncodec.loads(data)
     except ValueError as exc:
         raise MCPError(PARSE_ERROR, f"Failed to parse JSON response: {exc}") from exc
 
@@ -288,7 +288,7 @@ class HttpCaller:
                        attempt: _Attempt) -> dict[str, Any]:
         origin, target = Origin.of(url)
         request_id = next(self._ids)
-        body = json.dumps({"jsonrpc": "2.0", "id": request_id, **data}, separators=(",", ":")).encode()
+        body = jsoncodec.dumps_bytes({"jsonrpc": "2.0", "id": request_id, **data})
         request = h11.Request(method="POST", target=target, headers=[
             ("host", origin.host_header), ("accept", ACCEPT), ("content-type", "application/json"),
             ("content-length", str(len(body))), *headers.items()])
@@ -329,7 +329,7 @@ class HttpCaller:
             body = await conn.body()
             if content_type.startswith("application/json"):
                 try:
-                    message = json.loads(body)
+                    message = jsoncodec.loads(body)
                 except ValueError:
                     message = None
                 if isinstance(message, Mapping) and "error" in message:

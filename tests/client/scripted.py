@@ -1,6 +1,11 @@
 """A real grpc.aio server on 127.0.0.1 (port 0) whose OrchestratorService / ToolGatewayService answers
 follow a per-method script: a status code to abort with, a delay, or a response. It runs on its own
-event loop in a thread, so blocking clients in the test thread can call it too."""
+event loop in a thread, so blocking clients in the test thread can call it too.
+
+CallTool and Step are also served over their streams (CallToolStream, StepStream, through the servers' own
+`runtime.multiplex`) from the same script, so AsyncClient's calls follow it whichever way they travel; a
+streamed call is recorded under its unary method with the metadata the unary call would have carried.
+With `streams=False` the stream methods are UNIMPLEMENTED, as on a server that predates them."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from rlgate.runtime.multiplex import Multiplexer, StreamedMethod, call_status
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,
@@ -95,39 +101,73 @@ def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
     }
 
 
+class _ScriptedStatus(Exception):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        super().__init__(f"scripted {code.name}")
+        self.code = code
+
+
 class _Handler:
     def __init__(self, script: Script) -> None:
         self.script = script
 
     async def answer(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        self.script.seen[method].append(Seen(request, {k: str(v) for k, v in context.invocation_metadata()}))
+        try:
+            return await self.run(method, request, {k: str(v) for k, v in context.invocation_metadata()})
+        except _ScriptedStatus as exc:
+            await context.abort(exc.code, str(exc))
+
+    async def run(self, method: str, request: Any, metadata: dict[str, str]) -> Any:
+        self.script.seen[method].append(Seen(request, metadata))
         queue = self.script.steps[method]
         step = queue.pop(0) if queue else None
         if isinstance(step, Sleep):
             await asyncio.sleep(step.seconds)
             step = step.then
         if isinstance(step, grpc.StatusCode):
-            await context.abort(step, f"scripted {step.name}")
+            raise _ScriptedStatus(step)
         if step is None:
             return self.script.defaults[method](request)
         return step(request) if callable(step) else step
 
+    def stream(self, method: str, payload: str, response: type) -> Any:
+        """A stream method serving `method`'s script (one Multiplexer per stream: it knows its metadata)."""
 
-def _servicer(base: type, handler: _Handler, methods: list[str]) -> Any:
+        async def serve(_self: Any, requests: Any, context: grpc.aio.ServicerContext) -> None:
+            shared = {k: str(v) for k, v in context.invocation_metadata()}
+
+            async def handle(envelope: Any, _left: float | None) -> Any:
+                metadata = dict(shared)
+                if envelope.trace_id:
+                    metadata["x-rlgate-trace-id"] = envelope.trace_id
+                if getattr(envelope, "token", ""):  # StepStream requests carry none
+                    metadata["authorization"] = f"Bearer {envelope.token}"
+                return await self.run(method, getattr(envelope, payload), metadata)
+
+            def known(exc: Exception) -> common_pb2.CallStatus | None:
+                return call_status(exc.code, str(exc)) if isinstance(exc, _ScriptedStatus) else None
+
+            await Multiplexer(StreamedMethod(method, response, handle, known)).serve(requests, context)
+
+        return serve
+
+
+def _servicer(base: type, handler: _Handler, methods: list[str], streams: dict[str, Any]) -> Any:
     def make(method: str) -> Any:
         async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             return await handler.answer(method, request, context)
 
         return rpc
 
-    return type("Scripted" + base.__name__, (base,), {m: make(m) for m in methods})()
+    return type("Scripted" + base.__name__, (base,), {**{m: make(m) for m in methods}, **streams})()
 
 
 class ScriptedServer:
     """Both services on one port, on a private event loop in a daemon thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, streams: bool = True) -> None:
         self.script = Script()
+        self.streams = streams
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._server: grpc.aio.Server | None = None
@@ -146,16 +186,21 @@ class ScriptedServer:
     async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
         handler = _Handler(self.script)
         server = grpc.aio.server()
+        step_stream = {"StepStream": handler.stream("Step", "step", orchestrator_pb2.StepStreamResponse)}
+        call_stream = {"CallToolStream": handler.stream("CallTool", "call", toolgateway_pb2.CallToolStreamResponse)}
         orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
             _servicer(
                 orchestrator_pb2_grpc.OrchestratorServiceServicer,
                 handler,
                 ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"],
+                step_stream if self.streams else {},
             ),
             server,
         )
         toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(
-            _servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer, handler, ["ListTools", "CallTool"]), server
+            _servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer, handler, ["ListTools", "CallTool"],
+                      call_stream if self.streams else {}),
+            server,
         )
         if credentials is None:
             self.port = server.add_insecure_port("127.0.0.1:0")

@@ -59,11 +59,21 @@ def test_buf_lint_rejects_an_uncommented_field(tmp_path: Path) -> None:
     assert "COMMENT_FIELD" in result.stdout + result.stderr or "comment" in (result.stdout + result.stderr).lower()
 
 
-def test_gateway_service_has_exactly_list_and_call() -> None:
+def test_gateway_service_can_only_list_and_call_tools() -> None:
+    """The agent plane (RFC 001): listing tools and calling them, nothing else. CallToolStream is CallTool
+    over a stream: its requests carry one CallToolRequest (or a cancel of one) and nothing that could reach
+    another operation."""
     from rlgate.v1 import toolgateway_pb2
 
     service = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"]
-    assert sorted(m.name for m in service.methods) == ["CallTool", "ListTools"]
+    assert sorted(m.name for m in service.methods) == ["CallTool", "CallToolStream", "ListTools"]
+    stream = service.methods_by_name["CallToolStream"]
+    assert stream.client_streaming and stream.server_streaming
+    fields = {f.name: f for f in stream.input_type.fields}
+    assert sorted(fields) == ["call", "call_id", "cancel", "timeout", "token", "trace_id"]
+    assert fields["call"].message_type.full_name == "rlgate.v1.CallToolRequest"
+    answer = {f.name: f for f in stream.output_type.fields}
+    assert answer["reply"].message_type.full_name == "rlgate.v1.CallToolResponse"
 
 
 def test_orchestrator_service_methods() -> None:
@@ -71,7 +81,7 @@ def test_orchestrator_service_methods() -> None:
 
     service = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"]
     assert sorted(m.name for m in service.methods) == sorted(
-        ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"]
+        ["Reset", "Step", "StepStream", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"]
     )
 
 

@@ -26,6 +26,7 @@ import grpc
 from rlgate.convert import InvalidJsonValue, struct_from_dict
 from rlgate.errors import InvalidArgument
 from rlgate.retry import RetryPolicy, RetryState
+from rlgate.streams import STREAMED, StreamCaller, StreamsUnsupported
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,
@@ -42,6 +43,7 @@ ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
 ENV_API_KEY = "RLGATE_API_KEY"
 ENV_GATEWAY = "RLGATE_GATEWAY"
 ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
+ENV_STREAMS = "RLGATE_STREAMS"
 PAGE_SIZE = 1000
 
 C = TypeVar("C")
@@ -91,11 +93,19 @@ class ClientSettings:
     max_receive_message_bytes: int = 64 * 1024 * 1024
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
+    # AsyncClient sends CallTool and Step over long-lived streams (CallToolStream, StepStream: same semantics,
+    # about half the per-call gRPC cost), replacing each stream after `stream_max_age_s`. The blocking Client
+    # always uses the unary RPCs.
+    streams: bool = True
+    stream_max_age_s: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientSettings:
-        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY and RLGATE_TLS_ROOT_CERTS (a PEM file path)."""
+        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY, RLGATE_TLS_ROOT_CERTS (a PEM file path) and
+        RLGATE_STREAMS (0/false: unary RPCs only)."""
         values: dict[str, Any] = {}
+        if os.environ.get(ENV_STREAMS, "").strip().lower() in ("0", "false", "no", "off"):
+            values["streams"] = False
         if os.environ.get(ENV_API_KEY):
             values["api_key"] = os.environ[ENV_API_KEY]
         if os.environ.get(ENV_GATEWAY):
@@ -149,7 +159,7 @@ class _Pool(Generic[C]):
         return channel
 
     def next_stub(self, stub_class: type) -> Any:
-        """A `stub_class` stub on the next channel in turn."""
+        """A `stub_class` stub on the next channel in turn (one stub per channel and class)."""
         with self._lock:
             address = self.addresses[next(self._counter) % len(self.addresses)]
             stub = self._stubs.get((address, stub_class))
@@ -174,6 +184,7 @@ class _Call(Generic[C]):
     request: Any
     metadata: list[tuple[str, str]]
     timeout: float
+    agent_token: str = ""  # gateway calls: what the authorization metadata carries (a stream sends it per call)
 
     def next_page(self, token: str) -> _Call[C]:
         request = type(self.request)()
@@ -317,7 +328,8 @@ class _Core(Generic[C]):
     ) -> _Call[C]:
         metadata = [(TRACE_HEADER, trace_id or new_trace_id()), ("authorization", f"Bearer {agent_token}")]
         return _Call(
-            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
+            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout,
+            agent_token,
         )
 
     def list_tools(
@@ -499,6 +511,21 @@ class AsyncClient:
         given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
         self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
         self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, _aio_channel)
+        self._callers: dict[tuple[Any, str], StreamCaller] = {}  # per (stub, method): CallTool and Step streams
+
+    def _stream_caller(self, call: _Call[grpc.aio.Channel], stub: Any) -> StreamCaller | None:
+        """The stream that carries `call` on `stub`'s channel, or None where the unary RPC is used."""
+        method = STREAMED.get(call.method) if self.settings.streams else None
+        if method is None:
+            return None
+        caller = self._callers.get((stub, call.method))
+        if caller is None:
+            # The stream's metadata: what the calls share (the API key); token and trace id travel per call.
+            shared = [(k, v) for k, v in call.metadata
+                      if k != TRACE_HEADER and not (call.agent_token and k == "authorization")]
+            caller = self._callers[(stub, call.method)] = StreamCaller(
+                method, getattr(stub, method.stream), shared, call.method, self.settings.stream_max_age_s)
+        return None if caller.unsupported else caller
 
     async def _run(self, call: _Call[grpc.aio.Channel]) -> Any:
         state = self._core.retry_state(call)
@@ -506,6 +533,12 @@ class AsyncClient:
             attempt_timeout = state.attempt_timeout()
             stub = call.pool.next_stub(call.stub)
             try:
+                caller = self._stream_caller(call, stub)
+                if caller is not None:
+                    try:
+                        return await caller.call(call.request, attempt_timeout, call.agent_token, state.trace_id or "")
+                    except StreamsUnsupported:
+                        pass  # a server without streams: this call and later ones use the unary RPC
                 return await getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
                 delay = state.on_error(err)
@@ -577,6 +610,9 @@ class AsyncClient:
         return AsyncEpisode(self, **reset_fields)
 
     async def close(self) -> None:
+        callers, self._callers = list(self._callers.values()), {}
+        for caller in callers:
+            await caller.close()
         for channel in self._core.all_channels():
             await channel.close()
 

@@ -1,5 +1,6 @@
 import datetime
 
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from rlgate.v1 import common_pb2 as _common_pb2
@@ -302,3 +303,27 @@ class ListSessionsResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class StepStreamRequest(_message.Message):
+    __slots__ = ("call_id", "step", "timeout", "cancel", "trace_id")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    step: StepRequest
+    timeout: _duration_pb2.Duration
+    cancel: bool
+    trace_id: str
+    def __init__(self, call_id: _Optional[int] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel: _Optional[bool] = ..., trace_id: _Optional[str] = ...) -> None: ...
+
+class StepStreamResponse(_message.Message):
+    __slots__ = ("call_id", "reply", "error")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    reply: StepResponse
+    error: _common_pb2.CallStatus
+    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[StepResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...

@@ -55,6 +55,11 @@ class OrchestratorServiceStub:
                 request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/rlgate.v1.OrchestratorService/StepStream',
+                request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.FromString,
+                _registered_method=True)
         self.State = channel.unary_unary(
                 '/rlgate.v1.OrchestratorService/State',
                 request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StateRequest.SerializeToString,
@@ -137,6 +142,18 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StepStream(self, request_iterator, context):
+        """StepStream carries many Step calls over one long-lived stream, as
+        ToolGatewayService.CallToolStream carries CallTool calls (see there for
+        call_id, cancellation, half-close and flow control). Each Step has exactly
+        Step's semantics and errors; authorization is the stream's metadata
+        (`authorization: Bearer <api key>`), checked when the stream opens.
+        rlgate's AsyncClient uses it for step; Step remains for everyone else.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def State(self, request, context):
         """State returns a session's status, task, turn, reward, verification,
         instance information, timestamps and tool-call log. Read-only.
@@ -198,6 +215,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
+                    request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.FromString,
+                    response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.SerializeToString,
             ),
             'State': grpc.unary_unary_rpc_method_handler(
                     servicer.State,
@@ -290,6 +312,33 @@ class OrchestratorService:
             '/rlgate.v1.OrchestratorService/Step',
             rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.SerializeToString,
             rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlgate.v1.OrchestratorService/StepStream',
+            rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.SerializeToString,
+            rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,11 @@ class ToolGatewayServiceStub:
                 request_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.FromString,
                 _registered_method=True)
+        self.CallToolStream = channel.stream_stream(
+                '/rlgate.v1.ToolGatewayService/CallToolStream',
+                request_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.FromString,
+                _registered_method=True)
 
 
 class ToolGatewayServiceServicer:
@@ -102,6 +107,31 @@ class ToolGatewayServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CallToolStream(self, request_iterator, context):
+        """CallToolStream carries many CallTool calls over one long-lived stream.
+        Each call has exactly CallTool's semantics: the same authorization (its
+        own agent token), idempotency, deadline, cancellation, results and
+        errors. What the stream saves is gRPC's per-call cost (a new HTTP/2
+        stream with headers and trailers, a server task, interceptors): about
+        half of a small call's CPU in grpc.aio. rlgate's AsyncClient uses it;
+        CallTool remains for grpcurl and any other client.
+
+        Calls run concurrently and are answered as they finish, in any order,
+        matched by call_id. One stream may carry the calls of many sessions.
+        A request with cancel=true cancels the call in flight with that call_id
+        (and its upstream call), which is then answered CANCELLED. Half-closing
+        the stream lets the calls in flight finish and be answered; cancelling it
+        cancels them. The server reads no further requests while 1,024 calls of
+        the stream are in flight (flow control, not an error).
+
+        The stream itself ends with INVALID_ARGUMENT only for a request that does
+        not parse or reuses a call_id still in flight. Every other error belongs
+        to one call and comes back in its response's `error`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolGatewayServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -114,6 +144,11 @@ def add_ToolGatewayServiceServicer_to_server(servicer, server):
                     servicer.CallTool,
                     request_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.SerializeToString,
+            ),
+            'CallToolStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.CallToolStream,
+                    request_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.FromString,
+                    response_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +217,33 @@ class ToolGatewayService:
             '/rlgate.v1.ToolGatewayService/CallTool',
             rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.SerializeToString,
             rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CallToolStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/rlgate.v1.ToolGatewayService/CallToolStream',
+            rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.SerializeToString,
+            rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
