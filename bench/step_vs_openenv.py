@@ -1,7 +1,9 @@
 """step_vs_openenv: one agent turn with one tool call, rlgate vs OpenEnv (openenv-core 0.3.0).
 
 rlgate turn: CallTool through the gateway + Step to the orchestrator (the turn's tool-call summary), both
-through rlgate's own `AsyncClient` (as each side uses its own client).
+through rlgate's own `AsyncClient` (as each side uses its own client), which sends them over CallToolStream
+and StepStream. Beside it, the same turn with the unary RPCs (`streams=False`), sequential: what the
+streams are worth.
 OpenEnv turn: one `step(CallToolAction)` of an `MCPEnvironment` over openenv-core's own WebSocket server
 and `GenericEnvClient`. Its tool forwards the call to the very localfleet instance endpoints the rlgate
 sessions use (each OpenEnv session holds one persistent mcp client to one instance), so both pay the
@@ -38,7 +40,7 @@ from bench.fixtures import (
     struct,
 )
 from bench.harness import Entry, Goal, Stats, closed_loop, failed, stats_table
-from rlgate import AsyncClient
+from rlgate import AsyncClient, ClientSettings
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_openenv"
@@ -143,7 +145,9 @@ async def run(ctx: BenchContext) -> list[Entry]:
     stack = await ctx.stack()
     runs: dict[str, list[Stats]] = {}
     async with Rlgate(stack) as rl, AsyncClient(stack.orchestrator_address,
-                                                gateway_addresses=stack.gateway_address) as client:
+                                                gateway_addresses=stack.gateway_address) as client, \
+            AsyncClient(stack.orchestrator_address, gateway_addresses=stack.gateway_address,
+                        settings=ClientSettings(streams=False)) as unary_client:
         sessions = [await rl.reset(env_key) for _ in range(SESSIONS)]
         urls = [await rl.mcp_url(s) for s in sessions]
         spec = json.dumps(await tool_spec(urls[0], call))
@@ -163,7 +167,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
             fwd_url = f"http://127.0.0.1:{fwd_start.result()[1]}"
             loc_url = f"http://127.0.0.1:{loc_start.result()[1]}"
 
-            async def turn(session: Session) -> None:  # what a trainer does, through rlgate's own client
+            async def turn(session: Session, client: AsyncClient = client) -> None:  # what a trainer does
                 request_id = uuid.uuid4().hex
                 reply = await client.call_tool(session.token, call.name, call.arguments, request_id=request_id)
                 if reply.result.is_error:
@@ -175,12 +179,16 @@ async def run(ctx: BenchContext) -> list[Entry]:
             async def seq_op(_slot: int) -> None:
                 await turn(sessions[0])
 
+            async def unary_seq_op(_slot: int) -> None:
+                await turn(sessions[0], unary_client)
+
             async def c16_op(slot: int) -> None:
                 await turn(sessions[slot])
 
             for _ in range(rounds):
                 for name, measure in (
                     ("rlgate seq", lambda: closed_loop(seq_op, total, 1, warmup=20, duration_s=budget)),
+                    ("rlgate unary seq", lambda: closed_loop(unary_seq_op, total, 1, warmup=20, duration_s=budget)),
                     ("openenv forward seq", lambda: driver.measure(fwd_url, total, 1, budget)),
                     ("openenv in-process seq", lambda: driver.measure(loc_url, total, 1, budget)),
                     ("rlgate c16", lambda: closed_loop(c16_op, total, SESSIONS, warmup=32, duration_s=budget)),
@@ -199,6 +207,8 @@ async def run(ctx: BenchContext) -> list[Entry]:
         baseline_name=BASELINE, goals=GOALS,
         extra={"ratio_c16": round(rl_c16.per_s / oe_c16.per_s, 3),
                **rl_seq.figures("rlgate_seq_"), **oe_seq.figures("openenv_seq_"),
+               **stats["rlgate unary seq"].figures("rlgate_unary_seq_"),
+               "streams_vs_unary_seq": round(rl_seq.per_s / stats["rlgate unary seq"].per_s, 3),
                **rl_c16.figures("rlgate_c16_"), **oe_c16.figures("openenv_c16_"),
                **ceil_seq.figures("ceiling_seq_"), **ceil_c16.figures("ceiling_c16_"),
                "rlgate_vs_ceiling_seq": round(rl_seq.per_s / ceil_seq.per_s, 3),

@@ -25,6 +25,7 @@ from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
 log = logging.getLogger(__name__)
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+OWN_PREFIX = "/rlgate."  # rlgate's services; their stream handlers are coroutines that write (not generators)
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -117,7 +118,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if _bidi(handler):
+        if _bidi(handler) and details.method.startswith(OWN_PREFIX):  # rlgate's streams, not reflection's
             return self._cache.get(details.method, handler, lambda h: self._build_stream(details.method, h))
         if not _unary(handler):
             return handler

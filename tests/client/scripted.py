@@ -5,7 +5,10 @@ event loop in a thread, so blocking clients in the test thread can call it too.
 CallTool and Step are also served over their streams (CallToolStream, StepStream, through the servers' own
 `runtime.multiplex`) from the same script, so AsyncClient's calls follow it whichever way they travel; a
 streamed call is recorded under its unary method with the metadata the unary call would have carried.
-With `streams=False` the stream methods are UNIMPLEMENTED, as on a server that predates them."""
+With `streams=False` the stream methods are UNIMPLEMENTED, as on a server that predates them.
+
+What the script records for the stream tests: `Seen.streamed` (which way a call came), the handlers cancelled
+per method, the cancel requests each stream carried, and how many streams were opened and ended."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.rpc import status_pb2
 
 from rlgate.runtime.multiplex import Multiplexer, StreamedMethod, call_status
 from rlgate.v1 import (
@@ -37,9 +41,20 @@ class Sleep:
 
 
 @dataclass
+class Rich:
+    """End the call with `code` and a google.rpc.Status carrying `details` (google.protobuf.Any messages):
+    unary as the grpc-status-details-bin trailer, streamed as the CallStatus details."""
+
+    code: grpc.StatusCode
+    message: str
+    details: list[Any] = field(default_factory=list)
+
+
+@dataclass
 class Seen:
     request: Any
     metadata: dict[str, str]
+    streamed: bool = False  # came over CallToolStream / StepStream rather than the unary RPC
 
 
 @dataclass
@@ -48,6 +63,13 @@ class Script:
     steps: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
     seen: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     defaults: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    # method -> handlers cancelled (by a cancel request, a deadline, or the call / stream going away)
+    cancelled: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # method -> call_ids of the cancel requests its streams carried
+    cancels: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    # method -> streams opened / ended (the stream handler returned or was cancelled)
+    streams_opened: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    streams_ended: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def push(self, method: str, *steps: Any) -> None:
         self.steps[method].extend(steps)
@@ -102,9 +124,16 @@ def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
 
 
 class _ScriptedStatus(Exception):
-    def __init__(self, code: grpc.StatusCode) -> None:
-        super().__init__(f"scripted {code.name}")
+    def __init__(self, code: grpc.StatusCode, message: str = "", details: list[Any] | None = None) -> None:
+        super().__init__(message or f"scripted {code.name}")
         self.code = code
+        self.details = list(details or [])
+
+    def rich_trailer(self) -> tuple[tuple[str, bytes], ...]:
+        if not self.details:
+            return ()
+        status = status_pb2.Status(code=self.code.value[0], message=str(self), details=self.details)
+        return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
 class _Handler:
@@ -115,17 +144,23 @@ class _Handler:
         try:
             return await self.run(method, request, {k: str(v) for k, v in context.invocation_metadata()})
         except _ScriptedStatus as exc:
-            await context.abort(exc.code, str(exc))
+            await context.abort(exc.code, str(exc), trailing_metadata=exc.rich_trailer())
 
-    async def run(self, method: str, request: Any, metadata: dict[str, str]) -> Any:
-        self.script.seen[method].append(Seen(request, metadata))
+    async def run(self, method: str, request: Any, metadata: dict[str, str], streamed: bool = False) -> Any:
+        self.script.seen[method].append(Seen(request, metadata, streamed))
         queue = self.script.steps[method]
         step = queue.pop(0) if queue else None
         if isinstance(step, Sleep):
-            await asyncio.sleep(step.seconds)
+            try:
+                await asyncio.sleep(step.seconds)
+            except asyncio.CancelledError:
+                self.script.cancelled[method] += 1
+                raise
             step = step.then
         if isinstance(step, grpc.StatusCode):
             raise _ScriptedStatus(step)
+        if isinstance(step, Rich):
+            raise _ScriptedStatus(step.code, step.message, step.details)
         if step is None:
             return self.script.defaults[method](request)
         return step(request) if callable(step) else step
@@ -142,12 +177,22 @@ class _Handler:
                     metadata["x-rlgate-trace-id"] = envelope.trace_id
                 if getattr(envelope, "token", ""):  # StepStream requests carry none
                     metadata["authorization"] = f"Bearer {envelope.token}"
-                return await self.run(method, getattr(envelope, payload), metadata)
+                return await self.run(method, getattr(envelope, payload), metadata, streamed=True)
 
             def known(exc: Exception) -> common_pb2.CallStatus | None:
-                return call_status(exc.code, str(exc)) if isinstance(exc, _ScriptedStatus) else None
+                return call_status(exc.code, str(exc), exc.details) if isinstance(exc, _ScriptedStatus) else None
 
-            await Multiplexer(StreamedMethod(method, response, handle, known)).serve(requests, context)
+            async def recorded(requests: Any) -> Any:
+                async for envelope in requests:
+                    if envelope.cancel:
+                        self.script.cancels[method].append(envelope.call_id)
+                    yield envelope
+
+            self.script.streams_opened[method] += 1
+            try:
+                await Multiplexer(StreamedMethod(method, response, handle, known)).serve(recorded(requests), context)
+            finally:
+                self.script.streams_ended[method] += 1
 
         return serve
 
@@ -210,6 +255,9 @@ class ScriptedServer:
         self._server = server
 
     def stop(self) -> None:
+        """Stop the server (grace 0: calls in flight are cancelled) and its loop; a second stop is a no-op."""
+        if self._loop.is_closed():
+            return
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(0), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)

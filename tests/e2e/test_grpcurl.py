@@ -67,7 +67,7 @@ def test_list_services_by_reflection(orchestrator: ReflectionClient, gateway: Re
     assert "rlgate.v1.OrchestratorService" not in gateway.services()
     own = [s for s in gateway.services() if s.startswith("rlgate.")]
     assert own == ["rlgate.v1.ToolGatewayService"]
-    assert sorted(gateway.methods("rlgate.v1.ToolGatewayService")) == ["CallTool", "ListTools"]
+    assert sorted(gateway.methods("rlgate.v1.ToolGatewayService")) == ["CallTool", "CallToolStream", "ListTools"]
 
 
 def test_json_calls_on_both_servers(orchestrator: ReflectionClient, gateway: ReflectionClient) -> None:
