@@ -72,6 +72,7 @@ class Multiplexer(Generic[Reply]):
         tasks: dict[int, asyncio.Task[None]] = {}
         ids: dict[asyncio.Task[None], int] = {}
         cancelled: set[int] = set()  # call_ids the client cancelled: answered CANCELLED
+        answering: set[int] = set()  # call_ids whose handler is done: a cancel comes too late
         room = asyncio.Semaphore(self._max_in_flight)
         writing = asyncio.Lock()  # grpc.aio allows one write at a time
 
@@ -79,6 +80,7 @@ class Multiplexer(Generic[Reply]):
             call_id = ids.pop(task)
             tasks.pop(call_id, None)
             cancelled.discard(call_id)
+            answering.discard(call_id)
             room.release()
 
         try:
@@ -86,7 +88,7 @@ class Multiplexer(Generic[Reply]):
                 call_id = envelope.call_id
                 if envelope.cancel:
                     task = tasks.get(call_id)
-                    if task is not None:
+                    if task is not None and call_id not in answering:
                         cancelled.add(call_id)
                         task.cancel()
                     continue
@@ -94,7 +96,7 @@ class Multiplexer(Generic[Reply]):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         f"call_id {call_id} is already in flight on this stream")
                 await room.acquire()
-                task = asyncio.create_task(self._call(envelope, context, writing, cancelled))
+                task = asyncio.create_task(self._call(envelope, context, writing, cancelled, answering))
                 tasks[call_id], ids[task] = task, call_id
                 task.add_done_callback(finished)
             # Half-closed by the client: the calls in flight still finish and are answered.
@@ -107,7 +109,7 @@ class Multiplexer(Generic[Reply]):
                 await asyncio.wait(list(tasks.values()))
 
     async def _call(self, envelope: Any, context: grpc.aio.ServicerContext, writing: asyncio.Lock,
-                    cancelled: set[int]) -> None:
+                    cancelled: set[int], answering: set[int]) -> None:
         method = self._method
         trace = envelope.trace_id[:64] or os.urandom(8).hex()
         trace_id_var.set(trace)  # this task's own context: the call's log lines carry its trace id
@@ -116,21 +118,32 @@ class Multiplexer(Generic[Reply]):
         answer = method.response(call_id=envelope.call_id)
         try:
             left = seconds_left(envelope, context)
+            deadline = asyncio.timeout(left)
             try:
-                async with asyncio.timeout(left):
+                async with deadline:
                     answer.reply.CopyFrom(await method.handle(envelope, left))
             except TimeoutError:
+                if not deadline.expired():
+                    raise  # the handler's own TimeoutError: a bug, as it would be in the unary RPC
                 answer.error.CopyFrom(call_status(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded"))
         except asyncio.CancelledError:
-            if envelope.call_id not in cancelled:
+            by_client = envelope.call_id in cancelled
+            task = asyncio.current_task()
+            if not by_client and task is not None and task.cancelling():
                 raise  # the stream is going away: nobody to answer
-            answer.error.CopyFrom(call_status(grpc.StatusCode.CANCELLED, "cancelled by the client"))
+            # the client's cancel, or a CancelledError the handler raised on its own (the stream is fine)
+            answer.error.CopyFrom(call_status(grpc.StatusCode.CANCELLED,
+                                              "cancelled by the client" if by_client else "cancelled"))
         except Exception as exc:
-            status = method.known_error(exc)
+            try:
+                status = method.known_error(exc)
+            except Exception:
+                status = None
             if status is None:
                 log.exception("unhandled error in %s (streamed)", method.name)
                 status = call_status(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
             answer.error.CopyFrom(status)
+        answering.add(envelope.call_id)  # from here on a cancel from the client would lose the answer
         method.observe("OK" if answer.HasField("reply") else _code_name(answer.error.code), time.perf_counter() - start)
         async with writing:
             try:

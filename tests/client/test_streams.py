@@ -91,9 +91,10 @@ def old_server() -> Iterator[ScriptedServer]:
 
 @pytest.fixture
 async def no_leaks() -> AsyncIterator[None]:
-    """After the test (and its clients' close), no task of rlgate.streams may be left pending."""
+    """After the test (and its clients' close), every task of rlgate.streams finishes (strictly right after
+    close: test_close_leaves_no_stream_tasks)."""
     yield
-    assert streams_tasks() == []
+    await eventually(lambda: not streams_tasks(), "the tasks of rlgate.streams to finish", timeout=2.0)
 
 
 METHODS = pytest.mark.parametrize("method", ["CallTool", "Step"])
@@ -211,8 +212,11 @@ async def test_fallback_needs_no_retry(old_server: ScriptedServer, method: str, 
     back (about half of the first calls to a server without streams). Tried on fresh clients, several times."""
     for round_ in range(8):
         async with async_client(old_server.address, retry=NO_RETRY) as client:
-            await asyncio.wait_for(
-                asyncio.gather(*(call(client, method, name=f"r{round_}-{i}") for i in range(4))), WAIT)
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(call(client, method, name=f"r{round_}-{i}") for i in range(4))), WAIT)
+            except rlgate.RlgateError as exc:  # reported briefly: pytest's long traceback of it is huge
+                pytest.fail(f"round {round_}: no fallback to unary: {exc}", pytrace=False)
     assert not any(s.streamed for s in seen(old_server, method))
 
 
@@ -328,11 +332,32 @@ async def test_deadline_cancels_the_server_call_and_keeps_the_stream(
         assert time.monotonic() - started < 2.0
         await eventually(lambda: server.script.cancels[method] == [1], "the cancel request")
         await eventually(lambda: server.script.cancelled[method] == 1, "the handler's cancellation")
-        stream = callers(client)[0]._stream
-        assert stream is not None and stream.pending == {}
-        await call(client, method, timeout=5)  # the same stream carries on
-    assert [s.streamed for s in seen(server, method)] == [True, True]
+        (caller,) = callers(client)
+        stream = caller._stream
+        assert stream is not None and stream.pending == {} and stream.ended is None
+        assert caller._current() is stream  # the stream stays the caller's own
+    assert [s.streamed for s in seen(server, method)] == [True]
     assert server.script.streams_opened[method] == 1
+
+
+@METHODS
+async def test_stream_stays_usable_after_a_deadline(server: ScriptedServer, method: str, no_leaks: None) -> None:
+    """After a call hits its deadline, the next call on the same stream is answered.
+
+    BUG (rlgate.runtime.multiplex, server side): the client's cancel request for a call that timed out races
+    the server's own DEADLINE_EXCEEDED answer to it (both sides time the same deadline). When the cancel
+    arrives while that answer is being written, `task.cancel()` interrupts `context.write` mid-operation; the
+    stream's send side stays busy and every later answer on it fails to write (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS,
+    logged at debug level only), so every later call on the stream hangs until its deadline. It bites about
+    half the time when the timed-out call is the stream's first answer: tried on fresh streams, 10 times."""
+    for round_ in range(10):
+        server.script.push(method, Sleep(30))
+        async with async_client(server.address) as client:
+            with pytest.raises(rlgate.DeadlineExceeded):
+                await asyncio.wait_for(call(client, method, name=f"late{round_}", timeout=0.05), WAIT)
+            await eventually(lambda: len(server.script.cancels[method]) == round_ + 1, "the cancel request")
+            await call(client, method, name=f"probe{round_}", timeout=1)
+    assert server.script.streams_opened[method] == 10
 
 
 # -- 7: a stream breaking mid-call

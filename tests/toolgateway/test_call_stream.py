@@ -1,11 +1,13 @@
 """CallToolStream on the real toolgateway (localfleet in both MCP eras, a real SQLite store), driven with the raw
 generated stub: every call on the stream must behave exactly as the unary CallTool it stands for (result,
 per-call token, idempotency, is_error results, statuses, metrics), plus the stream's own machinery (call_id
-matching, per-call timeout, cancel, half-close, a call_id reused while in flight)."""
+matching, per-call timeout, cancel, half-close, a call_id reused while in flight, a request that does not
+parse, and every call answered even when its cancel races its answer)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import AsyncIterator
@@ -20,15 +22,16 @@ from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
 from rlgate.store import SessionStatus, SessionStore
+from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, toolgateway_pb2
+from rlgate.v1.toolgateway_pb2 import CallToolStreamRequest as Request
+from rlgate.v1.toolgateway_pb2 import CallToolStreamResponse as Answer
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
 from tests.support.localfleet import LocalfleetProcess
 from tests.toolgateway.conftest import AgentSession, make_session
 from tests.toolgateway.test_gateway import call, text, wait_for
 
 Kind = common_pb2.ToolErrorKind
-Request = toolgateway_pb2.CallToolStreamRequest
-Answer = toolgateway_pb2.CallToolStreamResponse
 
 STREAM_DEADLINE_S = 60.0  # the whole stream's gRPC deadline: a hung server fails the test, never the run
 WAIT_S = 20.0  # one write or one read
@@ -286,3 +289,57 @@ async def test_call_id_reused_in_flight_ends_the_stream(stub: Stub, store: Sessi
     async with open_stream(stub) as stream:
         for _ in range(2):
             assert text(reply_of(await ask(stream, request(7, s.token, "add", {"n": 1})))) == "2 (int)"
+
+
+async def test_a_request_that_does_not_parse_ends_the_stream(gateway: GatewayHandle) -> None:
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        raw = channel.stream_stream("/rlgate.v1.ToolGatewayService/CallToolStream",
+                                    request_serializer=None, response_deserializer=Answer.FromString)
+        stream = raw(timeout=STREAM_DEADLINE_S)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await asyncio.wait_for(stream.write(b"\xff\xff\xff"), WAIT_S)
+                await asyncio.wait_for(stream.read(), WAIT_S)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        finally:
+            stream.cancel()
+
+
+# The client's receive window kept tiny: the server's answers queue behind one another (flow control).
+SLOW_READER = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+async def cancel_every_finished_call(stub: Stub, store: SessionStore, s: AgentSession, count: int) -> dict[int, str]:
+    """Run `count` calls on one stream, wait until all have run (results logged, answers pending behind the slow
+    reader), cancel every one, then read what comes back: call_id -> "reply" or the status code's name."""
+    async with open_stream(stub) as stream:
+        await ask(stream, request(count, s.token, "where"))  # connected and listed
+        await send(stream, *(request(i, s.token, "big", {"size": 4000}) for i in range(count)))
+        for _ in range(200):
+            if len(await store.list_tool_calls(s.session.session_id)) == count + 1:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the handlers return: their answers wait for the writer
+        await send(stream, *(Request(call_id=i, cancel=True) for i in range(count)))
+        answered: dict[int, str] = {}
+        with contextlib.suppress(TimeoutError):
+            while len(answered) < count:
+                answer = await asyncio.wait_for(stream.read(), 3.0)
+                assert answer is not grpc.aio.EOF and answer.call_id not in answered
+                outcome = answer.WhichOneof("outcome")
+                answered[answer.call_id] = "reply" if outcome == "reply" else CODES[answer.error.code].name
+        return answered
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: runtime.multiplex: a cancel that arrives once the call has finished "
+                                       "but is waiting to write its answer drops the answer altogether")
+async def test_every_call_is_answered_when_cancels_race_the_answers(gateway: GatewayHandle, store: SessionStore,
+                                                                     fleet: LocalfleetProcess) -> None:
+    """The proto: a cancelled call "is then answered CANCELLED"; a call that already finished may keep its
+    reply. Either way every call_id gets exactly one answer."""
+    s = await make_session(store, fleet, "gw")
+    count = 100
+    async with grpc.aio.insecure_channel(gateway.address, options=SLOW_READER) as channel:
+        answered = await cancel_every_finished_call(Stub(channel), store, s, count)
+    assert set(answered.values()) <= {"reply", "CANCELLED"}
+    assert len(answered) == count, f"{count - len(answered)} of {count} calls never answered"

@@ -28,9 +28,9 @@ from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, R
 from rlgate.runtime.logs import trace_id_var
 from rlgate.runtime.multiplex import MAX_IN_FLIGHT, Multiplexer, StreamedMethod, call_status
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
+from rlgate.v1.toolgateway_pb2 import CallToolStreamRequest as Request
+from rlgate.v1.toolgateway_pb2 import CallToolStreamResponse as Response
 
-Request = toolgateway_pb2.CallToolStreamRequest
-Response = toolgateway_pb2.CallToolStreamResponse
 Call = Any  # grpc.aio.StreamStreamCall (its type parameters vary with the stubs' typing)
 
 WAIT = 5.0  # seconds: the bound on every single wait in these tests
@@ -252,7 +252,8 @@ async def test_stream_deadline_bounds_each_calls_time() -> None:
         assert sorted(a.call_id for a in [await read(stream) for _ in range(3)]) == [1, 2, 3]
         for call_id in (1, 2):
             left = script.seconds_left[call_id]
-            assert left is not None and STREAM_DEADLINE - 5 < left <= STREAM_DEADLINE
+            # (the grpc-timeout header is rounded up on the wire, so the server may see a little more)
+            assert left is not None and STREAM_DEADLINE - 5 < left <= STREAM_DEADLINE + 1
         assert script.seconds_left[3] == pytest.approx(2.0)
         stream.cancel()
 
@@ -427,7 +428,8 @@ async def test_api_key_guards_the_stream() -> None:
     script = Script()
     async with serving(script, interceptors=[ContextInterceptor(), ApiKeyInterceptor(["k1"])]) as (_, stub):
         missing = open_stream(stub)
-        await missing.write(call(1, "fast"))
+        with contextlib.suppress(grpc.aio.AioRpcError):  # the server may have ended the stream already
+            await missing.write(call(1, "fast"))
         assert await ended_with(missing) == grpc.StatusCode.UNAUTHENTICATED
         wrong = open_stream(stub, metadata=[("authorization", "Bearer nope")])
         assert await ended_with(wrong) == grpc.StatusCode.UNAUTHENTICATED
@@ -442,13 +444,15 @@ async def test_api_key_guards_the_stream() -> None:
         assert await ended_with(stream) == grpc.StatusCode.OK
 
 
-# --- Known bugs: these fail against the current runtime/multiplex.py (see the module's report). ---
+# --- KNOWN BUGS: these two fail against the current runtime/multiplex.py; each docstring names the fix. ---
 
 
-async def test_bug_a_call_whose_handler_raises_cancelled_error_is_still_answered() -> None:
+async def test_bug_call_whose_handler_raises_cancelled_error_is_still_answered() -> None:
     """BUG: `_call` re-raises any CancelledError the client did not ask for, assuming the stream is going away.
     A handler can raise CancelledError on its own (it awaited a task something else cancelled); the stream is
-    fine, yet the call is never answered, so a client waits for it until its own deadline."""
+    fine, yet the call is never answered, so a client waits for it until its own deadline.
+    Fix: re-raise only when the task itself is being cancelled (`asyncio.current_task().cancelling()`), else
+    answer the call (CANCELLED)."""
     script = Script()
     async with serving(script) as (_, stub):
         stream = open_stream(stub)
@@ -461,10 +465,11 @@ async def test_bug_a_call_whose_handler_raises_cancelled_error_is_still_answered
         assert answers[1] != grpc.StatusCode.OK
 
 
-async def test_bug_a_cancel_arriving_while_the_answer_waits_to_be_written_loses_the_answer() -> None:
+async def test_bug_cancel_arriving_while_the_answer_waits_for_the_write_is_still_answered() -> None:
     """BUG: the client's cancel cancels the call's task even once the handler has finished and the answer only
     waits for the stream's write lock (another answer's write is held up by flow control). The task dies in
-    `async with writing`: the call is never answered, neither with its reply nor with CANCELLED."""
+    `async with writing`: the call is never answered, neither with its reply nor with CANCELLED.
+    Fix: once the handler is done (answer built), mark the call as answering; `serve` ignores a cancel for it."""
     script = Script()
     async with serving(script) as (_, stub):
         stream = open_stream(stub)
