@@ -75,6 +75,9 @@ class Multiplexer(Generic[Reply]):
         answering: set[int] = set()  # call_ids whose handler is done: a cancel comes too late
         room = asyncio.Semaphore(self._max_in_flight)
         writing = asyncio.Lock()  # grpc.aio allows one write at a time
+        # Headers now, so a client can tell an open stream from a server that lacks the method (which ends it
+        # UNIMPLEMENTED) before its first write.
+        await context.send_initial_metadata(())
 
         def finished(task: asyncio.Task[None]) -> None:
             call_id = ids.pop(task)

@@ -70,6 +70,9 @@ class Script:
     # method -> streams opened / ended (the stream handler returned or was cancelled)
     streams_opened: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     streams_ended: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # seconds added to each streamed call's own timeout: the client's deadline then passes first, so its
+    # cancel request (not the server's deadline) is what ends a call that overruns
+    deadline_slack: float = 0.0
 
     def push(self, method: str, *steps: Any) -> None:
         self.steps[method].extend(steps)
@@ -186,6 +189,9 @@ class _Handler:
                 async for envelope in requests:
                     if envelope.cancel:
                         self.script.cancels[method].append(envelope.call_id)
+                    elif self.script.deadline_slack and envelope.HasField("timeout"):
+                        slack = int(self.script.deadline_slack * 1e9)
+                        envelope.timeout.FromNanoseconds(envelope.timeout.ToNanoseconds() + slack)
                     yield envelope
 
             self.script.streams_opened[method] += 1

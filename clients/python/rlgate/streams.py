@@ -92,6 +92,7 @@ class _Stream:
         self.writing = asyncio.Lock()  # grpc.aio allows one write at a time
         self.ended: StreamCallError | StreamsUnsupported | None = None
         self.cancels: set[asyncio.Task[None]] = set()  # cancel messages in flight (owned; see close)
+        self.started = False  # the server's headers arrived (see _start)
         self.reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:
@@ -107,9 +108,11 @@ class _Stream:
                     future.set_result(answer)
         except grpc.RpcError as err:
             end = self._failure(err)
-        except asyncio.CancelledError:
-            end = StreamCallError(grpc.StatusCode.UNAVAILABLE, f"stream to {self.where} closed by the client")
+        except asyncio.CancelledError:  # the client is closing: its calls end as a cancelled unary call does
+            end = StreamCallError(grpc.StatusCode.CANCELLED, f"stream to {self.where} closed by the client")
             raise
+        except Exception as exc:
+            end = StreamCallError(grpc.StatusCode.UNAVAILABLE, f"stream to {self.where} broke: {exc!r}")
         finally:
             self.ended = end
             for future in self.pending.values():
@@ -132,6 +135,8 @@ class _Stream:
         """Send one call and await its answer (the unary reply), or raise StreamCallError."""
         if self.ended is not None:
             raise self.ended
+        if not self.started:
+            await self._start(timeout)
         call_id = next(self.ids)
         envelope = method.envelope(call_id=call_id, trace_id=trace_id, **{method.payload: payload})
         if token:
@@ -159,9 +164,27 @@ class _Stream:
                 raise
         finally:
             self.pending.pop(call_id, None)
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # seen: no "exception was never retrieved" when the write failed first
         if answer.HasField("reply"):
             return answer.reply
         raise StreamCallError.from_status(answer.error)
+
+    async def _start(self, timeout: float | None) -> None:
+        """Wait for the server's headers before the first write. rlgate servers send them as a stream opens;
+        a server without the method ends the stream UNIMPLEMENTED instead, which a write racing that end
+        would turn into grpc's INTERNAL and so hide the fallback."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.call.initial_metadata()
+        except TimeoutError:
+            raise StreamCallError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        if self.call.done():
+            await asyncio.wait([self.reader], timeout=1.0)  # let the reader record why it ended
+            raise self.ended or StreamCallError(grpc.StatusCode.UNAVAILABLE, f"stream to {self.where} ended")
+        self.started = True
 
     def _cancel(self, method: StreamedMethod, call_id: int) -> None:
         """Tell the server to cancel a call this side gave up on (best effort: the stream may be gone)."""
@@ -186,10 +209,12 @@ class _Stream:
         except (grpc.RpcError, asyncio.InvalidStateError):
             pass
 
-    def close(self) -> None:
-        for task in (self.reader, *self.cancels):
+    async def close(self) -> None:
+        tasks = (self.reader, *self.cancels)
+        for task in tasks:
             task.cancel()
         self.call.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class StreamCaller:
@@ -222,7 +247,7 @@ class StreamCaller:
             await stream.retire()
             await stream.reader
         except BaseException:
-            stream.close()
+            await stream.close()
             raise
 
     async def call(self, payload: Any, timeout: float | None, token: str, trace_id: str) -> Any:
@@ -235,7 +260,7 @@ class StreamCaller:
     async def close(self) -> None:
         for task in list(self._retiring):
             task.cancel()
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
         await asyncio.gather(*self._retiring, return_exceptions=True)

@@ -121,7 +121,9 @@ class ToolGatewayServiceServicer:
         A request with cancel=true cancels the call in flight with that call_id
         (and its upstream call), which is then answered CANCELLED. Half-closing
         the stream lets the calls in flight finish and be answered; cancelling it
-        cancels them. The server reads no further requests while 1,024 calls of
+        cancels them. The server sends its response headers as the stream opens,
+        so a client can wait for them before its first request (a server without
+        this method ends the stream UNIMPLEMENTED instead). The server reads no further requests while 1,024 calls of
         the stream are in flight (flow control, not an error).
 
         The stream itself ends with INVALID_ARGUMENT only for a request that does
