@@ -39,7 +39,7 @@ def call_status(code: grpc.StatusCode, message: str, details: Any = ()) -> commo
 
 def seconds_left(envelope: Any, context: grpc.aio.ServicerContext) -> float | None:
     """The call's time: its own timeout, bounded by the stream's deadline if the stream has one."""
-    own = envelope.timeout.ToTimedelta().total_seconds() if envelope.HasField("timeout") else None
+    own = envelope.timeout.seconds + envelope.timeout.nanos / 1e9 if envelope.HasField("timeout") else None
     stream = context.time_remaining()
     if own is None:
         return stream

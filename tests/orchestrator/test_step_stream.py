@@ -24,6 +24,7 @@ from rlgate.v1.orchestrator_pb2 import StepStreamRequest as Request
 from rlgate.v1.orchestrator_pb2 import StepStreamResponse as Answer
 from rlgate.v1.orchestrator_pb2_grpc import OrchestratorServiceStub as Stub
 from tests.orchestrator.conftest import Running, fast_config
+from tests.support import streams
 from tests.support.localfleet import LocalfleetProcess
 
 TASK = "mailbox-count-unread-from-kenji"  # reference answer "3" scores 1.0
@@ -50,32 +51,20 @@ def step(call_id: int, session_id: str, **fields: Any) -> Request:
 
 
 async def send(stream: Any, *requests: Request) -> None:
-    for req in requests:
-        await asyncio.wait_for(stream.write(req), WAIT_S)
+    await streams.send(stream, *requests, wait_s=WAIT_S)
 
 
 async def receive(stream: Any, count: int) -> dict[int, Answer]:
-    """The next `count` answers, by call_id (they come in any order)."""
-    answers: dict[int, Answer] = {}
-    for _ in range(count):
-        answer = await asyncio.wait_for(stream.read(), WAIT_S)
-        assert answer is not grpc.aio.EOF, f"stream ended after {len(answers)} of {count} answers"
-        assert answer.call_id not in answers, f"call_id {answer.call_id} answered twice"
-        answers[answer.call_id] = answer
-    return answers
+    return await streams.receive(stream, count, WAIT_S)
 
 
 async def ask(stream: Any, req: Request) -> Answer:
     """One Step on the stream: write it, read its answer."""
-    await send(stream, req)
-    answer = (await receive(stream, 1)).get(req.call_id)
-    assert answer is not None, "answered under another call_id"
-    return answer
+    return await streams.ask(stream, req, WAIT_S)
 
 
 def reply_of(answer: Answer) -> orchestrator_pb2.StepResponse:
-    assert answer.WhichOneof("outcome") == "reply", f"error instead of a reply: {answer.error}"
-    return answer.reply
+    return streams.reply_of(answer)  # type: ignore[no-any-return]
 
 
 def status_of(answer: Answer) -> status_pb2.Status:

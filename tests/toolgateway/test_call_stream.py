@@ -27,6 +27,7 @@ from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2 import CallToolStreamRequest as Request
 from rlgate.v1.toolgateway_pb2 import CallToolStreamResponse as Answer
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
+from tests.support import streams
 from tests.support.localfleet import LocalfleetProcess
 from tests.toolgateway.conftest import AgentSession, make_session
 from tests.toolgateway.test_gateway import call, text, wait_for
@@ -58,32 +59,20 @@ def request(call_id: int, token: str, name: str, args: dict[str, Any] | None = N
 
 
 async def send(stream: Any, *requests: Request) -> None:
-    for req in requests:
-        await asyncio.wait_for(stream.write(req), WAIT_S)
+    await streams.send(stream, *requests, wait_s=WAIT_S)
 
 
 async def receive(stream: Any, count: int) -> dict[int, Answer]:
-    """The next `count` answers, by call_id (they come in any order)."""
-    answers: dict[int, Answer] = {}
-    for _ in range(count):
-        answer = await asyncio.wait_for(stream.read(), WAIT_S)
-        assert answer is not grpc.aio.EOF, f"stream ended after {len(answers)} of {count} answers"
-        assert answer.call_id not in answers, f"call_id {answer.call_id} answered twice"
-        answers[answer.call_id] = answer
-    return answers
+    return await streams.receive(stream, count, WAIT_S)
 
 
 async def ask(stream: Any, req: Request) -> Answer:
     """One call on the stream: write it, read its answer."""
-    await send(stream, req)
-    answer = (await receive(stream, 1)).get(req.call_id)
-    assert answer is not None, "answered under another call_id"
-    return answer
+    return await streams.ask(stream, req, WAIT_S)
 
 
 def reply_of(answer: Answer) -> toolgateway_pb2.CallToolResponse:
-    assert answer.WhichOneof("outcome") == "reply", f"error instead of a reply: {answer.error}"
-    return answer.reply
+    return streams.reply_of(answer)  # type: ignore[no-any-return]
 
 
 CODES = {code.value[0]: code for code in grpc.StatusCode}

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from rlgate.errors import status_code
 from rlgate.v1 import orchestrator_pb2, toolgateway_pb2
 
 Metadata = Sequence[tuple[str, str]]
@@ -121,7 +122,7 @@ class _Stream:
             self.pending.clear()
 
     def _failure(self, err: grpc.RpcError) -> StreamCallError | StreamsUnsupported:
-        code = err.code() if callable(getattr(err, "code", None)) else None  # type: ignore[attr-defined]
+        code = status_code(err)
         details = err.details() if callable(getattr(err, "details", None)) else str(err)  # type: ignore[attr-defined]
         if code is grpc.StatusCode.UNIMPLEMENTED:
             return StreamsUnsupported(f"{self.where}: {details}")
