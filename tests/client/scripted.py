@@ -216,10 +216,10 @@ def _servicer(base: type, handler: _Handler, methods: list[str], streams: dict[s
 class ScriptedServer:
     """Both services on one port, on a private event loop in a daemon thread."""
 
-    def __init__(self, streams: bool = True) -> None:
+    def __init__(self, streams: bool = True, port: int = 0) -> None:
         self.script = Script()
         self.streams = streams
-        self.port = 0
+        self.port = port  # 0: any free port
         self._loop = asyncio.new_event_loop()
         self._server: grpc.aio.Server | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -254,9 +254,9 @@ class ScriptedServer:
             server,
         )
         if credentials is None:
-            self.port = server.add_insecure_port("127.0.0.1:0")
+            self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         else:
-            self.port = server.add_secure_port("127.0.0.1:0", credentials)
+            self.port = server.add_secure_port(f"127.0.0.1:{self.port}", credentials)
         await server.start()
         self._server = server
 
