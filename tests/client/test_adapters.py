@@ -43,9 +43,9 @@ def skyrl_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer):  # type:
 def test_skyrl_registration_and_settings(skyrl_env, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from rlgate.adapters.skyrl import RlgateTextEnv
 
-    env = skyrl_env(orchestrator="10.0.0.1:1", api_key="k")
+    env = skyrl_env(orchestrator="127.0.0.1:1", api_key="k")
     assert isinstance(env, RlgateTextEnv)
-    assert env.orchestrator == "10.0.0.1:1" and env.api_key == "k" and env.max_turns == 4
+    assert env.orchestrator == "127.0.0.1:1" and env.api_key == "k" and env.max_turns == 4
     via_info = skyrl_env(task_key=None, extra_info={"task_key": "from-info"})
     assert via_info.task_key == "from-info"
     with pytest.raises(ValueError, match="on_verifier_error"):
