@@ -5,11 +5,13 @@ results handed back to the loop in batches), so sqlite3 never runs on the event 
 object are serialised. Writes run in `BEGIN IMMEDIATE` transactions (the write lock
 is taken up front, waiting up to `busy_timeout` for other processes), which makes every read-check-write
 below atomic across processes; compare-and-set is a conditional `UPDATE ... WHERE version = ?`.
-`synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per commit.
+`synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per commit;
+checkpoints run on a thread of their own (`_checkpointer`), never inside a store call's commit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from rlgate.store import _common
+from rlgate.store._checkpointer import JOURNAL_SIZE_LIMIT, Checkpointer
 from rlgate.store._worker import Abandoned, ThreadWorker, WorkerStopped
 from rlgate.store.base import SessionStore
 from rlgate.store.claims import BackgroundWrites
@@ -117,6 +120,9 @@ def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), busy_timeout_s)
         conn.execute("PRAGMA synchronous = NORMAL")
+        if path != ":memory:":
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's job
+            conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         with _transaction(conn):
             if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
                 for statement in _SCHEMA.split(";"):
@@ -170,10 +176,12 @@ def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
 class SqliteStore(SessionStore):
     """The SQLite `SessionStore`. Open with `await SqliteStore.open(path)`; `await close()` when done."""
 
-    def __init__(self, path: str, conn: sqlite3.Connection, worker: ThreadWorker) -> None:
+    def __init__(self, path: str, conn: sqlite3.Connection, worker: ThreadWorker,
+                 checkpointer: Checkpointer | None = None) -> None:
         self.path = path
         self._conn = conn
         self._worker = worker
+        self.checkpointer = checkpointer
         self._closed = False
         self._background = BackgroundWrites()
 
@@ -189,7 +197,8 @@ class SqliteStore(SessionStore):
         except BaseException:
             worker.stop()
             raise
-        return cls(path, conn, worker)
+        checkpointer = Checkpointer(path).start() if path != ":memory:" else None
+        return cls(path, conn, worker, checkpointer)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.path!r})"
@@ -698,3 +707,5 @@ class SqliteStore(SessionStore):
             await self._worker.submit(self._conn.close)  # after every call already queued
         finally:
             self._worker.stop()
+            if self.checkpointer is not None:
+                await asyncio.to_thread(self.checkpointer.stop)
