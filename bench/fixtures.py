@@ -70,13 +70,14 @@ class BenchContext:
 
     @property
     def rounds(self) -> int:
-        """How many times rlgate and its baseline alternate (noise on a shared machine hits both)."""
-        return 2 if self.quick else 3
+        """How many times rlgate and its baseline alternate (noise on a shared machine hits both): short,
+        many rounds spread a slow minute over both sides better than a few long ones."""
+        return 2 if self.quick else 6
 
     @property
     def duration_s(self) -> float:
         """Time budget of one measured path in one round (fewer samples on a slow machine, same wall time)."""
-        return 2.0 if self.quick else 10.0
+        return 2.0 if self.quick else 5.0
 
     async def stack(self, name: str = "default", **settings: Any) -> LocalStack:
         """A running local stack, started on first use with `settings` (StackSettings fields)."""

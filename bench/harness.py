@@ -128,11 +128,14 @@ async def _drive(op: Operation, total: int, concurrency: int, latencies: list[fl
 
 
 async def alternate(rounds: int, measures: Mapping[str, Callable[[], Awaitable[Stats]]]) -> dict[str, Stats]:
-    """Run each measurement once per round, in order, `rounds` times; merge each one's rounds."""
+    """Run each measurement once per round, `rounds` times, in the given order and then in reverse (A B, B A,
+    A B, ...): a machine that drifts slower or faster over a round then weighs on both sides alike, which
+    running A first every round does not. Each measurement's rounds are merged."""
     collected: dict[str, list[Stats]] = {name: [] for name in measures}
-    for _ in range(rounds):
-        for name, measure in measures.items():
-            collected[name].append(await measure())
+    forth = list(measures)
+    for round_ in range(rounds):
+        for name in forth if round_ % 2 == 0 else forth[::-1]:
+            collected[name].append(await measures[name]())
     return {name: Stats.merge(runs) for name, runs in collected.items()}
 
 

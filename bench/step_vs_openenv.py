@@ -39,7 +39,7 @@ from bench.fixtures import (
     persistent_mcp,
     struct,
 )
-from bench.harness import Entry, Goal, Stats, closed_loop, failed, stats_table
+from bench.harness import Entry, Goal, Stats, alternate, closed_loop, failed, stats_table
 from rlgate import AsyncClient, ClientSettings
 from rlgate.v1 import orchestrator_pb2
 
@@ -143,7 +143,6 @@ async def run(ctx: BenchContext) -> list[Entry]:
     call = BENCH_TOOLS[env_key]
     total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
     stack = await ctx.stack()
-    runs: dict[str, list[Stats]] = {}
     async with Rlgate(stack) as rl, AsyncClient(stack.orchestrator_address,
                                                 gateway_addresses=stack.gateway_address) as client, \
             AsyncClient(stack.orchestrator_address, gateway_addresses=stack.gateway_address,
@@ -185,20 +184,19 @@ async def run(ctx: BenchContext) -> list[Entry]:
             async def c16_op(slot: int) -> None:
                 await turn(sessions[slot])
 
-            for _ in range(rounds):
-                for name, measure in (
-                    ("rlgate seq", lambda: closed_loop(seq_op, total, 1, warmup=20, duration_s=budget)),
-                    ("rlgate unary seq", lambda: closed_loop(unary_seq_op, total, 1, warmup=20, duration_s=budget)),
-                    ("openenv forward seq", lambda: driver.measure(fwd_url, total, 1, budget)),
-                    ("openenv in-process seq", lambda: driver.measure(loc_url, total, 1, budget)),
-                    ("rlgate c16", lambda: closed_loop(c16_op, total, SESSIONS, warmup=32, duration_s=budget)),
-                    ("openenv forward c16", lambda: driver.measure(fwd_url, total, SESSIONS, budget)),
-                    ("openenv in-process c16", lambda: driver.measure(loc_url, total, SESSIONS, budget)),
-                ):
-                    runs.setdefault(name, []).append(await measure())
+            # Each rlgate path next to the OpenEnv path it is compared with (alternate() also reverses the
+            # order every other round).
+            stats = await alternate(rounds, {
+                "rlgate seq": lambda: closed_loop(seq_op, total, 1, warmup=20, duration_s=budget),
+                "openenv forward seq": lambda: driver.measure(fwd_url, total, 1, budget),
+                "rlgate unary seq": lambda: closed_loop(unary_seq_op, total, 1, warmup=20, duration_s=budget),
+                "openenv in-process seq": lambda: driver.measure(loc_url, total, 1, budget),
+                "rlgate c16": lambda: closed_loop(c16_op, total, SESSIONS, warmup=32, duration_s=budget),
+                "openenv forward c16": lambda: driver.measure(fwd_url, total, SESSIONS, budget),
+                "openenv in-process c16": lambda: driver.measure(loc_url, total, SESSIONS, budget),
+            })
         for session in sessions:
             await rl.close_session(session)
-    stats = {name: Stats.merge(r) for name, r in runs.items()}
     print(stats_table(stats, "turns/s"))
     rl_seq, oe_seq, ceil_seq = stats["rlgate seq"], stats["openenv forward seq"], stats["openenv in-process seq"]
     rl_c16, oe_c16, ceil_c16 = stats["rlgate c16"], stats["openenv forward c16"], stats["openenv in-process c16"]
