@@ -2,12 +2,15 @@
 
 SQLite's default checkpoints inside the COMMIT that pushes the WAL past 1,000 pages: that commit copies the
 WAL into the database and, with `synchronous=NORMAL`, fsyncs both files, which held up its caller (and every
-store call queued behind it on the worker thread) for 4-6 ms, about once per 200 writes (bench/: p99 of
-the gateway's store work per call 4.5 ms against a p50 of 0.2 ms). The store's connection therefore runs
-with `wal_autocheckpoint = 0`, and a `Checkpointer` makes passive checkpoints from its own connection:
-they never block writers or readers, and the next writer after a complete one restarts the WAL from its
-start (`journal_size_limit` then trims the file). Any process sharing the file may checkpoint it; one at a
-time does, the others skip that round (SQLITE_BUSY).
+store call queued behind it on the worker thread) for 4-6 ms about once per 200 writes (measured: the
+gateway's store work per call had a p99 of 4.5 ms against a p50 of 0.2 ms). So the store's connection runs
+with `wal_autocheckpoint = 0`, and a `Checkpointer` makes passive checkpoints from its own connection every
+INTERVAL_S: they never block writers or readers, and the next writer after one that copied everything
+restarts the WAL from its start (`journal_size_limit` then trims the file). Under steady writes a commit
+lands during nearly every passive checkpoint and that restart never comes, so past RESTART_PAGES the
+checkpointer restarts the WAL itself, holding writers back for the little the passive checkpoint left and
+one fsync (at most RESTART_BUSY_TIMEOUT_S, then it tries again later). Any process sharing the file may
+checkpoint it; one at a time does, the others skip that round.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.25  # between checkpoint attempts: a few MB of WAL at most under heavy write load
 RESTART_PAGES = 8192  # a WAL this long (32 MiB of 4 KiB pages) is restarted even if writers must wait
-RESTART_BUSY_TIMEOUT_S = 5.0  # how long a restart waits for the write lock and for readers
+RESTART_BUSY_TIMEOUT_S = 0.25  # how long a restart may hold writers back waiting for the lock and readers
 JOURNAL_SIZE_LIMIT = 64 * 2**20  # bytes of WAL file kept after a restart
 
 
@@ -31,7 +34,7 @@ class Checkpointer:
         self.path = path
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
         self.checkpoints = 0  # passive checkpoints with something in the WAL (for tests and curiosity)
-        self.restarts = 0  # blocking restarts of a long WAL
+        self.restarts = 0  # completed restarts of a long WAL
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlgate-sqlite-checkpoint", daemon=True)
 
@@ -65,14 +68,11 @@ class Checkpointer:
         try:
             _busy, wal_pages, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             self.checkpoints += wal_pages > 0
-            if wal_pages >= RESTART_PAGES:
-                # Under steady writes a commit lands during nearly every passive checkpoint, and a writer
-                # restarts the WAL only after one that copied everything: so now and then, block writers
-                # for the little the passive checkpoint left (and one fsync) and restart it here.
+            if wal_pages >= RESTART_PAGES:  # see the module's docstring
                 conn.execute(f"PRAGMA busy_timeout = {int(RESTART_BUSY_TIMEOUT_S * 1000)}")
                 try:
-                    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-                    self.restarts += 1
+                    busy, _pages, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                    self.restarts += not busy
                 finally:
                     conn.execute("PRAGMA busy_timeout = 0")
         except sqlite3.OperationalError as exc:  # another process is checkpointing, or the lock is contended
