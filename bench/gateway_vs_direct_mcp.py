@@ -4,14 +4,18 @@ For each MCP era (modern = mailbox:v1, 2026-07-28 stateless; legacy = tracker:v1
 id) one session is opened through the orchestrator; the direct baseline connects one long-lived
 `mcp.Client` (mode auto, as a user would) to the very endpoint the gateway uses for that session. Both
 call the same read-only tool with the same arguments, sequentially and 16-way concurrently (one client /
-one session each), alternating in rounds. Headline: p50 gateway / p50 direct, modern, sequential
-(goal <= 1.5); throughput gateway / direct (goal >= 0.67) sequential and 16-way.
+one session each), alternating in rounds. The gateway is called as a trainer calls it, through
+`rlgate.AsyncClient` (CallTool over its long-lived CallToolStream: a persistent client, like the
+baseline), and also with one unary CallTool RPC per call from the generated stub. Headline: p50 gateway /
+p50 direct, modern, sequential (goal <= 1.5); throughput gateway / direct (goal >= 0.67) sequential and
+16-way; the unary figures sit beside them.
 """
 
 from __future__ import annotations
 
-from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, direct_call, persistent_mcp
+from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, BenchError, Rlgate, direct_call, persistent_mcp
 from bench.harness import Entry, Goal, Stats, alternate, closed_loop, describe, failed, stats_table
+from rlgate import AsyncClient
 
 NAME = "gateway_vs_direct_mcp"
 CONCURRENT = 16
@@ -20,7 +24,7 @@ GOALS = (Goal("ratio", "<=", 1.5), Goal("throughput_ratio_seq", ">=", 0.67),
          Goal("throughput_ratio_c16", ">=", 0.67))
 
 
-async def measure_era(ctx: BenchContext, rl: Rlgate, era: str) -> dict[str, Stats]:
+async def measure_era(ctx: BenchContext, rl: Rlgate, trainer: AsyncClient, era: str) -> dict[str, Stats]:
     env_key = ERA_ENV[era]
     call = BENCH_TOOLS[env_key]
     total, rounds, budget = 100_000, ctx.rounds, ctx.duration_s
@@ -30,6 +34,11 @@ async def measure_era(ctx: BenchContext, rl: Rlgate, era: str) -> dict[str, Stat
         async with persistent_mcp(url) as client:
 
             async def gateway_op(_slot: int) -> None:
+                reply = await trainer.call_tool(session.token, call.name, call.arguments)
+                if reply.result.is_error:
+                    raise BenchError(f"CallTool {call.name} returned an error: {reply.result.error_message!r}")
+
+            async def unary_op(_slot: int) -> None:
                 await rl.call_tool(session, call)
 
             async def direct_op(_slot: int) -> None:
@@ -38,6 +47,7 @@ async def measure_era(ctx: BenchContext, rl: Rlgate, era: str) -> dict[str, Stat
             return await alternate(rounds, {
                 f"{era} gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=30, duration_s=budget),
                 f"{era} direct seq": lambda: closed_loop(direct_op, total, 1, warmup=30, duration_s=budget),
+                f"{era} gateway unary seq": lambda: closed_loop(unary_op, total, 1, warmup=30, duration_s=budget),
                 f"{era} gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32,
                                                           duration_s=budget),
                 f"{era} direct c16": lambda: closed_loop(direct_op, total, CONCURRENT, warmup=32,
@@ -51,10 +61,11 @@ async def run(ctx: BenchContext) -> list[Entry]:
     stack = await ctx.stack()
     extra: dict[str, object] = {}
     results: dict[str, dict[str, Stats]] = {}
-    async with Rlgate(stack) as rl:
+    async with Rlgate(stack) as rl, AsyncClient(stack.orchestrator_address,
+                                                gateway_addresses=stack.gateway_address) as trainer:
         for era in ("modern", "legacy"):
             try:
-                results[era] = await measure_era(ctx, rl, era)
+                results[era] = await measure_era(ctx, rl, trainer, era)
             except Exception as exc:  # an era that cannot run is recorded, the other still reports
                 extra[f"{era}_error"] = describe(exc)
     for stats in results.values():
@@ -65,6 +76,10 @@ async def run(ctx: BenchContext) -> list[Entry]:
             extra |= gw.figures(f"{era}_gateway_{mode}_") | direct.figures(f"{era}_direct_{mode}_")
             extra[f"{era}_p50_ratio_{mode}"] = round(gw.p50_ms / direct.p50_ms, 3)
             extra[f"{era}_throughput_ratio_{mode}"] = round(gw.per_s / direct.per_s, 3)
+        unary, direct = stats[f"{era} gateway unary seq"], stats[f"{era} direct seq"]
+        extra |= unary.figures(f"{era}_gateway_unary_seq_")
+        extra[f"{era}_unary_p50_ratio_seq"] = round(unary.p50_ms / direct.p50_ms, 3)
+        extra[f"{era}_unary_throughput_ratio_seq"] = round(unary.per_s / direct.per_s, 3)
     if "modern" not in results:
         return [failed(NAME, "ms", str(extra.get("modern_error", "modern era did not run")), BASELINE, GOALS)]
     modern = results["modern"]
