@@ -66,8 +66,9 @@ async def test_the_wal_stays_bounded_under_steady_writes(tmp_path: Path, monkeyp
             await write_calls(store, 100)
             largest = max(largest, wal_pages(path))
         assert store.checkpointer is not None and store.checkpointer.restarts > 0
-        # 2,000 calls write ~24,000 pages; bounded means a small multiple of the restart threshold.
-        assert largest < 20 * 256, f"WAL reached {largest} pages"
+        # 2,000 calls write ~24,000 pages (unbounded, the WAL ends there); bounded stays far below, with room
+        # for a checkpointer thread that a loaded machine schedules late.
+        assert largest < 10_000, f"WAL reached {largest} pages"
     finally:
         await store.close()
 
