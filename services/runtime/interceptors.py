@@ -130,26 +130,18 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         parse = handler.request_deserializer
 
         async def behaviour(raw_requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
-            trace = _trace_id(context)
-            trace_id_var.set(trace)
-            session_id_var.set("-")
+            trace = _enter(context)
 
             async def parsed() -> AsyncIterator[Any]:
                 async for raw in raw_requests:
-                    try:
-                        message = parse(raw) if parse is not None else raw
-                    except Exception as exc:
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                            f"a request is not a valid message for {method} ({type(exc).__name__})")
-                    yield message
+                    yield await _parse(parse, raw, context, f"a request is not a valid message for {method}")
 
             try:
                 await inner(parsed(), context)
             except grpc.aio.AbortError:
                 raise
             except Exception:
-                log.exception("unhandled error in %s", method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
+                await _internal(method, trace, context)
 
         return grpc.stream_stream_rpc_method_handler(
             behaviour, request_deserializer=None, response_serializer=handler.response_serializer
@@ -161,25 +153,42 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         parse = handler.request_deserializer
 
         async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-            trace = _trace_id(context)
-            trace_id_var.set(trace)
-            session_id_var.set("-")
-            try:
-                request = parse(raw) if parse is not None else raw
-            except Exception as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"request is not a valid message for {method} ({type(exc).__name__})")
+            trace = _enter(context)
+            request = await _parse(parse, raw, context, f"request is not a valid message for {method}")
             try:
                 return await inner(request, context)
             except grpc.aio.AbortError:
                 raise
             except Exception:
-                log.exception("unhandled error in %s", method)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
+                await _internal(method, trace, context)
 
         return grpc.unary_unary_rpc_method_handler(
             behaviour, request_deserializer=None, response_serializer=handler.response_serializer
         )
+
+
+def _enter(context: grpc.aio.ServicerContext) -> str:
+    """Start an RPC's log context: its trace id (returned) and no session yet."""
+    trace = _trace_id(context)
+    trace_id_var.set(trace)
+    session_id_var.set("-")
+    return trace
+
+
+async def _parse(parse: Callable[[bytes], Any] | None, raw: Any, context: grpc.aio.ServicerContext,
+                 what: str) -> Any:
+    """A request message from its bytes, or the RPC ends INVALID_ARGUMENT ("<what> (<error type>)")."""
+    try:
+        return parse(raw) if parse is not None else raw
+    except Exception as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what} ({type(exc).__name__})")
+
+
+async def _internal(method: str, trace: str, context: grpc.aio.ServicerContext) -> None:
+    """A handler's unexpected exception (being handled): logged, and the RPC ends INTERNAL with the trace id
+    (`abort` raises)."""
+    log.exception("unhandled error in %s", method)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

@@ -11,6 +11,7 @@ headers and trailers, a server task, the interceptor chain), about half of a sma
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -70,7 +71,6 @@ class Multiplexer(Generic[Reply]):
 
     async def serve(self, requests: AsyncIterable[Any], context: grpc.aio.ServicerContext) -> None:
         tasks: dict[int, asyncio.Task[None]] = {}
-        ids: dict[asyncio.Task[None], int] = {}
         cancelled: set[int] = set()  # call_ids the client cancelled: answered CANCELLED
         answering: set[int] = set()  # call_ids whose handler is done: a cancel comes too late
         room = asyncio.Semaphore(self._max_in_flight)
@@ -79,8 +79,7 @@ class Multiplexer(Generic[Reply]):
         # UNIMPLEMENTED) before its first write.
         await context.send_initial_metadata(())
 
-        def finished(task: asyncio.Task[None]) -> None:
-            call_id = ids.pop(task)
+        def finished(call_id: int, _task: asyncio.Task[None]) -> None:
             tasks.pop(call_id, None)
             cancelled.discard(call_id)
             answering.discard(call_id)
@@ -100,8 +99,8 @@ class Multiplexer(Generic[Reply]):
                                         f"call_id {call_id} is already in flight on this stream")
                 await room.acquire()
                 task = asyncio.create_task(self._call(envelope, context, writing, cancelled, answering))
-                tasks[call_id], ids[task] = task, call_id
-                task.add_done_callback(finished)
+                tasks[call_id] = task
+                task.add_done_callback(functools.partial(finished, call_id))
             # Half-closed by the client: the calls in flight still finish and are answered.
             while tasks:
                 await asyncio.wait(list(tasks.values()))

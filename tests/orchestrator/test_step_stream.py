@@ -6,6 +6,7 @@ catalog has loaded."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -50,17 +51,10 @@ def step(call_id: int, session_id: str, **fields: Any) -> Request:
     return Request(call_id=call_id, step=orchestrator_pb2.StepRequest(session_id=session_id, **fields))
 
 
-async def send(stream: Any, *requests: Request) -> None:
-    await streams.send(stream, *requests, wait_s=WAIT_S)
-
-
-async def receive(stream: Any, count: int) -> dict[int, Answer]:
-    return await streams.receive(stream, count, WAIT_S)
-
-
-async def ask(stream: Any, req: Request) -> Answer:
-    """One Step on the stream: write it, read its answer."""
-    return await streams.ask(stream, req, WAIT_S)
+# Writes and reads on a stream, each bounded by WAIT_S.
+send = functools.partial(streams.send, wait_s=WAIT_S)
+receive = functools.partial(streams.receive, wait_s=WAIT_S)
+ask = functools.partial(streams.ask, wait_s=WAIT_S)
 
 
 def reply_of(answer: Answer) -> orchestrator_pb2.StepResponse:

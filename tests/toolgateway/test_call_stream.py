@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import AsyncIterator
@@ -58,17 +59,10 @@ def request(call_id: int, token: str, name: str, args: dict[str, Any] | None = N
     return req
 
 
-async def send(stream: Any, *requests: Request) -> None:
-    await streams.send(stream, *requests, wait_s=WAIT_S)
-
-
-async def receive(stream: Any, count: int) -> dict[int, Answer]:
-    return await streams.receive(stream, count, WAIT_S)
-
-
-async def ask(stream: Any, req: Request) -> Answer:
-    """One call on the stream: write it, read its answer."""
-    return await streams.ask(stream, req, WAIT_S)
+# Writes and reads on a stream, each bounded by WAIT_S.
+send = functools.partial(streams.send, wait_s=WAIT_S)
+receive = functools.partial(streams.receive, wait_s=WAIT_S)
+ask = functools.partial(streams.ask, wait_s=WAIT_S)
 
 
 def reply_of(answer: Answer) -> toolgateway_pb2.CallToolResponse:
