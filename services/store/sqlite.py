@@ -40,7 +40,7 @@ from rlgate.store.models import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1  # PRAGMA user_version; bump with a migration step in _connect when the schema changes
+SCHEMA_VERSION = 2  # PRAGMA user_version; a change adds a step to _MIGRATIONS and bumps it
 
 # Applied statement by statement (split on ";"), so no ";" inside a statement or a comment.
 _SCHEMA = """
@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS session_labels (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS session_labels_kv ON session_labels(key, value);
 CREATE TABLE IF NOT EXISTS tool_calls (
-    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq        INTEGER PRIMARY KEY,  -- orders a session's entries, a plain rowid (see _MIGRATIONS)
     session_id TEXT NOT NULL,
     episode    INTEGER NOT NULL,
     request_id TEXT NOT NULL,
@@ -84,8 +84,8 @@ CREATE TABLE IF NOT EXISTS requests (
     result      TEXT NOT NULL,
     created_at  REAL NOT NULL,
     finished_at REAL NOT NULL,
-    PRIMARY KEY (scope, request_id)
-) WITHOUT ROWID;
+    PRIMARY KEY (scope, request_id)  -- a rowid table, so a DONE record stays in its page (see _MIGRATIONS)
+);
 CREATE INDEX IF NOT EXISTS requests_done ON requests(finished_at) WHERE state = 'done';
 CREATE TABLE IF NOT EXISTS owners (
     owner      TEXT PRIMARY KEY,
@@ -106,7 +106,70 @@ CREATE TABLE IF NOT EXISTS leases (
 ) WITHOUT ROWID;
 """
 
+# _MIGRATIONS[v]: the statements that take a version-v database to v + 1 (split on ";" as _SCHEMA is).
+_MIGRATIONS = {
+    # v2, two writes less per tool call (every CallTool appends a log entry and records its response):
+    # - tool_calls without AUTOINCREMENT, which rewrites sqlite_sequence on every insert. `seq` only orders
+    #   a session's entries, and a plain rowid (largest + 1) is larger than every row it is ordered with.
+    # - requests as a rowid table: in a WITHOUT ROWID table a record over ~1 KB spills into an overflow
+    #   page, and a DONE record with its base64 response (~1.5 KB for a small tool result) always did.
+    1: """
+CREATE TABLE tool_calls_v2 (
+    seq        INTEGER PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    episode    INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
+    data       TEXT NOT NULL
+);
+INSERT INTO tool_calls_v2 (seq, session_id, episode, request_id, data)
+    SELECT seq, session_id, episode, request_id, data FROM tool_calls;
+DROP TABLE tool_calls;
+ALTER TABLE tool_calls_v2 RENAME TO tool_calls;
+DELETE FROM sqlite_sequence WHERE name = 'tool_calls';
+CREATE INDEX tool_calls_session ON tool_calls(session_id, episode, seq);
+CREATE UNIQUE INDEX tool_calls_request ON tool_calls(session_id, episode, request_id) WHERE request_id != '';
+CREATE TABLE requests_v2 (
+    scope       TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    result      TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (scope, request_id)
+);
+INSERT INTO requests_v2 (scope, request_id, state, owner, result, created_at, finished_at)
+    SELECT scope, request_id, state, owner, result, created_at, finished_at FROM requests;
+DROP TABLE requests;
+ALTER TABLE requests_v2 RENAME TO requests;
+CREATE INDEX requests_done ON requests(finished_at) WHERE state = 'done';
+""",
+}
+assert sorted(_MIGRATIONS) == list(range(1, SCHEMA_VERSION))
+
 _SESSION_COLUMNS = "data, version, last_active_at"
+
+
+def _apply(conn: sqlite3.Connection, script: str) -> None:
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Create the schema in a new database, or bring an older one up to SCHEMA_VERSION (in a transaction)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"schema version {version} is newer than this rlgate's ({SCHEMA_VERSION}); "
+                                    "upgrade rlgate or point it at another store")
+    if version == SCHEMA_VERSION:
+        return
+    if version == 0:
+        _apply(conn, _SCHEMA)
+    else:
+        for step in range(version, SCHEMA_VERSION):
+            _apply(conn, _MIGRATIONS[step])
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
@@ -124,11 +187,7 @@ def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's job
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         with _transaction(conn):
-            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            _migrate(conn)
     except BaseException:
         conn.close()
         raise
