@@ -9,6 +9,9 @@ so the wire carries what the SDK would send. Responses are handled as the SDK's 
 (JSON or an SSE stream; a JSON-RPC error body on a 4xx; 404 is METHOD_NOT_FOUND; 202 and redirects are
 refused).
 
+Responses are parsed with httptools (llhttp, C): h11's pure-Python state machine cost about 50 µs of a
+call's CPU, the parser about 3 (docs/benchmarks.md).
+
 Connections are pooled per origin and shared by every session of the gateway. A connection carries one
 request at a time (HTTP/1.1, no pipelining) and goes back to the pool only after a complete response; a
 timed-out or cancelled call closes its connection, which in this era is how a call is cancelled.
@@ -17,8 +20,9 @@ timed-out or cancelled call closes its connection, which in this era is how a ca
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import itertools
+import re
 import ssl
 import time
 from collections.abc import Mapping
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
+import httptools
 from mcp import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 
@@ -90,14 +94,97 @@ class Origin:
         return host if self.port == default else f"{host}:{self.port}"
 
 
+class ProtocolError(Exception):
+    """The server's bytes are not an HTTP/1.1 response, or the connection ended in the middle of one."""
+
+
+# RFC 9110 token characters (header names); a value may not hold CR, LF or NUL (no header injection).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
+_BAD_TARGET = re.compile(r"[\x00-\x20\x7f]")
+
+
+def request_head(target: str, host: str, body_length: int, headers: Mapping[str, str]) -> bytes:
+    """The request line and headers of one POST; ValueError for a target or header that cannot be sent."""
+    if _BAD_TARGET.search(target):
+        raise ValueError(f"request target {target!r} has whitespace or control characters")
+    lines = [f"POST {target} HTTP/1.1", f"host: {host}", f"accept: {ACCEPT}", "content-type: application/json",
+             f"content-length: {body_length}"]
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
+            raise ValueError(f"header {name!r}: {value[:80]!r} is not a valid HTTP header")
+        lines.append(f"{name}: {value}")
+    try:
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"request head is not ASCII: {exc}") from None
+
+
+class _Response:
+    """The parser's callbacks for the current response: status, headers and body chunks as they arrive.
+
+    Interim (1xx) responses are skipped. Bytes past the end of the response (a server writing more than one
+    answer) mark the connection `spoiled`, so it is not reused."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.complete = False
+        self.spoiled = False
+        self.keep_alive = False
+        self._interim = False
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.spoiled = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.complete:
+            self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        if self.complete:
+            return
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            self._interim = True  # its end is not the response's end
+            self.headers = []
+            return
+        self.status = status
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if not self.complete:
+            self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+        elif not self.complete:
+            self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()  # only valid inside the callback
+
+    def header(self, name: bytes) -> bytes | None:
+        return next((v for k, v in self.headers if k == name), None)
+
+    def delimited_by_close(self) -> bool:
+        """No length and not chunked: the body ends where the connection does."""
+        return self.header(b"content-length") is None and b"chunked" not in (self.header(b"transfer-encoding")
+                                                                           or b"").lower()
+
+
 class _Connection:
-    """One HTTP/1.1 connection: an h11 state machine over asyncio streams."""
+    """One HTTP/1.1 connection: requests written as bytes, responses read with httptools (llhttp)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-        self._h11 = h11.Connection(h11.CLIENT)
+        self._response = _Response()
         self.idle_since = 0.0
+        self._idle = True
 
     @classmethod
     async def open(cls, origin: Origin, ssl_context: ssl.SSLContext | None, timeout_s: float) -> _Connection:
@@ -112,45 +199,67 @@ class _Connection:
 
     def reusable(self, now: float, keepalive_s: float) -> bool:
         """Still good for a next request: idle at both ends, not closed by the server meanwhile."""
-        return (self._h11.our_state is h11.IDLE and not self._writer.is_closing() and not self._reader.at_eof()
+        return (self._idle and not self._writer.is_closing() and not self._reader.at_eof()
                 and now - self.idle_since < keepalive_s)
 
-    async def send(self, request: h11.Request, body: bytes) -> None:
-        self._writer.write(self._h11.send(request) + self._h11.send(h11.Data(data=body))
-                           + self._h11.send(h11.EndOfMessage()))
+    async def send(self, head: bytes, body: bytes) -> None:
+        self._idle = False
+        self._response = _Response()
+        self._writer.write(head + body)
         await self._writer.drain()
 
-    async def next_event(self) -> Any:
-        while True:
-            event = self._h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self._h11.receive_data(await self._reader.read(READ_SIZE))  # b"" (EOF) makes h11 raise or close
+    async def _receive(self) -> None:
+        """Feed the parser what the socket has next; the end of the connection may end a response."""
+        data = await self._reader.read(READ_SIZE)
+        response = self._response
+        if data:
+            try:
+                response.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:
+                raise ProtocolError("the server switched protocols") from None
+            except httptools.HttpParserError as exc:
+                if response.complete:  # garbage after a whole response: keep the response, drop the connection
+                    response.spoiled = True
+                    return
+                raise ProtocolError(f"malformed response: {exc}") from None
+            return
+        if response.head_done and not response.complete and response.delimited_by_close():
+            response.complete = True
+            return
+        where = "in the response body" if response.head_done else "before a complete response head"
+        raise ProtocolError(f"the server closed the connection {where}")
+
+    async def head(self) -> tuple[int, _Response]:
+        """The final (non-1xx) response's status code and headers."""
+        while not self._response.head_done:
+            await self._receive()
+        return self._response.status, self._response
+
+    async def chunk(self) -> bytes | None:
+        """The next piece of the body as received; None at its end."""
+        response = self._response
+        while not response.chunks:
+            if response.complete:
+                return None
+            await self._receive()
+        return response.chunks.popleft()
 
     async def body(self, limit: int | None = None) -> bytes:
         limit = MAX_RESPONSE_BYTES if limit is None else limit
         chunks: list[bytes] = []
         size = 0
-        while True:
-            event = await self.next_event()
-            if isinstance(event, h11.EndOfMessage):
-                return b"".join(chunks)
-            if isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > limit:
-                    raise MCPError(INTERNAL_ERROR, f"response larger than {limit} bytes")
-                chunks.append(bytes(event.data))
-
-    def take_received_end(self) -> None:
-        """Consume the end of the response if it has already been received (never reads the socket), so
-        `finish` can reuse the connection."""
-        with contextlib.suppress(h11.RemoteProtocolError):
-            self._h11.next_event()
+        while (data := await self.chunk()) is not None:
+            size += len(data)
+            if size > limit:
+                raise MCPError(INTERNAL_ERROR, f"response larger than {limit} bytes")
+            chunks.append(data)
+        return b"".join(chunks)
 
     def finish(self) -> bool:
         """After a complete exchange: ready the connection for the next one (False if it must close)."""
-        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
-            self._h11.start_next_cycle()
+        response = self._response
+        if response.complete and response.keep_alive and not response.spoiled:
+            self._idle = True
             return True
         return False
 
@@ -289,21 +398,22 @@ class HttpCaller:
         origin, target = Origin.of(url)
         request_id = next(self._ids)
         body = jsoncodec.dumps_bytes({"jsonrpc": "2.0", "id": request_id, **data})
-        request = h11.Request(method="POST", target=target, headers=[
-            ("host", origin.host_header), ("accept", ACCEPT), ("content-type", "application/json"),
-            ("content-length", str(len(body))), *headers.items()])
+        try:
+            head = request_head(target, origin.host_header, len(body), headers)
+        except ValueError as exc:
+            raise SendFailed(f"{origin.host_header}: request not sent: {exc}") from None
         pool = self._pool(origin)
         conn = await pool.acquire()
         reuse = False
         try:
             attempt.sent = True
             try:
-                await conn.send(request, body)
-            except (OSError, h11.LocalProtocolError) as exc:
+                await conn.send(head, body)
+            except OSError as exc:
                 raise ResponseLost(f"{origin.host_header}: connection failed while sending: {exc}") from exc
             try:
                 result = await self._response(conn, request_id)
-            except (OSError, h11.RemoteProtocolError) as exc:
+            except (OSError, ProtocolError) as exc:
                 raise ResponseLost(f"{origin.host_header}: connection lost before the response: "
                                    f"{type(exc).__name__}: {exc}") from exc
             reuse = conn.finish()
@@ -312,13 +422,8 @@ class HttpCaller:
             pool.release(conn, reuse)
 
     async def _response(self, conn: _Connection, request_id: int) -> dict[str, Any]:
-        event = await conn.next_event()
-        while isinstance(event, h11.InformationalResponse):
-            event = await conn.next_event()
-        if not isinstance(event, h11.Response):
-            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} instead of a response")
-        status = event.status_code
-        content_type = next((v.decode("latin-1").lower() for k, v in event.headers if k == b"content-type"), "")
+        status, response = await conn.head()
+        content_type = (response.header(b"content-type") or b"").decode("latin-1").lower()
         if status == 202:
             await conn.body()
             raise MCPError(INVALID_REQUEST, "server answered a request with 202 Accepted")
@@ -354,16 +459,11 @@ class HttpCaller:
         data_lines: list[str] = []
         event_type = "message"
         received = 0
-        while True:
-            event = await conn.next_event()
-            if isinstance(event, h11.EndOfMessage):
-                break
-            if not isinstance(event, h11.Data):
-                continue
-            received += len(event.data)
+        while (piece := await conn.chunk()) is not None:
+            received += len(piece)
             if received > MAX_RESPONSE_BYTES:
                 raise MCPError(INTERNAL_ERROR, f"response larger than {MAX_RESPONSE_BYTES} bytes")
-            buffer += bytes(event.data)
+            buffer += piece
             *lines, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n")
             for raw in lines:
                 line = raw.decode("utf-8", errors="replace")
@@ -377,9 +477,7 @@ class HttpCaller:
                     if data and event_type == "message":
                         result = _outcome(_parse_json(data), request_id)
                         if result is not None:
-                            if not buffer:
-                                conn.take_received_end()
-                            return result
+                            return result  # reused only if the stream's end came with it (`finish`)
                     data_lines, event_type = [], "message"
                 # id:, retry: and comments (": ping") carry nothing this path uses
         if data_lines and event_type == "message" and (

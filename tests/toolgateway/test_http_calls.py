@@ -436,6 +436,40 @@ async def test_server_closing_mid_response_is_response_lost(server: ScriptedServ
     assert (await request(caller, server))["conn"] == 1
 
 
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 abc OK\r\n\r\n", b"SMTP ready\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"],
+                         ids=["bad-status", "not-http", "bad-chunk"])
+async def test_a_malformed_response_is_response_lost(server: ScriptedServer, caller: HttpCaller,
+                                                     answer: bytes) -> None:
+    server.answer(fixed(answer, keep=False))
+    with pytest.raises(ResponseLost, match="malformed response"):
+        await request(caller, server)
+    assert (await request(caller, server))["conn"] == 1
+
+
+async def test_bytes_after_a_whole_response_keep_it_and_drop_the_connection(server: ScriptedServer,
+                                                                          caller: HttpCaller) -> None:
+    async def respond(ex: Exchange) -> bool:
+        body = json_rpc_result(ex.request.rpc_id, {"content": [], "n": 3})
+        await ex.send(_json(200, body) + b"garbage that is no response")
+        return False
+
+    server.answer(respond)
+    assert await request(caller, server) == {"content": [], "n": 3}
+    assert caller.idle_connections() == 0  # what follows it is unknown: never reused
+    server.answer(echo)
+    assert (await request(caller, server))["conn"] == 1
+
+
+@pytest.mark.parametrize(("name", "value"), [("x-evil", "a\r\nx-injected: 1"), ("bad name", "v"),
+                                             ("x-null", "a\x00b"), ("x-utf8", "caf\u00e9")])
+async def test_a_header_that_cannot_be_sent_fails_before_anything_is_sent(
+        server: ScriptedServer, caller: HttpCaller, name: str, value: str) -> None:
+    with pytest.raises(SendFailed, match="request not sent"):
+        await caller.request(f"http://127.0.0.1:{server.port}/mcp", DATA, {**HEADERS, name: value}, 5.0)
+    assert server.connections == 0 and not server.requests
+
+
 # 7. Size limit
 
 
