@@ -42,8 +42,28 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 2  # PRAGMA user_version; a change adds a step to _MIGRATIONS and bumps it
 
+# The columns of the two tables version 2 changed, for a new database and for the migration to 2. A later
+# change to either table adds a block of its own: migration 1 keeps building version 2.
+_TOOL_CALLS_V2 = """\
+    seq        INTEGER PRIMARY KEY,  -- orders a session's entries, a plain rowid (see _MIGRATIONS)
+    session_id TEXT NOT NULL,
+    episode    INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
+    data       TEXT NOT NULL
+"""
+_REQUESTS_V2 = """\
+    scope       TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    result      TEXT NOT NULL,
+    created_at  REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    PRIMARY KEY (scope, request_id)  -- a rowid table, so a DONE record stays in its page (see _MIGRATIONS)
+"""
+
 # Applied statement by statement (split on ";"), so no ";" inside a statement or a comment.
-_SCHEMA = """
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS sessions (
     session_id     TEXT PRIMARY KEY,
     created_at     REAL NOT NULL,
@@ -67,25 +87,12 @@ CREATE TABLE IF NOT EXISTS session_labels (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS session_labels_kv ON session_labels(key, value);
 CREATE TABLE IF NOT EXISTS tool_calls (
-    seq        INTEGER PRIMARY KEY,  -- orders a session's entries, a plain rowid (see _MIGRATIONS)
-    session_id TEXT NOT NULL,
-    episode    INTEGER NOT NULL,
-    request_id TEXT NOT NULL,
-    data       TEXT NOT NULL
-);
+{_TOOL_CALLS_V2});
 CREATE INDEX IF NOT EXISTS tool_calls_session ON tool_calls(session_id, episode, seq);
 CREATE UNIQUE INDEX IF NOT EXISTS tool_calls_request
     ON tool_calls(session_id, episode, request_id) WHERE request_id != '';
 CREATE TABLE IF NOT EXISTS requests (
-    scope       TEXT NOT NULL,
-    request_id  TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    owner       TEXT NOT NULL,
-    result      TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    PRIMARY KEY (scope, request_id)  -- a rowid table, so a DONE record stays in its page (see _MIGRATIONS)
-);
+{_REQUESTS_V2});
 CREATE INDEX IF NOT EXISTS requests_done ON requests(finished_at) WHERE state = 'done';
 CREATE TABLE IF NOT EXISTS owners (
     owner      TEXT PRIMARY KEY,
@@ -113,14 +120,9 @@ _MIGRATIONS = {
     #   a session's entries, and a plain rowid (largest + 1) is larger than every row it is ordered with.
     # - requests as a rowid table: in a WITHOUT ROWID table a record over ~1 KB spills into an overflow
     #   page, and a DONE record with its base64 response (~1.5 KB for a small tool result) always did.
-    1: """
+    1: f"""
 CREATE TABLE tool_calls_v2 (
-    seq        INTEGER PRIMARY KEY,
-    session_id TEXT NOT NULL,
-    episode    INTEGER NOT NULL,
-    request_id TEXT NOT NULL,
-    data       TEXT NOT NULL
-);
+{_TOOL_CALLS_V2});
 INSERT INTO tool_calls_v2 (seq, session_id, episode, request_id, data)
     SELECT seq, session_id, episode, request_id, data FROM tool_calls;
 DROP TABLE tool_calls;
@@ -129,15 +131,7 @@ DELETE FROM sqlite_sequence WHERE name = 'tool_calls';
 CREATE INDEX tool_calls_session ON tool_calls(session_id, episode, seq);
 CREATE UNIQUE INDEX tool_calls_request ON tool_calls(session_id, episode, request_id) WHERE request_id != '';
 CREATE TABLE requests_v2 (
-    scope       TEXT NOT NULL,
-    request_id  TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    owner       TEXT NOT NULL,
-    result      TEXT NOT NULL,
-    created_at  REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    PRIMARY KEY (scope, request_id)
-);
+{_REQUESTS_V2});
 INSERT INTO requests_v2 (scope, request_id, state, owner, result, created_at, finished_at)
     SELECT scope, request_id, state, owner, result, created_at, finished_at FROM requests;
 DROP TABLE requests;

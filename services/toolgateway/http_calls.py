@@ -39,6 +39,7 @@ from rlgate.toolgateway.catalog import UpstreamUnavailable
 
 READ_SIZE = 65536
 MAX_RESPONSE_BYTES = 64 * 2**20  # the gateway's gRPC replies are capped at 64 MiB as well
+MAX_HEAD_BYTES = 65536  # status line and headers of one response (the parser itself sets no bound)
 ACCEPT = "application/json, text/event-stream"
 
 
@@ -135,6 +136,7 @@ class _Response:
         self.complete = False
         self.spoiled = False
         self.keep_alive = False
+        self.head_bytes = 0
         self._interim = False
 
     def on_message_begin(self) -> None:
@@ -143,6 +145,9 @@ class _Response:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self.complete:
+            self.head_bytes += len(name) + len(value)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                raise ProtocolError(f"response headers larger than {MAX_HEAD_BYTES} bytes")
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -221,6 +226,8 @@ class _Connection:
                 if response.complete:  # garbage after a whole response: keep the response, drop the connection
                     response.spoiled = True
                     return
+                if isinstance(exc.__context__, ProtocolError):  # raised by a callback (a limit)
+                    raise exc.__context__ from None
                 raise ProtocolError(f"malformed response: {exc}") from None
             return
         if response.head_done and not response.complete and response.delimited_by_close():

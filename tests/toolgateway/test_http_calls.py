@@ -447,6 +447,13 @@ async def test_a_malformed_response_is_response_lost(server: ScriptedServer, cal
     assert (await request(caller, server))["conn"] == 1
 
 
+async def test_endless_headers_are_refused(server: ScriptedServer, caller: HttpCaller) -> None:
+    headers = [(f"x-h{i}", "v" * 100) for i in range(1000)]  # ~100 KB, past MAX_HEAD_BYTES
+    server.answer(fixed(response_bytes(200, [("content-type", "application/json"), *headers], b"{}"), keep=False))
+    with pytest.raises(ResponseLost, match=f"headers larger than {http_calls.MAX_HEAD_BYTES} bytes"):
+        await request(caller, server)
+
+
 async def test_bytes_after_a_whole_response_keep_it_and_drop_the_connection(server: ScriptedServer,
                                                                           caller: HttpCaller) -> None:
     async def respond(ex: Exchange) -> bool:
