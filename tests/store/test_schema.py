@@ -3,6 +3,7 @@ shape with its rows kept, and a database from a newer rlgate is refused with a c
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -124,3 +125,19 @@ async def test_a_database_from_a_newer_rlgate_is_refused(tmp_path: Path) -> None
     conn.close()
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer than this rlgate"):
         await SqliteStore.open(str(tmp_path / "store.db"))
+
+
+async def test_two_processes_opening_a_version_1_database_at_once_migrate_it_once(tmp_path: Path) -> None:
+    ref = await SqliteStore.open(str(tmp_path / "ref.db"))
+    await ref.close()
+    make_v1(tmp_path / "store.db", tmp_path / "ref.db")
+    # Two store objects: two connections on two threads, as an orchestrator and a gateway starting together.
+    first, second = await asyncio.gather(SqliteStore.open(str(tmp_path / "store.db")),
+                                         SqliteStore.open(str(tmp_path / "store.db")))
+    try:
+        assert shape(tmp_path / "store.db") == shape(tmp_path / "ref.db")
+        for store in (first, second):
+            assert [e.request_id for e in await store.list_tool_calls("s1", 1)] == ["r0", "r1"]
+    finally:
+        await first.close()
+        await second.close()
