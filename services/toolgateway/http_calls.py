@@ -187,7 +187,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._reader = reader
         self._writer = writer
-        self._response = _Response()
+        self._response: _Response  # each request's own, made by `send`
         self.idle_since = 0.0
         self._idle = True
 
