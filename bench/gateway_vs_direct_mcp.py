@@ -14,7 +14,7 @@ p50 direct, modern, sequential (goal <= 1.5); throughput gateway / direct (goal 
 from __future__ import annotations
 
 from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, BenchError, Rlgate, direct_call, persistent_mcp
-from bench.harness import Entry, Goal, Stats, alternate, closed_loop, describe, failed, stats_table
+from bench.harness import Entry, Goal, Stats, alternate, closed_loop, describe, failed, round_ratios, stats_table
 from rlgate import AsyncClient
 
 NAME = "gateway_vs_direct_mcp"
@@ -76,6 +76,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
             extra |= gw.figures(f"{era}_gateway_{mode}_") | direct.figures(f"{era}_direct_{mode}_")
             extra[f"{era}_p50_ratio_{mode}"] = round(gw.p50_ms / direct.p50_ms, 3)
             extra[f"{era}_throughput_ratio_{mode}"] = round(gw.per_s / direct.per_s, 3)
+            extra[f"{era}_throughput_ratio_rounds_{mode}"] = round_ratios(gw, direct)
         unary, direct = stats[f"{era} gateway unary seq"], stats[f"{era} direct seq"]
         extra |= unary.figures(f"{era}_gateway_unary_seq_")
         extra[f"{era}_unary_p50_ratio_seq"] = round(unary.p50_ms / direct.p50_ms, 3)

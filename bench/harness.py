@@ -16,7 +16,7 @@ import operator
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class Stats:
     per_s: float
     concurrency: int = 1
     latencies_s: tuple[float, ...] = field(default=(), repr=False)
+    round_per_s: tuple[float, ...] = ()  # throughput of each round merged into this (see `round_ratios`)
 
     @classmethod
     def from_latencies(cls, latencies_s: Sequence[float], elapsed_s: float, concurrency: int = 1) -> Stats:
@@ -77,7 +78,8 @@ class Stats:
         if not runs:
             raise ValueError("no runs to merge")
         latencies = [x for run in runs for x in run.latencies_s]
-        return cls.from_latencies(latencies, sum(run.elapsed_s for run in runs), runs[0].concurrency)
+        merged = cls.from_latencies(latencies, sum(run.elapsed_s for run in runs), runs[0].concurrency)
+        return replace(merged, round_per_s=tuple(run.per_s for run in runs))
 
     def figures(self, prefix: str = "") -> dict[str, float]:
         """Rounded figures for an entry's extra fields, e.g. {'seq_p50_ms': 1.23, ...}."""
@@ -137,6 +139,14 @@ async def alternate(rounds: int, measures: Mapping[str, Callable[[], Awaitable[S
         for name in forth if round_ % 2 == 0 else forth[::-1]:
             collected[name].append(await measures[name]())
     return {name: Stats.merge(runs) for name, runs in collected.items()}
+
+
+def round_ratios(value: Stats, baseline: Stats) -> list[float]:
+    """Throughput ratio of each round, value / baseline: `alternate` measures the two back to back in every
+    round, so these pairs show how far the pooled ratio moves within one run (the machine's drift)."""
+    if len(value.round_per_s) != len(baseline.round_per_s):
+        raise ValueError("the two measurements ran a different number of rounds")
+    return [round(v / b, 3) for v, b in zip(value.round_per_s, baseline.round_per_s, strict=True)]
 
 
 def safe_ratio(value: float | None, baseline: float | None) -> float | None:

@@ -23,6 +23,7 @@ from bench.harness import (
     format_table,
     merge_results,
     percentile,
+    round_ratios,
     safe_ratio,
     summary_rows,
 )
@@ -63,6 +64,16 @@ def test_merge_pools_latencies_and_adds_wall_time() -> None:
     assert merged.n == 40
     assert merged.per_s == pytest.approx(400.0)
     assert merged.p50_ms == pytest.approx(3.0)
+    assert merged.round_per_s == pytest.approx((1000.0, 333.333), rel=1e-3)
+
+
+def test_round_ratios_pair_the_rounds_of_two_measurements() -> None:
+    def rounds(*per_s: float) -> Stats:
+        return Stats.merge([Stats.from_latencies([0.001] * int(n), 1.0) for n in per_s])
+
+    assert round_ratios(rounds(100, 120, 90), rounds(100, 100, 100)) == [1.0, 1.2, 0.9]
+    with pytest.raises(ValueError, match="number of rounds"):
+        round_ratios(rounds(100, 120), rounds(100))
 
 
 async def test_closed_loop_runs_total_ops_with_bounded_concurrency() -> None:
