@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx2
 
 from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, per_call_session
-from bench.harness import Entry, Goal, alternate, closed_loop, round_ratios, stats_table
+from bench.harness import Entry, Goal, alternate, closed_loop, stats_table, throughput_ratios
 
 NAME = "gateway_vs_per_call_session"
 CONCURRENT = 16
@@ -54,6 +54,5 @@ async def run(ctx: BenchContext) -> list[Entry]:
         goals=GOALS,
         extra={"env_key": env_key, **gw.figures("gateway_seq_"), **base.figures("baseline_seq_"),
                **gw16.figures("gateway_c16_"), **base16.figures("baseline_c16_"),
-               "ratio_c16": round(gw16.per_s / base16.per_s, 3),
-               "ratio_rounds_seq": round_ratios(gw, base), "ratio_rounds_c16": round_ratios(gw16, base16)},
+               **throughput_ratios(gw, base, gw16, base16)},
     )]

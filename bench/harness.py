@@ -149,6 +149,13 @@ def round_ratios(value: Stats, baseline: Stats) -> list[float]:
     return [round(v / b, 3) for v, b in zip(value.round_per_s, baseline.round_per_s, strict=True)]
 
 
+def throughput_ratios(seq: Stats, seq_baseline: Stats, c16: Stats, c16_baseline: Stats) -> dict[str, Any]:
+    """The extra figures of an entry whose headline is a sequential throughput ratio: the 16-way ratio and
+    both modes' per-round ratios."""
+    return {"ratio_c16": round(c16.per_s / c16_baseline.per_s, 3),
+            "ratio_rounds_seq": round_ratios(seq, seq_baseline), "ratio_rounds_c16": round_ratios(c16, c16_baseline)}
+
+
 def safe_ratio(value: float | None, baseline: float | None) -> float | None:
     """value / baseline, or None when either is missing or the baseline is zero."""
     if value is None or baseline is None or baseline == 0:

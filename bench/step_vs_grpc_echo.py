@@ -15,7 +15,7 @@ import grpc
 
 from bench.echo_server import METHOD
 from bench.fixtures import BENCH_TOOLS, ERA_ENV, RPC_TIMEOUT_S, BenchContext, Rlgate, child_process, struct
-from bench.harness import Entry, Goal, alternate, closed_loop, round_ratios, stats_table
+from bench.harness import Entry, Goal, alternate, closed_loop, stats_table, throughput_ratios
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_grpc_echo"
@@ -62,7 +62,6 @@ async def run(ctx: BenchContext) -> list[Entry]:
         baseline_name="bare grpc.aio unary echo server (same run)", goals=(Goal("ratio", ">=", 0.5),),
         extra={**seq_step.figures("step_seq_"), **seq_echo.figures("echo_seq_"),
                **c_step.figures("step_c16_"), **c_echo.figures("echo_c16_"),
-               "ratio_c16": round(c_step.per_s / c_echo.per_s, 3),
-               "ratio_rounds_seq": round_ratios(seq_step, seq_echo), "ratio_rounds_c16": round_ratios(c_step, c_echo)},
+               **throughput_ratios(seq_step, seq_echo, c_step, c_echo)},
     )]
 

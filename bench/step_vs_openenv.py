@@ -39,7 +39,7 @@ from bench.fixtures import (
     persistent_mcp,
     struct,
 )
-from bench.harness import Entry, Goal, Stats, alternate, closed_loop, failed, round_ratios, stats_table
+from bench.harness import Entry, Goal, Stats, alternate, closed_loop, failed, stats_table, throughput_ratios
 from rlgate import AsyncClient, ClientSettings
 from rlgate.v1 import orchestrator_pb2
 
@@ -200,14 +200,12 @@ async def run(ctx: BenchContext) -> list[Entry]:
     print(stats_table(stats, "turns/s"))
     rl_seq, oe_seq, ceil_seq = stats["rlgate seq"], stats["openenv forward seq"], stats["openenv in-process seq"]
     rl_c16, oe_c16, ceil_c16 = stats["rlgate c16"], stats["openenv forward c16"], stats["openenv in-process c16"]
-    # Each round's own ratio: the spread of the headline within this run.
-    rounds_seq, rounds_c16 = round_ratios(rl_seq, oe_seq), round_ratios(rl_c16, oe_c16)
-    print(f"ratio per round, sequential: {rounds_seq}; 16 sessions: {rounds_c16}")
+    ratios = throughput_ratios(rl_seq, oe_seq, rl_c16, oe_c16)
+    print(f"ratio per round, sequential: {ratios['ratio_rounds_seq']}; 16 sessions: {ratios['ratio_rounds_c16']}")
     return [Entry(
         name=NAME, value=rl_seq.per_s, baseline=oe_seq.per_s, unit="turns/s (sequential)",
         baseline_name=BASELINE, goals=GOALS,
-        extra={"ratio_c16": round(rl_c16.per_s / oe_c16.per_s, 3),
-               "ratio_rounds_seq": rounds_seq, "ratio_rounds_c16": rounds_c16,
+        extra={**ratios,
                **rl_seq.figures("rlgate_seq_"), **oe_seq.figures("openenv_seq_"),
                **stats["rlgate unary seq"].figures("rlgate_unary_seq_"),
                "streams_vs_unary_seq": round(rl_seq.per_s / stats["rlgate unary seq"].per_s, 3),
