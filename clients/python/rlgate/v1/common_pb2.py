@@ -22,45 +22,41 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
-from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlgate/v1/common.proto\x12\trlgate.v1\x1a\x19google/protobuf/any.proto\x1a\x1cgoogle/protobuf/struct.proto\"\xdb\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12-\n\x0cinput_schema\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\routput_schema\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12,\n\x0b\x61nnotations\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\t\"\xf5\x01\n\x0c\x43ontentBlock\x12&\n\x04text\x18\x01 \x01(\x0b\x32\x16.rlgate.v1.TextContentH\x00\x12(\n\x05image\x18\x02 \x01(\x0b\x32\x17.rlgate.v1.ImageContentH\x00\x12(\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x17.rlgate.v1.AudioContentH\x00\x12\x30\n\rresource_link\x18\x04 \x01(\x0b\x32\x17.rlgate.v1.ResourceLinkH\x00\x12/\n\x08resource\x18\x05 \x01(\x0b\x32\x1b.rlgate.v1.EmbeddedResourceH\x00\x42\x06\n\x04kind\"\x1b\n\x0bTextContent\x12\x0c\n\x04text\x18\x01 \x01(\t\"/\n\x0cImageContent\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"/\n\x0c\x41udioContent\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"n\n\x0cResourceLink\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x11\n\tmime_type\x18\x05 \x01(\t\x12\x0c\n\x04size\x18\x06 \x01(\x03\"^\n\x10\x45mbeddedResource\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x0e\n\x04\x62lob\x18\x04 \x01(\x0cH\x00\x42\n\n\x08\x63ontents\"\xc1\x01\n\nToolResult\x12(\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x17.rlgate.v1.ContentBlock\x12\x32\n\x12structured_content\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12,\n\nerror_kind\x18\x04 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKind\x12\x15\n\rerror_message\x18\x05 \x01(\t\"\x84\x01\n\x0cVerification\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.rlgate.v1.VerificationStatus\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06stdout\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x05\x12\x12\n\nelapsed_ms\x18\x05 \x01(\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x98\x01\n\x08TaskInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x10\n\x08modality\x18\x05 \x01(\t\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12)\n\x08metadata\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"R\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any*\x8b\x02\n\rToolErrorKind\x12\x1f\n\x1bTOOL_ERROR_KIND_UNSPECIFIED\x10\x00\x12 \n\x1cTOOL_ERROR_KIND_UNKNOWN_TOOL\x10\x01\x12%\n!TOOL_ERROR_KIND_INVALID_ARGUMENTS\x10\x02\x12\x1f\n\x1bTOOL_ERROR_KIND_TOOL_FAILED\x10\x03\x12#\n\x1fTOOL_ERROR_KIND_OUTCOME_UNKNOWN\x10\x04\x12$\n TOOL_ERROR_KIND_OUTPUT_TRUNCATED\x10\x05\x12$\n TOOL_ERROR_KIND_BUDGET_EXHAUSTED\x10\x06*\xd6\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSESSION_STATUS_PROVISIONING\x10\x01\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x02\x12\x17\n\x13SESSION_STATUS_DONE\x10\x03\x12\x19\n\x15SESSION_STATUS_CLOSED\x10\x04\x12\x1a\n\x16SESSION_STATUS_EXPIRED\x10\x05\x12\x19\n\x15SESSION_STATUS_FAILED\x10\x06*\xb6\x01\n\x12VerificationStatus\x12#\n\x1fVERIFICATION_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16VERIFICATION_STATUS_OK\x10\x01\x12\x1d\n\x19VERIFICATION_STATUS_ERROR\x10\x02\x12\x1f\n\x1bVERIFICATION_STATUS_TIMEOUT\x10\x03\x12\x1f\n\x1bVERIFICATION_STATUS_SKIPPED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16rlgate/v1/common.proto\x12\trlgate.v1\"\xdb\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x19\n\x11input_schema_json\x18\x08 \x01(\t\x12\x1a\n\x12output_schema_json\x18\t \x01(\t\x12\x18\n\x10\x61nnotations_json\x18\n \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x07 \x01(\tJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x0cinput_schemaR\routput_schemaR\x0b\x61nnotations\"\xf5\x01\n\x0c\x43ontentBlock\x12&\n\x04text\x18\x01 \x01(\x0b\x32\x16.rlgate.v1.TextContentH\x00\x12(\n\x05image\x18\x02 \x01(\x0b\x32\x17.rlgate.v1.ImageContentH\x00\x12(\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x17.rlgate.v1.AudioContentH\x00\x12\x30\n\rresource_link\x18\x04 \x01(\x0b\x32\x17.rlgate.v1.ResourceLinkH\x00\x12/\n\x08resource\x18\x05 \x01(\x0b\x32\x1b.rlgate.v1.EmbeddedResourceH\x00\x42\x06\n\x04kind\"\x1b\n\x0bTextContent\x12\x0c\n\x04text\x18\x01 \x01(\t\"/\n\x0cImageContent\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"/\n\x0c\x41udioContent\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x11\n\tmime_type\x18\x02 \x01(\t\"n\n\x0cResourceLink\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\x12\x11\n\tmime_type\x18\x05 \x01(\t\x12\x0c\n\x04size\x18\x06 \x01(\x03\"^\n\x10\x45mbeddedResource\x12\x0b\n\x03uri\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x0e\n\x04\x62lob\x18\x04 \x01(\x0cH\x00\x42\n\n\x08\x63ontents\"\xc8\x01\n\nToolResult\x12(\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x17.rlgate.v1.ContentBlock\x12\x1f\n\x17structured_content_json\x18\x06 \x01(\t\x12\x10\n\x08is_error\x18\x03 \x01(\x08\x12,\n\nerror_kind\x18\x04 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKind\x12\x15\n\rerror_message\x18\x05 \x01(\tJ\x04\x08\x02\x10\x03R\x12structured_content\"\x84\x01\n\x0cVerification\x12-\n\x06status\x18\x01 \x01(\x0e\x32\x1d.rlgate.v1.VerificationStatus\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06stdout\x18\x03 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x05\x12\x12\n\nelapsed_ms\x18\x05 \x01(\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb5\x01\n\x08TaskInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x10\n\x08modality\x18\x05 \x01(\t\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12\x15\n\rmetadata_json\x18\x08 \x01(\t\x12\x1f\n\x17reference_solution_json\x18\t \x01(\tJ\x04\x08\x07\x10\x08R\x08metadata*\x8b\x02\n\rToolErrorKind\x12\x1f\n\x1bTOOL_ERROR_KIND_UNSPECIFIED\x10\x00\x12 \n\x1cTOOL_ERROR_KIND_UNKNOWN_TOOL\x10\x01\x12%\n!TOOL_ERROR_KIND_INVALID_ARGUMENTS\x10\x02\x12\x1f\n\x1bTOOL_ERROR_KIND_TOOL_FAILED\x10\x03\x12#\n\x1fTOOL_ERROR_KIND_OUTCOME_UNKNOWN\x10\x04\x12$\n TOOL_ERROR_KIND_OUTPUT_TRUNCATED\x10\x05\x12$\n TOOL_ERROR_KIND_BUDGET_EXHAUSTED\x10\x06*\xd6\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSESSION_STATUS_PROVISIONING\x10\x01\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x02\x12\x17\n\x13SESSION_STATUS_DONE\x10\x03\x12\x19\n\x15SESSION_STATUS_CLOSED\x10\x04\x12\x1a\n\x16SESSION_STATUS_EXPIRED\x10\x05\x12\x19\n\x15SESSION_STATUS_FAILED\x10\x06*\xb6\x01\n\x12VerificationStatus\x12#\n\x1fVERIFICATION_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16VERIFICATION_STATUS_OK\x10\x01\x12\x1d\n\x19VERIFICATION_STATUS_ERROR\x10\x02\x12\x1f\n\x1bVERIFICATION_STATUS_TIMEOUT\x10\x03\x12\x1f\n\x1bVERIFICATION_STATUS_SKIPPED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlgate.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TOOLERRORKIND']._serialized_start=1516
-  _globals['_TOOLERRORKIND']._serialized_end=1783
-  _globals['_SESSIONSTATUS']._serialized_start=1786
-  _globals['_SESSIONSTATUS']._serialized_end=2000
-  _globals['_VERIFICATIONSTATUS']._serialized_start=2003
-  _globals['_VERIFICATIONSTATUS']._serialized_end=2185
-  _globals['_TOOLSPEC']._serialized_start=95
-  _globals['_TOOLSPEC']._serialized_end=314
-  _globals['_CONTENTBLOCK']._serialized_start=317
-  _globals['_CONTENTBLOCK']._serialized_end=562
-  _globals['_TEXTCONTENT']._serialized_start=564
-  _globals['_TEXTCONTENT']._serialized_end=591
-  _globals['_IMAGECONTENT']._serialized_start=593
-  _globals['_IMAGECONTENT']._serialized_end=640
-  _globals['_AUDIOCONTENT']._serialized_start=642
-  _globals['_AUDIOCONTENT']._serialized_end=689
-  _globals['_RESOURCELINK']._serialized_start=691
-  _globals['_RESOURCELINK']._serialized_end=801
-  _globals['_EMBEDDEDRESOURCE']._serialized_start=803
-  _globals['_EMBEDDEDRESOURCE']._serialized_end=897
-  _globals['_TOOLRESULT']._serialized_start=900
-  _globals['_TOOLRESULT']._serialized_end=1093
-  _globals['_VERIFICATION']._serialized_start=1096
-  _globals['_VERIFICATION']._serialized_end=1228
-  _globals['_CHATMESSAGE']._serialized_start=1230
-  _globals['_CHATMESSAGE']._serialized_end=1274
-  _globals['_TASKINFO']._serialized_start=1277
-  _globals['_TASKINFO']._serialized_end=1429
-  _globals['_CALLSTATUS']._serialized_start=1431
-  _globals['_CALLSTATUS']._serialized_end=1513
+  _globals['_TOOLERRORKIND']._serialized_start=1411
+  _globals['_TOOLERRORKIND']._serialized_end=1678
+  _globals['_SESSIONSTATUS']._serialized_start=1681
+  _globals['_SESSIONSTATUS']._serialized_end=1895
+  _globals['_VERIFICATIONSTATUS']._serialized_start=1898
+  _globals['_VERIFICATIONSTATUS']._serialized_end=2080
+  _globals['_TOOLSPEC']._serialized_start=38
+  _globals['_TOOLSPEC']._serialized_end=257
+  _globals['_CONTENTBLOCK']._serialized_start=260
+  _globals['_CONTENTBLOCK']._serialized_end=505
+  _globals['_TEXTCONTENT']._serialized_start=507
+  _globals['_TEXTCONTENT']._serialized_end=534
+  _globals['_IMAGECONTENT']._serialized_start=536
+  _globals['_IMAGECONTENT']._serialized_end=583
+  _globals['_AUDIOCONTENT']._serialized_start=585
+  _globals['_AUDIOCONTENT']._serialized_end=632
+  _globals['_RESOURCELINK']._serialized_start=634
+  _globals['_RESOURCELINK']._serialized_end=744
+  _globals['_EMBEDDEDRESOURCE']._serialized_start=746
+  _globals['_EMBEDDEDRESOURCE']._serialized_end=840
+  _globals['_TOOLRESULT']._serialized_start=843
+  _globals['_TOOLRESULT']._serialized_end=1043
+  _globals['_VERIFICATION']._serialized_start=1046
+  _globals['_VERIFICATION']._serialized_end=1178
+  _globals['_CHATMESSAGE']._serialized_start=1180
+  _globals['_CHATMESSAGE']._serialized_end=1224
+  _globals['_TASKINFO']._serialized_start=1227
+  _globals['_TASKINFO']._serialized_end=1408
 # @@protoc_insertion_point(module_scope)

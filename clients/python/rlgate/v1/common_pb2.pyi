@@ -1,5 +1,3 @@
-from google.protobuf import any_pb2 as _any_pb2
-from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -57,22 +55,22 @@ VERIFICATION_STATUS_TIMEOUT: VerificationStatus
 VERIFICATION_STATUS_SKIPPED: VerificationStatus
 
 class ToolSpec(_message.Message):
-    __slots__ = ("name", "title", "description", "input_schema", "output_schema", "annotations", "endpoint")
+    __slots__ = ("name", "title", "description", "input_schema_json", "output_schema_json", "annotations_json", "endpoint")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
-    INPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
-    OUTPUT_SCHEMA_FIELD_NUMBER: _ClassVar[int]
-    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     title: str
     description: str
-    input_schema: _struct_pb2.Struct
-    output_schema: _struct_pb2.Struct
-    annotations: _struct_pb2.Struct
+    input_schema_json: str
+    output_schema_json: str
+    annotations_json: str
     endpoint: str
-    def __init__(self, name: _Optional[str] = ..., title: _Optional[str] = ..., description: _Optional[str] = ..., input_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., output_schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., annotations: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., endpoint: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., title: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., output_schema_json: _Optional[str] = ..., annotations_json: _Optional[str] = ..., endpoint: _Optional[str] = ...) -> None: ...
 
 class ContentBlock(_message.Message):
     __slots__ = ("text", "image", "audio", "resource_link", "resource")
@@ -139,18 +137,18 @@ class EmbeddedResource(_message.Message):
     def __init__(self, uri: _Optional[str] = ..., mime_type: _Optional[str] = ..., text: _Optional[str] = ..., blob: _Optional[bytes] = ...) -> None: ...
 
 class ToolResult(_message.Message):
-    __slots__ = ("content", "structured_content", "is_error", "error_kind", "error_message")
+    __slots__ = ("content", "structured_content_json", "is_error", "error_kind", "error_message")
     CONTENT_FIELD_NUMBER: _ClassVar[int]
-    STRUCTURED_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_CONTENT_JSON_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     content: _containers.RepeatedCompositeFieldContainer[ContentBlock]
-    structured_content: _struct_pb2.Value
+    structured_content_json: str
     is_error: bool
     error_kind: ToolErrorKind
     error_message: str
-    def __init__(self, content: _Optional[_Iterable[_Union[ContentBlock, _Mapping]]] = ..., structured_content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[ToolErrorKind, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    def __init__(self, content: _Optional[_Iterable[_Union[ContentBlock, _Mapping]]] = ..., structured_content_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[ToolErrorKind, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class Verification(_message.Message):
     __slots__ = ("status", "message", "stdout", "attempts", "elapsed_ms")
@@ -175,29 +173,21 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class TaskInfo(_message.Message):
-    __slots__ = ("key", "env_id", "version", "prompt", "modality", "max_turns", "metadata")
+    __slots__ = ("key", "env_id", "version", "prompt", "modality", "max_turns", "metadata_json", "reference_solution_json")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ENV_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MODALITY_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
-    METADATA_FIELD_NUMBER: _ClassVar[int]
+    METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_SOLUTION_JSON_FIELD_NUMBER: _ClassVar[int]
     key: str
     env_id: str
     version: str
     prompt: str
     modality: str
     max_turns: int
-    metadata: _struct_pb2.Struct
-    def __init__(self, key: _Optional[str] = ..., env_id: _Optional[str] = ..., version: _Optional[str] = ..., prompt: _Optional[str] = ..., modality: _Optional[str] = ..., max_turns: _Optional[int] = ..., metadata: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
-
-class CallStatus(_message.Message):
-    __slots__ = ("code", "message", "details")
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    DETAILS_FIELD_NUMBER: _ClassVar[int]
-    code: int
-    message: str
-    details: _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
+    metadata_json: str
+    reference_solution_json: str
+    def __init__(self, key: _Optional[str] = ..., env_id: _Optional[str] = ..., version: _Optional[str] = ..., prompt: _Optional[str] = ..., modality: _Optional[str] = ..., max_turns: _Optional[int] = ..., metadata_json: _Optional[str] = ..., reference_solution_json: _Optional[str] = ...) -> None: ...

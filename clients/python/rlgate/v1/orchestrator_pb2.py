@@ -22,13 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from rlgate.v1 import common_pb2 as rlgate_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crlgate/v1/orchestrator.proto\x12\trlgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16rlgate/v1/common.proto\"\xe0\x01\n\x0cResetRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08task_key\x18\x03 \x01(\t\x12\x0f\n\x07\x65nv_key\x18\x04 \x01(\t\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x33\n\x06labels\x18\x06 \x03(\x0b\x32#.rlgate.v1.ResetRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xaf\x02\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65pisode\x18\x02 \x01(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12(\n\x08messages\x18\x04 \x03(\x0b\x32\x16.rlgate.v1.ChatMessage\x12\"\n\x05tools\x18\x05 \x03(\x0b\x32\x13.rlgate.v1.ToolSpec\x12\x13\n\x0b\x61gent_token\x18\x06 \x01(\t\x12\x17\n\x0fgateway_address\x18\x07 \x01(\t\x12!\n\x04task\x18\x08 \x01(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x11\n\tmax_turns\x18\t \x01(\x05\x12\x10\n\x08modality\x18\n \x01(\t\x12%\n\x04info\x18\x0b \x01(\x0b\x32\x17.google.protobuf.Struct\"\x9f\x01\n\x0fToolCallSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12*\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x10\n\x08is_error\x18\x04 \x01(\x08\x12,\n\nerror_kind\x18\x05 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKind\"\xb7\x01\n\x0bStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61ssistant_text\x18\x03 \x01(\t\x12.\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1a.rlgate.v1.ToolCallSummary\x12\x19\n\x0c\x66inal_answer\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\x42\x0f\n\r_final_answer\"\xe2\x01\n\x0cStepResponse\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12*\n\x0b\x64one_reason\x18\x04 \x01(\x0e\x32\x15.rlgate.v1.DoneReason\x12\x13\n\x06reward\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12-\n\x0cverification\x18\x06 \x01(\x0b\x32\x17.rlgate.v1.Verification\x12(\n\x06status\x18\x07 \x01(\x0e\x32\x18.rlgate.v1.SessionStatusB\t\n\x07_reward\">\n\x0cStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12include_tool_calls\x18\x02 \x01(\x08\"o\n\x0cInstanceInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x65nv_key\x18\x03 \x01(\t\x12\x10\n\x08root_url\x18\x04 \x01(\t\x12\x15\n\rmcp_endpoints\x18\x05 \x03(\t\"\xe2\x04\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\x12!\n\x04task\x18\x03 \x01(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x0f\n\x07\x65pisode\x18\x04 \x01(\x05\x12\x0c\n\x04turn\x18\x05 \x01(\x05\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12*\n\x0b\x64one_reason\x18\x07 \x01(\x0e\x32\x15.rlgate.v1.DoneReason\x12\x13\n\x06reward\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12-\n\x0cverification\x18\t \x01(\x0b\x32\x17.rlgate.v1.Verification\x12\x32\n\x06labels\x18\n \x03(\x0b\x32\".rlgate.v1.SessionInfo.LabelsEntry\x12\x0e\n\x06run_id\x18\x0b \x01(\t\x12)\n\x08instance\x18\x0c \x01(\x0b\x32\x17.rlgate.v1.InstanceInfo\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0ftool_call_count\x18\x10 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07_reward\"\xa1\x02\n\x10ToolCallLogEntry\x12\x0f\n\x07\x65pisode\x18\x01 \x01(\x05\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12*\n\targuments\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08is_error\x18\x05 \x01(\x08\x12,\n\nerror_kind\x18\x06 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKind\x12\x16\n\x0eresult_summary\x18\x07 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\t \x01(\x01\x12/\n\x0b\x66inished_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\rStateResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.rlgate.v1.SessionInfo\x12/\n\ntool_calls\x18\x02 \x03(\x0b\x32\x1b.rlgate.v1.ToolCallLogEntry\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"Q\n\rCloseResponse\x12\x16\n\x0e\x61lready_closed\x18\x01 \x01(\x08\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\"\x92\x01\n\x14\x43loseSessionsRequest\x12;\n\x06labels\x18\x01 \x03(\x0b\x32+.rlgate.v1.CloseSessionsRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x15\x43loseSessionsResponse\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"J\n\x10ListTasksRequest\x12\x0f\n\x07\x65nv_key\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"_\n\x11ListTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\r\n\x05total\x18\x03 \x01(\x05\"\xe1\x01\n\x13ListSessionsRequest\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.rlgate.v1.ListSessionsRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.rlgate.v1.SessionInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x98\x01\n\x11StepStreamRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12$\n\x04step\x18\x02 \x01(\x0b\x32\x16.rlgate.v1.StepRequest\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x63\x61ncel\x18\x04 \x01(\x08\x12\x10\n\x08trace_id\x18\x05 \x01(\t\"\x82\x01\n\x12StepStreamResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12(\n\x05reply\x18\x02 \x01(\x0b\x32\x17.rlgate.v1.StepResponseH\x00\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.rlgate.v1.CallStatusH\x00\x42\t\n\x07outcome*~\n\nDoneReason\x12\x1b\n\x17\x44ONE_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44ONE_REASON_FINAL_ANSWER\x10\x01\x12\x1a\n\x16\x44ONE_REASON_AGENT_DONE\x10\x02\x12\x19\n\x15\x44ONE_REASON_MAX_TURNS\x10\x03\x32\xbe\x04\n\x13OrchestratorService\x12:\n\x05Reset\x12\x17.rlgate.v1.ResetRequest\x1a\x18.rlgate.v1.ResetResponse\x12\x37\n\x04Step\x12\x16.rlgate.v1.StepRequest\x1a\x17.rlgate.v1.StepResponse\x12M\n\nStepStream\x12\x1c.rlgate.v1.StepStreamRequest\x1a\x1d.rlgate.v1.StepStreamResponse(\x01\x30\x01\x12:\n\x05State\x12\x17.rlgate.v1.StateRequest\x1a\x18.rlgate.v1.StateResponse\x12:\n\x05\x43lose\x12\x17.rlgate.v1.CloseRequest\x1a\x18.rlgate.v1.CloseResponse\x12R\n\rCloseSessions\x12\x1f.rlgate.v1.CloseSessionsRequest\x1a .rlgate.v1.CloseSessionsResponse\x12\x46\n\tListTasks\x12\x1b.rlgate.v1.ListTasksRequest\x1a\x1c.rlgate.v1.ListTasksResponse\x12O\n\x0cListSessions\x12\x1e.rlgate.v1.ListSessionsRequest\x1a\x1f.rlgate.v1.ListSessionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1crlgate/v1/orchestrator.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16rlgate/v1/common.proto\"\xe0\x01\n\x0cResetRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x10\n\x08task_key\x18\x03 \x01(\t\x12\x0f\n\x07\x65nv_key\x18\x04 \x01(\t\x12\x11\n\tmax_turns\x18\x05 \x01(\x05\x12\x33\n\x06labels\x18\x06 \x03(\x0b\x32#.rlgate.v1.ResetRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbf\x02\n\rResetResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0f\n\x07\x65pisode\x18\x02 \x01(\x05\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12(\n\x08messages\x18\x04 \x03(\x0b\x32\x16.rlgate.v1.ChatMessage\x12\"\n\x05tools\x18\x05 \x03(\x0b\x32\x13.rlgate.v1.ToolSpec\x12\x13\n\x0b\x61gent_token\x18\x06 \x01(\t\x12\x17\n\x0fgateway_address\x18\x07 \x01(\t\x12!\n\x04task\x18\x08 \x01(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x11\n\tmax_turns\x18\t \x01(\x05\x12\x10\n\x08modality\x18\n \x01(\t\x12)\n\x08instance\x18\x0c \x01(\x0b\x32\x17.rlgate.v1.InstanceInfoJ\x04\x08\x0b\x10\x0cR\x04info\"\xc3\x01\n\x0fToolCallSummary\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\targuments\x18\x02 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x18\n\x0e\x61rguments_json\x18\x06 \x01(\tH\x00\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x10\n\x08is_error\x18\x04 \x01(\x08\x12,\n\nerror_kind\x18\x05 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKindB\x06\n\x04\x61rgs\"\xb7\x01\n\x0bStepRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x16\n\x0e\x61ssistant_text\x18\x03 \x01(\t\x12.\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1a.rlgate.v1.ToolCallSummary\x12\x19\n\x0c\x66inal_answer\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x0c\n\x04\x64one\x18\x06 \x01(\x08\x42\x0f\n\r_final_answer\"\xe2\x01\n\x0cStepResponse\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x0c\n\x04\x64one\x18\x02 \x01(\x08\x12\x11\n\ttruncated\x18\x03 \x01(\x08\x12*\n\x0b\x64one_reason\x18\x04 \x01(\x0e\x32\x15.rlgate.v1.DoneReason\x12\x13\n\x06reward\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12-\n\x0cverification\x18\x06 \x01(\x0b\x32\x17.rlgate.v1.Verification\x12(\n\x06status\x18\x07 \x01(\x0e\x32\x18.rlgate.v1.SessionStatusB\t\n\x07_reward\">\n\x0cStateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1a\n\x12include_tool_calls\x18\x02 \x01(\x08\"o\n\x0cInstanceInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07\x65nv_key\x18\x03 \x01(\t\x12\x10\n\x08root_url\x18\x04 \x01(\t\x12\x15\n\rmcp_endpoints\x18\x05 \x03(\t\"\xe2\x04\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\x12!\n\x04task\x18\x03 \x01(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x0f\n\x07\x65pisode\x18\x04 \x01(\x05\x12\x0c\n\x04turn\x18\x05 \x01(\x05\x12\x11\n\tmax_turns\x18\x06 \x01(\x05\x12*\n\x0b\x64one_reason\x18\x07 \x01(\x0e\x32\x15.rlgate.v1.DoneReason\x12\x13\n\x06reward\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12-\n\x0cverification\x18\t \x01(\x0b\x32\x17.rlgate.v1.Verification\x12\x32\n\x06labels\x18\n \x03(\x0b\x32\".rlgate.v1.SessionInfo.LabelsEntry\x12\x0e\n\x06run_id\x18\x0b \x01(\t\x12)\n\x08instance\x18\x0c \x01(\x0b\x32\x17.rlgate.v1.InstanceInfo\x12.\n\ncreated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nupdated_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0ftool_call_count\x18\x10 \x01(\x05\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\t\n\x07_reward\"\x9e\x02\n\x10ToolCallLogEntry\x12\x0f\n\x07\x65pisode\x18\x01 \x01(\x05\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x0b \x01(\t\x12\x10\n\x08is_error\x18\x05 \x01(\x08\x12,\n\nerror_kind\x18\x06 \x01(\x0e\x32\x18.rlgate.v1.ToolErrorKind\x12\x16\n\x0eresult_summary\x18\x07 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12\x13\n\x0b\x64uration_ms\x18\t \x01(\x01\x12/\n\x0b\x66inished_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampJ\x04\x08\x04\x10\x05R\targuments\"i\n\rStateResponse\x12\'\n\x07session\x18\x01 \x01(\x0b\x32\x16.rlgate.v1.SessionInfo\x12/\n\ntool_calls\x18\x02 \x03(\x0b\x32\x1b.rlgate.v1.ToolCallLogEntry\"\"\n\x0c\x43loseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"Q\n\rCloseResponse\x12\x16\n\x0e\x61lready_closed\x18\x01 \x01(\x08\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\"\x92\x01\n\x14\x43loseSessionsRequest\x12;\n\x06labels\x18\x01 \x03(\x0b\x32+.rlgate.v1.CloseSessionsRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\x15\x43loseSessionsResponse\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"n\n\x10ListTasksRequest\x12\x0f\n\x07\x65nv_key\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\"\n\x1ainclude_reference_solution\x18\x04 \x01(\x08\"_\n\x11ListTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.rlgate.v1.TaskInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\x12\r\n\x05total\x18\x03 \x01(\x05\"\xe1\x01\n\x13ListSessionsRequest\x12(\n\x06status\x18\x01 \x01(\x0e\x32\x18.rlgate.v1.SessionStatus\x12:\n\x06labels\x18\x02 \x03(\x0b\x32*.rlgate.v1.ListSessionsRequest.LabelsEntry\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Y\n\x14ListSessionsResponse\x12(\n\x08sessions\x18\x01 \x03(\x0b\x32\x16.rlgate.v1.SessionInfo\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*~\n\nDoneReason\x12\x1b\n\x17\x44ONE_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x44ONE_REASON_FINAL_ANSWER\x10\x01\x12\x1a\n\x16\x44ONE_REASON_AGENT_DONE\x10\x02\x12\x19\n\x15\x44ONE_REASON_MAX_TURNS\x10\x03\x32\xef\x03\n\x13OrchestratorService\x12:\n\x05Reset\x12\x17.rlgate.v1.ResetRequest\x1a\x18.rlgate.v1.ResetResponse\x12\x37\n\x04Step\x12\x16.rlgate.v1.StepRequest\x1a\x17.rlgate.v1.StepResponse\x12:\n\x05State\x12\x17.rlgate.v1.StateRequest\x1a\x18.rlgate.v1.StateResponse\x12:\n\x05\x43lose\x12\x17.rlgate.v1.CloseRequest\x1a\x18.rlgate.v1.CloseResponse\x12R\n\rCloseSessions\x12\x1f.rlgate.v1.CloseSessionsRequest\x1a .rlgate.v1.CloseSessionsResponse\x12\x46\n\tListTasks\x12\x1b.rlgate.v1.ListTasksRequest\x1a\x1c.rlgate.v1.ListTasksResponse\x12O\n\x0cListSessions\x12\x1e.rlgate.v1.ListSessionsRequest\x1a\x1f.rlgate.v1.ListSessionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,56 +42,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSESESSIONSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_DONEREASON']._serialized_start=3555
-  _globals['_DONEREASON']._serialized_end=3681
-  _globals['_RESETREQUEST']._serialized_start=163
-  _globals['_RESETREQUEST']._serialized_end=387
-  _globals['_RESETREQUEST_LABELSENTRY']._serialized_start=342
-  _globals['_RESETREQUEST_LABELSENTRY']._serialized_end=387
-  _globals['_RESETRESPONSE']._serialized_start=390
-  _globals['_RESETRESPONSE']._serialized_end=693
-  _globals['_TOOLCALLSUMMARY']._serialized_start=696
-  _globals['_TOOLCALLSUMMARY']._serialized_end=855
-  _globals['_STEPREQUEST']._serialized_start=858
-  _globals['_STEPREQUEST']._serialized_end=1041
-  _globals['_STEPRESPONSE']._serialized_start=1044
-  _globals['_STEPRESPONSE']._serialized_end=1270
-  _globals['_STATEREQUEST']._serialized_start=1272
-  _globals['_STATEREQUEST']._serialized_end=1334
-  _globals['_INSTANCEINFO']._serialized_start=1336
-  _globals['_INSTANCEINFO']._serialized_end=1447
-  _globals['_SESSIONINFO']._serialized_start=1450
-  _globals['_SESSIONINFO']._serialized_end=2060
-  _globals['_SESSIONINFO_LABELSENTRY']._serialized_start=342
-  _globals['_SESSIONINFO_LABELSENTRY']._serialized_end=387
-  _globals['_TOOLCALLLOGENTRY']._serialized_start=2063
-  _globals['_TOOLCALLLOGENTRY']._serialized_end=2352
-  _globals['_STATERESPONSE']._serialized_start=2354
-  _globals['_STATERESPONSE']._serialized_end=2459
-  _globals['_CLOSEREQUEST']._serialized_start=2461
-  _globals['_CLOSEREQUEST']._serialized_end=2495
-  _globals['_CLOSERESPONSE']._serialized_start=2497
-  _globals['_CLOSERESPONSE']._serialized_end=2578
-  _globals['_CLOSESESSIONSREQUEST']._serialized_start=2581
-  _globals['_CLOSESESSIONSREQUEST']._serialized_end=2727
-  _globals['_CLOSESESSIONSREQUEST_LABELSENTRY']._serialized_start=342
-  _globals['_CLOSESESSIONSREQUEST_LABELSENTRY']._serialized_end=387
-  _globals['_CLOSESESSIONSRESPONSE']._serialized_start=2729
-  _globals['_CLOSESESSIONSRESPONSE']._serialized_end=2773
-  _globals['_LISTTASKSREQUEST']._serialized_start=2775
-  _globals['_LISTTASKSREQUEST']._serialized_end=2849
-  _globals['_LISTTASKSRESPONSE']._serialized_start=2851
-  _globals['_LISTTASKSRESPONSE']._serialized_end=2946
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=2949
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=3174
-  _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._serialized_start=342
-  _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._serialized_end=387
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=3176
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=3265
-  _globals['_STEPSTREAMREQUEST']._serialized_start=3268
-  _globals['_STEPSTREAMREQUEST']._serialized_end=3420
-  _globals['_STEPSTREAMRESPONSE']._serialized_start=3423
-  _globals['_STEPSTREAMRESPONSE']._serialized_end=3553
-  _globals['_ORCHESTRATORSERVICE']._serialized_start=3684
-  _globals['_ORCHESTRATORSERVICE']._serialized_end=4258
+  _globals['_DONEREASON']._serialized_start=3320
+  _globals['_DONEREASON']._serialized_end=3446
+  _globals['_RESETREQUEST']._serialized_start=131
+  _globals['_RESETREQUEST']._serialized_end=355
+  _globals['_RESETREQUEST_LABELSENTRY']._serialized_start=310
+  _globals['_RESETREQUEST_LABELSENTRY']._serialized_end=355
+  _globals['_RESETRESPONSE']._serialized_start=358
+  _globals['_RESETRESPONSE']._serialized_end=677
+  _globals['_TOOLCALLSUMMARY']._serialized_start=680
+  _globals['_TOOLCALLSUMMARY']._serialized_end=875
+  _globals['_STEPREQUEST']._serialized_start=878
+  _globals['_STEPREQUEST']._serialized_end=1061
+  _globals['_STEPRESPONSE']._serialized_start=1064
+  _globals['_STEPRESPONSE']._serialized_end=1290
+  _globals['_STATEREQUEST']._serialized_start=1292
+  _globals['_STATEREQUEST']._serialized_end=1354
+  _globals['_INSTANCEINFO']._serialized_start=1356
+  _globals['_INSTANCEINFO']._serialized_end=1467
+  _globals['_SESSIONINFO']._serialized_start=1470
+  _globals['_SESSIONINFO']._serialized_end=2080
+  _globals['_SESSIONINFO_LABELSENTRY']._serialized_start=310
+  _globals['_SESSIONINFO_LABELSENTRY']._serialized_end=355
+  _globals['_TOOLCALLLOGENTRY']._serialized_start=2083
+  _globals['_TOOLCALLLOGENTRY']._serialized_end=2369
+  _globals['_STATERESPONSE']._serialized_start=2371
+  _globals['_STATERESPONSE']._serialized_end=2476
+  _globals['_CLOSEREQUEST']._serialized_start=2478
+  _globals['_CLOSEREQUEST']._serialized_end=2512
+  _globals['_CLOSERESPONSE']._serialized_start=2514
+  _globals['_CLOSERESPONSE']._serialized_end=2595
+  _globals['_CLOSESESSIONSREQUEST']._serialized_start=2598
+  _globals['_CLOSESESSIONSREQUEST']._serialized_end=2744
+  _globals['_CLOSESESSIONSREQUEST_LABELSENTRY']._serialized_start=310
+  _globals['_CLOSESESSIONSREQUEST_LABELSENTRY']._serialized_end=355
+  _globals['_CLOSESESSIONSRESPONSE']._serialized_start=2746
+  _globals['_CLOSESESSIONSRESPONSE']._serialized_end=2790
+  _globals['_LISTTASKSREQUEST']._serialized_start=2792
+  _globals['_LISTTASKSREQUEST']._serialized_end=2902
+  _globals['_LISTTASKSRESPONSE']._serialized_start=2904
+  _globals['_LISTTASKSRESPONSE']._serialized_end=2999
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=3002
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=3227
+  _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._serialized_start=310
+  _globals['_LISTSESSIONSREQUEST_LABELSENTRY']._serialized_end=355
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=3229
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=3318
+  _globals['_ORCHESTRATORSERVICE']._serialized_start=3449
+  _globals['_ORCHESTRATORSERVICE']._serialized_end=3944
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,5 @@
 import datetime
 
-from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from rlgate.v1 import common_pb2 as _common_pb2
@@ -50,7 +49,7 @@ class ResetRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., task_key: _Optional[str] = ..., env_key: _Optional[str] = ..., max_turns: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class ResetResponse(_message.Message):
-    __slots__ = ("session_id", "episode", "prompt", "messages", "tools", "agent_token", "gateway_address", "task", "max_turns", "modality", "info")
+    __slots__ = ("session_id", "episode", "prompt", "messages", "tools", "agent_token", "gateway_address", "task", "max_turns", "modality", "instance")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -61,7 +60,7 @@ class ResetResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
     MODALITY_FIELD_NUMBER: _ClassVar[int]
-    INFO_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     episode: int
     prompt: str
@@ -72,22 +71,24 @@ class ResetResponse(_message.Message):
     task: _common_pb2.TaskInfo
     max_turns: int
     modality: str
-    info: _struct_pb2.Struct
-    def __init__(self, session_id: _Optional[str] = ..., episode: _Optional[int] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., agent_token: _Optional[str] = ..., gateway_address: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., max_turns: _Optional[int] = ..., modality: _Optional[str] = ..., info: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    instance: InstanceInfo
+    def __init__(self, session_id: _Optional[str] = ..., episode: _Optional[int] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., agent_token: _Optional[str] = ..., gateway_address: _Optional[str] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., max_turns: _Optional[int] = ..., modality: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ...) -> None: ...
 
 class ToolCallSummary(_message.Message):
-    __slots__ = ("name", "arguments", "request_id", "is_error", "error_kind")
+    __slots__ = ("name", "arguments", "arguments_json", "request_id", "is_error", "error_kind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     arguments: _struct_pb2.Struct
+    arguments_json: str
     request_id: str
     is_error: bool
     error_kind: _common_pb2.ToolErrorKind
-    def __init__(self, name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., request_id: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., arguments_json: _Optional[str] = ..., request_id: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("request_id", "session_id", "assistant_text", "tool_calls", "final_answer", "done")
@@ -189,11 +190,11 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ...) -> None: ...
 
 class ToolCallLogEntry(_message.Message):
-    __slots__ = ("episode", "request_id", "tool", "arguments", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at")
+    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at")
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
-    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     IS_ERROR_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     RESULT_SUMMARY_FIELD_NUMBER: _ClassVar[int]
@@ -203,14 +204,14 @@ class ToolCallLogEntry(_message.Message):
     episode: int
     request_id: str
     tool: str
-    arguments: _struct_pb2.Struct
+    arguments_json: str
     is_error: bool
     error_kind: _common_pb2.ToolErrorKind
     result_summary: str
     endpoint: str
     duration_ms: float
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class StateResponse(_message.Message):
     __slots__ = ("session", "tool_calls")
@@ -256,14 +257,16 @@ class CloseSessionsResponse(_message.Message):
     def __init__(self, session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("env_key", "page_size", "page_token")
+    __slots__ = ("env_key", "page_size", "page_token", "include_reference_solution")
     ENV_KEY_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_REFERENCE_SOLUTION_FIELD_NUMBER: _ClassVar[int]
     env_key: str
     page_size: int
     page_token: str
-    def __init__(self, env_key: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    include_reference_solution: bool
+    def __init__(self, env_key: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., include_reference_solution: _Optional[bool] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("tasks", "next_page_token", "total")
@@ -303,27 +306,3 @@ class ListSessionsResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
-
-class StepStreamRequest(_message.Message):
-    __slots__ = ("call_id", "step", "timeout", "cancel", "trace_id")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    STEP_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
-    CANCEL_FIELD_NUMBER: _ClassVar[int]
-    TRACE_ID_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    step: StepRequest
-    timeout: _duration_pb2.Duration
-    cancel: bool
-    trace_id: str
-    def __init__(self, call_id: _Optional[int] = ..., step: _Optional[_Union[StepRequest, _Mapping]] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., cancel: _Optional[bool] = ..., trace_id: _Optional[str] = ...) -> None: ...
-
-class StepStreamResponse(_message.Message):
-    __slots__ = ("call_id", "reply", "error")
-    CALL_ID_FIELD_NUMBER: _ClassVar[int]
-    REPLY_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    call_id: int
-    reply: StepResponse
-    error: _common_pb2.CallStatus
-    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[StepResponse, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...

@@ -55,11 +55,6 @@ class OrchestratorServiceStub:
                 request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.FromString,
                 _registered_method=True)
-        self.StepStream = channel.stream_stream(
-                '/rlgate.v1.OrchestratorService/StepStream',
-                request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.SerializeToString,
-                response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.FromString,
-                _registered_method=True)
         self.State = channel.unary_unary(
                 '/rlgate.v1.OrchestratorService/State',
                 request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StateRequest.SerializeToString,
@@ -111,8 +106,16 @@ class OrchestratorServiceServicer:
         turn counter zeroed); a reset that fails on a reused instance is fatal for
         that instance, which is replaced, so no episode starts on dirty state.
 
-        Retries: a request_id seen before returns the same session and episode
-        instead of provisioning again.
+        Retries: a request_id seen before from the same caller (API key) returns
+        the same session and episode instead of provisioning again, with a fresh
+        agent token (only its hash is stored, so a retry cannot return the first
+        one; the first is revoked). Request ids are scoped to the caller and bound
+        to the request they were first used with: reused with another task,
+        env, session, max_turns, labels or run_id it is INVALID_ARGUMENT naming
+        the field, never another session.
+
+        The response never carries a task's reference solution (ListTasks gives it
+        to a caller that asks).
 
         Errors: NOT_FOUND (unknown task_key, env_key or session_id),
         FAILED_PRECONDITION (the session is closed or expired), RESOURCE_EXHAUSTED
@@ -133,22 +136,12 @@ class OrchestratorServiceServicer:
         runs the task's verifier under its own timeout; reward is set only when the
         verifier produced a score.
 
-        Retries: a request_id seen before returns the recorded response.
+        Retries: a request_id seen before from the same caller returns the
+        recorded response; reused with another session or other contents it is
+        INVALID_ARGUMENT.
 
         Errors: NOT_FOUND (unknown session), FAILED_PRECONDITION (the episode is
         already done, or the session is closed or expired).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StepStream(self, request_iterator, context):
-        """StepStream carries many Step calls over one long-lived stream, as
-        ToolGatewayService.CallToolStream carries CallTool calls (see there for
-        call_id, cancellation, half-close and flow control). Each Step has exactly
-        Step's semantics and errors; authorization is the stream's metadata
-        (`authorization: Bearer <api key>`), checked when the stream opens.
-        rlgate's AsyncClient uses it for step; Step remains for everyone else.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -215,11 +208,6 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.Step,
                     request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.SerializeToString,
-            ),
-            'StepStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.StepStream,
-                    request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.FromString,
-                    response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.SerializeToString,
             ),
             'State': grpc.unary_unary_rpc_method_handler(
                     servicer.State,
@@ -312,33 +300,6 @@ class OrchestratorService:
             '/rlgate.v1.OrchestratorService/Step',
             rlgate_dot_v1_dot_orchestrator__pb2.StepRequest.SerializeToString,
             rlgate_dot_v1_dot_orchestrator__pb2.StepResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StepStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/rlgate.v1.OrchestratorService/StepStream',
-            rlgate_dot_v1_dot_orchestrator__pb2.StepStreamRequest.SerializeToString,
-            rlgate_dot_v1_dot_orchestrator__pb2.StepStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

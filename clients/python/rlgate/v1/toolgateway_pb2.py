@@ -22,30 +22,25 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rlgate.v1 import common_pb2 as rlgate_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlgate/v1/toolgateway.proto\x12\trlgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16rlgate/v1/common.proto\"\x12\n\x10ListToolsRequest\"7\n\x11ListToolsResponse\x12\"\n\x05tools\x18\x01 \x03(\x0b\x32\x13.rlgate.v1.ToolSpec\"_\n\x0f\x43\x61llToolRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\"K\n\x10\x43\x61llToolResponse\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.rlgate.v1.ToolResult\x12\x10\n\x08replayed\x18\x02 \x01(\x08\"\xaf\x01\n\x15\x43\x61llToolStreamRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\r\n\x05token\x18\x02 \x01(\t\x12(\n\x04\x63\x61ll\x18\x03 \x01(\x0b\x32\x1a.rlgate.v1.CallToolRequest\x12*\n\x07timeout\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x63\x61ncel\x18\x05 \x01(\x08\x12\x10\n\x08trace_id\x18\x06 \x01(\t\"\x8a\x01\n\x16\x43\x61llToolStreamResponse\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12,\n\x05reply\x18\x02 \x01(\x0b\x32\x1b.rlgate.v1.CallToolResponseH\x00\x12&\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x15.rlgate.v1.CallStatusH\x00\x42\t\n\x07outcome2\xfc\x01\n\x12ToolGatewayService\x12\x46\n\tListTools\x12\x1b.rlgate.v1.ListToolsRequest\x1a\x1c.rlgate.v1.ListToolsResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.rlgate.v1.CallToolRequest\x1a\x1b.rlgate.v1.CallToolResponse\x12Y\n\x0e\x43\x61llToolStream\x12 .rlgate.v1.CallToolStreamRequest\x1a!.rlgate.v1.CallToolStreamResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brlgate/v1/toolgateway.proto\x12\trlgate.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x16rlgate/v1/common.proto\"\x12\n\x10ListToolsRequest\"7\n\x11ListToolsResponse\x12\"\n\x05tools\x18\x01 \x03(\x0b\x32\x13.rlgate.v1.ToolSpec\"\x83\x01\n\x0f\x43\x61llToolRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12,\n\targuments\x18\x03 \x01(\x0b\x32\x17.google.protobuf.StructH\x00\x12\x18\n\x0e\x61rguments_json\x18\x04 \x01(\tH\x00\x42\x06\n\x04\x61rgs\"K\n\x10\x43\x61llToolResponse\x12%\n\x06result\x18\x01 \x01(\x0b\x32\x15.rlgate.v1.ToolResult\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x32\xa1\x01\n\x12ToolGatewayService\x12\x46\n\tListTools\x12\x1b.rlgate.v1.ListToolsRequest\x1a\x1c.rlgate.v1.ListToolsResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.rlgate.v1.CallToolRequest\x1a\x1b.rlgate.v1.CallToolResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlgate.v1.toolgateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTTOOLSREQUEST']._serialized_start=128
-  _globals['_LISTTOOLSREQUEST']._serialized_end=146
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=148
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=203
-  _globals['_CALLTOOLREQUEST']._serialized_start=205
-  _globals['_CALLTOOLREQUEST']._serialized_end=300
-  _globals['_CALLTOOLRESPONSE']._serialized_start=302
-  _globals['_CALLTOOLRESPONSE']._serialized_end=377
-  _globals['_CALLTOOLSTREAMREQUEST']._serialized_start=380
-  _globals['_CALLTOOLSTREAMREQUEST']._serialized_end=555
-  _globals['_CALLTOOLSTREAMRESPONSE']._serialized_start=558
-  _globals['_CALLTOOLSTREAMRESPONSE']._serialized_end=696
-  _globals['_TOOLGATEWAYSERVICE']._serialized_start=699
-  _globals['_TOOLGATEWAYSERVICE']._serialized_end=951
+  _globals['_LISTTOOLSREQUEST']._serialized_start=96
+  _globals['_LISTTOOLSREQUEST']._serialized_end=114
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=116
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=171
+  _globals['_CALLTOOLREQUEST']._serialized_start=174
+  _globals['_CALLTOOLREQUEST']._serialized_end=305
+  _globals['_CALLTOOLRESPONSE']._serialized_start=307
+  _globals['_CALLTOOLRESPONSE']._serialized_end=382
+  _globals['_TOOLGATEWAYSERVICE']._serialized_start=385
+  _globals['_TOOLGATEWAYSERVICE']._serialized_end=546
 # @@protoc_insertion_point(module_scope)

@@ -34,8 +34,12 @@ class ToolGatewayServiceStub:
     Authentication: every RPC needs `authorization: Bearer <agent token>`, the
     token Reset returned for the current episode. The token selects the session.
     Errors that apply to both RPCs:
-    UNAUTHENTICATED      no token, or a token that matches no episode;
-    FAILED_PRECONDITION  the session is closed or expired, or the episode is done;
+    UNAUTHENTICATED      no token, or a token that was never issued;
+    FAILED_PRECONDITION  the token's episode is over: the session was closed
+    or expired, the episode is done, or a later Reset
+    started a new episode. The message says which (the
+    server keeps a revoked token's hash and reason, never
+    the token itself);
     UNAVAILABLE          no upstream MCP endpoint could be reached (retryable);
     DEADLINE_EXCEEDED    the caller's deadline passed (the upstream call is cancelled).
     """
@@ -56,11 +60,6 @@ class ToolGatewayServiceStub:
                 request_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.FromString,
                 _registered_method=True)
-        self.CallToolStream = channel.stream_stream(
-                '/rlgate.v1.ToolGatewayService/CallToolStream',
-                request_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.SerializeToString,
-                response_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.FromString,
-                _registered_method=True)
 
 
 class ToolGatewayServiceServicer:
@@ -72,8 +71,12 @@ class ToolGatewayServiceServicer:
     Authentication: every RPC needs `authorization: Bearer <agent token>`, the
     token Reset returned for the current episode. The token selects the session.
     Errors that apply to both RPCs:
-    UNAUTHENTICATED      no token, or a token that matches no episode;
-    FAILED_PRECONDITION  the session is closed or expired, or the episode is done;
+    UNAUTHENTICATED      no token, or a token that was never issued;
+    FAILED_PRECONDITION  the token's episode is over: the session was closed
+    or expired, the episode is done, or a later Reset
+    started a new episode. The message says which (the
+    server keeps a revoked token's hash and reason, never
+    the token itself);
     UNAVAILABLE          no upstream MCP endpoint could be reached (retryable);
     DEADLINE_EXCEEDED    the caller's deadline passed (the upstream call is cancelled).
     """
@@ -92,43 +95,19 @@ class ToolGatewayServiceServicer:
 
         The model's mistakes are results, not errors: an unknown tool, arguments
         that fail the input schema, or a tool's own failure return is_error=true
-        with an error_kind. Integer-typed arguments are restored from the schema
-        (Struct carries doubles); NaN and Infinity are INVALID_ARGUMENT.
+        with an error_kind.
 
         A tool never runs twice: a request_id is recorded before the upstream call
         and its result after; a retry gets the recorded result, or OUTCOME_UNKNOWN
-        if the first attempt's owner died mid-call. The caller's deadline bounds
-        the upstream call, and cancelling the RPC cancels it.
+        if the first attempt's owner died mid-call. A request_id belongs to the
+        session and is bound to the name and arguments it was first used with.
+        The caller's deadline bounds the upstream call, and cancelling the RPC
+        cancels it.
 
-        Errors: INVALID_ARGUMENT (empty name, non-finite numbers, request_id too
-        long), plus the service-wide ones.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CallToolStream(self, request_iterator, context):
-        """CallToolStream carries many CallTool calls over one long-lived stream.
-        Each call has exactly CallTool's semantics: the same authorization (its
-        own agent token), idempotency, deadline, cancellation, results and
-        errors. What the stream saves is gRPC's per-call cost (a new HTTP/2
-        stream with headers and trailers, a server task, interceptors): about
-        half of a small call's CPU in grpc.aio. rlgate's AsyncClient uses it;
-        CallTool remains for grpcurl and any other client.
-
-        Calls run concurrently and are answered as they finish, in any order,
-        matched by call_id. One stream may carry the calls of many sessions.
-        A request with cancel=true cancels the call in flight with that call_id
-        (and its upstream call), which is then answered CANCELLED. Half-closing
-        the stream lets the calls in flight finish and be answered; cancelling it
-        cancels them. The server sends its response headers as the stream opens,
-        so a client can wait for them before its first request (a server without
-        this method ends the stream UNIMPLEMENTED instead). The server reads no further requests while 1,024 calls of
-        the stream are in flight (flow control, not an error).
-
-        The stream itself ends with INVALID_ARGUMENT only for a request that does
-        not parse or reuses a call_id still in flight. Every other error belongs
-        to one call and comes back in its response's `error`.
+        Errors: INVALID_ARGUMENT (a name that is not 1-128 of [A-Za-z0-9._-],
+        arguments that are not a JSON object or exceed the size limit, a
+        request_id too long or reused with another name or arguments), plus the
+        service-wide ones.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,11 +126,6 @@ def add_ToolGatewayServiceServicer_to_server(servicer, server):
                     request_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.SerializeToString,
             ),
-            'CallToolStream': grpc.stream_stream_rpc_method_handler(
-                    servicer.CallToolStream,
-                    request_deserializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.FromString,
-                    response_serializer=rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.SerializeToString,
-            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'rlgate.v1.ToolGatewayService', rpc_method_handlers)
@@ -169,8 +143,12 @@ class ToolGatewayService:
     Authentication: every RPC needs `authorization: Bearer <agent token>`, the
     token Reset returned for the current episode. The token selects the session.
     Errors that apply to both RPCs:
-    UNAUTHENTICATED      no token, or a token that matches no episode;
-    FAILED_PRECONDITION  the session is closed or expired, or the episode is done;
+    UNAUTHENTICATED      no token, or a token that was never issued;
+    FAILED_PRECONDITION  the token's episode is over: the session was closed
+    or expired, the episode is done, or a later Reset
+    started a new episode. The message says which (the
+    server keeps a revoked token's hash and reason, never
+    the token itself);
     UNAVAILABLE          no upstream MCP endpoint could be reached (retryable);
     DEADLINE_EXCEEDED    the caller's deadline passed (the upstream call is cancelled).
     """
@@ -219,33 +197,6 @@ class ToolGatewayService:
             '/rlgate.v1.ToolGatewayService/CallTool',
             rlgate_dot_v1_dot_toolgateway__pb2.CallToolRequest.SerializeToString,
             rlgate_dot_v1_dot_toolgateway__pb2.CallToolResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CallToolStream(request_iterator,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.stream_stream(
-            request_iterator,
-            target,
-            '/rlgate.v1.ToolGatewayService/CallToolStream',
-            rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamRequest.SerializeToString,
-            rlgate_dot_v1_dot_toolgateway__pb2.CallToolStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
