@@ -2,7 +2,7 @@
 
 Everything durable lives in the store (sessions updated by compare-and-set), so any replica can serve any
 session and a restarted process resumes where the last one stopped. gRPC stays in the servicer; this
-module raises `OrchestratorError`s and returns wire messages.
+module raises `RlgateError`s and returns wire messages.
 """
 
 from __future__ import annotations
@@ -19,15 +19,6 @@ from dataclasses import dataclass, field
 from rlgate.convert import struct_from_dict
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import (
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    Unavailable,
-    clip,
-)
 from rlgate.orchestrator.idempotency import Idempotency
 from rlgate.orchestrator.pool import PoolEntry, WarmPool
 from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Provider, ResetFailed, TaskDef
@@ -36,7 +27,16 @@ from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, v
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import session_info, status_name, task_info, tool_call_entry, verification
-from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.auth import token_hash
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+    clip,
+)
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     OPEN_STATUSES,

@@ -24,8 +24,8 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import DeadlineExceeded, clip
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import DeadlineExceeded, clip
 from rlgate.store import RequestRecord, RequestState, SessionStore
 
 log = logging.getLogger(__name__)

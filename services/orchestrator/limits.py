@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from rlgate.orchestrator.errors import InvalidArgument, NotFound, clip
+from rlgate.runtime.errors import InvalidArgument, NotFound, clip
 
 MAX_ID = 128  # request_id, run_id, session_id (rlgate's own session ids are 26 characters)
 MAX_KEY = 256  # task_key, env_key

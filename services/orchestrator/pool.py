@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import OrchestratorError
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.provisioning import Provisioner
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import RlgateError
 from rlgate.store import Intent, IntentState
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class WarmPool:
         try:
             handle, intent = await self._provisioner.create(
                 env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED)
-        except OrchestratorError as exc:
+        except RlgateError as exc:
             log.warning("warm pool %s: create failed: %s", env_key, exc.message)
             await asyncio.sleep(1.0)
             return

@@ -24,8 +24,6 @@ from typing import Any
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.deadline import Deadline
-from rlgate.orchestrator.errors import NotFound, OrchestratorError, ResourceExhausted, Unavailable, clip
 from rlgate.orchestrator.providers.base import (
     INTENT_ENV_VAR,
     EnvNotFound,
@@ -36,6 +34,8 @@ from rlgate.orchestrator.providers.base import (
     RateLimited,
     Retryable,
 )
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import NotFound, ResourceExhausted, RlgateError, Unavailable, clip
 from rlgate.store import Intent, IntentState, SessionStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class Provisioner:
 
     async def create(self, env_key: str, deadline: Deadline, *, env_variables: dict[str, Any] | None = None,
                      state: str = IntentState.CREATING) -> tuple[InstanceHandle, Intent]:
-        """A running instance and its intent (state `state`), or an OrchestratorError by the deadline."""
+        """A running instance and its intent (state `state`), or an RlgateError by the deadline."""
         delay = 0.25
         last: ProviderError | None = None
         while True:
@@ -102,7 +102,7 @@ class Provisioner:
                 await asyncio.sleep(wait)
             delay = min(delay * 2, 5.0)
 
-    def _give_up(self, env_key: str, last: ProviderError | None) -> OrchestratorError:
+    def _give_up(self, env_key: str, last: ProviderError | None) -> RlgateError:
         if isinstance(last, InstanceLimit):
             return ResourceExhausted(
                 f"provider instance limit reached creating {env_key}: {last}", subject=f"instances:{env_key}",

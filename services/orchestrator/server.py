@@ -19,10 +19,10 @@ from typing import Any
 import grpc
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.errors import Unavailable
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
+from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
 from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
 from rlgate.runtime.logs import setup_logging

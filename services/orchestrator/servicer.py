@@ -1,5 +1,5 @@
 """gRPC handlers: check every request's ids (`limits.check_request`), translate requests into
-`EpisodeManager` calls and `OrchestratorError`s into statuses with google.rpc details. No orchestration
+`EpisodeManager` calls and `RlgateError`s into statuses with google.rpc details. No orchestration
 logic lives here. StepStream serves Step calls over a stream (`runtime.multiplex`) through the same path."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
-from rlgate.orchestrator.errors import MAX_MESSAGE, OrchestratorError, clip
 from rlgate.orchestrator.limits import check_request
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import MAX_MESSAGE, RlgateError, clip
 from rlgate.runtime.interceptors import RpcMetrics
 from rlgate.runtime.multiplex import Multiplexer, StreamedMethod
 from rlgate.store import StoreError
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 def error_status(exc: Exception) -> status_pb2.Status | None:
     """The status an RPC ends with for an expected exception (None: a bug, answered INTERNAL)."""
-    if isinstance(exc, OrchestratorError):
+    if isinstance(exc, RlgateError):
         return exc.to_status()
     if isinstance(exc, StoreError):
         log.warning("store unavailable: %s", exc)

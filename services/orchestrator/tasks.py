@@ -15,9 +15,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from rlgate.orchestrator.errors import InvalidArgument, NotFound, clip
 from rlgate.orchestrator.limits import MAX_KEY
 from rlgate.orchestrator.providers.base import TaskDef
+from rlgate.runtime.errors import InvalidArgument, NotFound, clip
 
 MODALITIES = ("tool_use", "computer_use", "browser_use")
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from rlgate.orchestrator.errors import Unavailable
+from rlgate.runtime.errors import Unavailable
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)

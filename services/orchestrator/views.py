@@ -8,8 +8,8 @@ from google.protobuf import timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from rlgate.convert import struct_from_dict
-from rlgate.orchestrator.errors import InvalidArgument
 from rlgate.orchestrator.providers.base import TaskDef
+from rlgate.runtime.errors import InvalidArgument
 from rlgate.store import Session, ToolCallEntry
 from rlgate.v1 import common_pb2, orchestrator_pb2
 

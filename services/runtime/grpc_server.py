@@ -1,7 +1,8 @@
 """grpc.aio server bootstrap shared by the orchestrator and the toolgateway.
 
 `start_server` binds a listen address (port 0 picks a free port), registers the services plus
-`grpc.health.v1` and server reflection, and installs the interceptors. `RunningServer.shutdown` is the
+`grpc.health.v1` and server reflection (`rlgate.runtime.reflection`: methods resolve too, so `grpcurl
+describe Service.Method` works), and installs the interceptors. `RunningServer.shutdown` is the
 graceful path used on SIGTERM/SIGINT: health goes NOT_SERVING first (load balancers stop sending), the
 service's own drain hook runs, then in-flight RPCs get `grace` seconds before the server stops.
 """
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+
+from rlgate.runtime.reflection import enable_server_reflection
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,7 @@ async def start_server(
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
-    )
+    enable_server_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
     creds = server_credentials(tls_cert, tls_key)
     port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
     if port == 0:

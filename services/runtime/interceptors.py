@@ -10,7 +10,6 @@ Health and reflection are exempt from auth so probes and grpcurl `list` work.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -20,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from rlgate.runtime.auth import bearer_token, token_hash
 from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
 
 log = logging.getLogger(__name__)
@@ -49,22 +49,6 @@ def wrap_behaviour(
             response_serializer=handler.response_serializer,
         )
     return handler
-
-
-def bearer_token(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
-    """The token of an `authorization: Bearer <token>` header, or None."""
-    for key, value in metadata or ():
-        if key.lower() == "authorization":
-            text = value if isinstance(value, str) else value.decode("latin-1")
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-    return None
-
-
-def token_hash(token: str) -> str:
-    """How tokens and keys are stored and compared: SHA-256 hex. Never store or log the token itself."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class _PerMethodCache:

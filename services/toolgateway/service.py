@@ -19,7 +19,7 @@ import grpc
 
 from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json
 from rlgate.runtime import metrics
-from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.auth import token_hash
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     RequestRecord,

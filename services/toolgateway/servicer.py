@@ -10,7 +10,8 @@ from typing import Any
 
 import grpc
 
-from rlgate.runtime.interceptors import RpcMetrics, bearer_token
+from rlgate.runtime.auth import bearer_token
+from rlgate.runtime.interceptors import RpcMetrics
 from rlgate.runtime.multiplex import Multiplexer, StreamedMethod, call_status
 from rlgate.toolgateway.service import GatewayError, ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc

@@ -18,7 +18,7 @@ from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
 from rlgate.convert import dict_from_struct, struct_from_dict
-from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.auth import token_hash
 from rlgate.store import SessionStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.deadline import Deadline
 from rlgate.orchestrator.episodes import EpisodeManager
-from rlgate.orchestrator.errors import FailedPrecondition
 from rlgate.orchestrator.service import Orchestrator, make_provider
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import FailedPrecondition
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, open_store
 from rlgate.v1 import orchestrator_pb2
 

@@ -17,16 +17,6 @@ from fleet._async.exceptions import (
 )
 from google.rpc import error_details_pb2
 
-from rlgate.orchestrator.errors import (
-    MAX_ECHO,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    OrchestratorError,
-    ResourceExhausted,
-    Unavailable,
-    clip,
-)
 from rlgate.orchestrator.limits import MAX_KEY, MAX_PAGE_TOKEN, check_request
 from rlgate.orchestrator.pool import parse_pool_targets
 from rlgate.orchestrator.providers.base import (
@@ -45,6 +35,16 @@ from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import status_name
+from rlgate.runtime.errors import (
+    MAX_ECHO,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RlgateError,
+    Unavailable,
+    clip,
+)
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 
@@ -118,7 +118,7 @@ def test_error_details_travel_in_google_rpc_status() -> None:
 def test_errors_never_grow_with_the_request() -> None:
     huge = "x" * 50_000
     assert clip("short") == "short" and clip(huge) == "x" * MAX_ECHO + "…"
-    errors: list[OrchestratorError] = [
+    errors: list[RlgateError] = [
         NotFound(f"unknown session {huge!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": huge}),
         FailedPrecondition(huge, metadata={huge[:10]: huge}), InvalidArgument(huge, huge),
         ResourceExhausted(huge, subject=huge, reason="MAX_SESSIONS", metadata={"limit": huge}),
@@ -145,7 +145,7 @@ def test_errors_never_grow_with_the_request() -> None:
     (orchestrator_pb2.ListTasksRequest(env_key="e" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
 ])
 def test_request_ids_are_bounded_before_any_work(request_: Any, code: grpc.StatusCode, field: str) -> None:
-    with pytest.raises(OrchestratorError) as err:
+    with pytest.raises(RlgateError) as err:
         check_request(request_)
     status = err.value.to_status()
     assert err.value.code == code and status.ByteSize() < 1024
@@ -288,9 +288,9 @@ class _RejectingProvider(_ScriptedProvider):
 async def test_provisioner_retries_until_the_deadline_then_maps(error: Exception, code: grpc.StatusCode,
                                                                 reason: str, tmp_path: Any) -> None:
     from rlgate.orchestrator.config import OrchestratorConfig
-    from rlgate.orchestrator.deadline import Deadline
-    from rlgate.orchestrator.errors import OrchestratorError
     from rlgate.orchestrator.provisioning import Provisioner
+    from rlgate.runtime.deadline import Deadline
+    from rlgate.runtime.errors import RlgateError
     from rlgate.store.sqlite import SqliteStore
 
     store = await SqliteStore.open(str(tmp_path / "s.db"))
@@ -299,7 +299,7 @@ async def test_provisioner_retries_until_the_deadline_then_maps(error: Exception
         provisioner = Provisioner(OrchestratorConfig(run_id="unit"), store, provider, "owner-1")
         loop = asyncio.get_running_loop()
         start = loop.time()
-        with pytest.raises(OrchestratorError) as err:
+        with pytest.raises(RlgateError) as err:
             await provisioner.create("mailbox:v1", Deadline(1.5))
         assert 1.4 <= loop.time() - start < 2.5  # used the whole deadline, not more
         assert provider.creates >= 2  # retried with backoff
@@ -315,9 +315,9 @@ async def test_provisioner_retries_until_the_deadline_then_maps(error: Exception
 
 async def test_provisioner_marks_unknown_outcomes_for_deletion(tmp_path: Any) -> None:
     from rlgate.orchestrator.config import OrchestratorConfig
-    from rlgate.orchestrator.deadline import Deadline
-    from rlgate.orchestrator.errors import OrchestratorError
     from rlgate.orchestrator.provisioning import Provisioner
+    from rlgate.runtime.deadline import Deadline
+    from rlgate.runtime.errors import RlgateError
     from rlgate.store import IntentState
     from rlgate.store.sqlite import SqliteStore
 
@@ -325,7 +325,7 @@ async def test_provisioner_marks_unknown_outcomes_for_deletion(tmp_path: Any) ->
     try:
         provisioner = Provisioner(OrchestratorConfig(run_id="unit"), store,
                                   _RejectingProvider(Retryable("timed out")), "owner-1")
-        with pytest.raises(OrchestratorError):
+        with pytest.raises(RlgateError):
             await provisioner.create("mailbox:v1", Deadline(0.5))
         intents = await store.list_intents("unit")
         # A timed-out create may still produce an instance: its intent says "delete what turns up".

@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 
-from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 from mcp.server import MCPServer
 
-from rlgate.runtime.interceptors import token_hash
+from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2

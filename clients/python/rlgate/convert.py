@@ -8,6 +8,7 @@ deeper value could never be delivered (`ensure_json`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -97,13 +98,13 @@ def ensure_json(obj: Any, path: str = "$") -> None:
     ensure_finite(obj, path)
 
 
-def _check_depth(obj: Any, path: str, depth: int) -> None:
+def _check_depth(obj: Any, path: str, depth: int, limit: int = MAX_JSON_DEPTH) -> None:
     if isinstance(obj, Mapping | list | tuple):
-        if depth > MAX_JSON_DEPTH:
-            raise JsonTooDeepError(f"{path} is nested deeper than {MAX_JSON_DEPTH} levels")
+        if depth > limit:
+            raise JsonTooDeepError(f"{path} is nested deeper than {limit} levels")
         items = obj.items() if isinstance(obj, Mapping) else enumerate(obj)
         for key, item in items:
-            _check_depth(item, f"{path}.{key}" if isinstance(obj, Mapping) else f"{path}[{key}]", depth + 1)
+            _check_depth(item, f"{path}.{key}" if isinstance(obj, Mapping) else f"{path}[{key}]", depth + 1, limit)
 
 
 def ensure_finite(obj: Any, path: str = "$") -> None:
@@ -116,3 +117,86 @@ def ensure_finite(obj: Any, path: str = "$") -> None:
     elif isinstance(obj, list | tuple):
         for i, item in enumerate(obj):
             ensure_finite(item, f"{path}[{i}]")
+
+
+# ---- JSON text: how rlgate carries JSON it passes on (see common.proto) ----------------------------------
+
+MAX_JSON_TEXT_DEPTH = 64  # objects/arrays inside each other in a JSON text rlgate parses
+
+
+def json_text(value: Any) -> str:
+    """`value` as compact JSON text, exactly: integers stay integers, no NaN/Infinity, non-ASCII kept.
+    Raises InvalidJsonValue (naming the place) for what JSON cannot carry or nests past the depth bound."""
+    _check_depth(value, "$", 1, MAX_JSON_TEXT_DEPTH)
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:  # NaN / Infinity
+        ensure_finite(value)
+        raise InvalidJsonValue(str(exc)) from exc
+    except (TypeError, RecursionError) as exc:
+        raise InvalidJsonValue(f"not a JSON value: {exc}") from exc
+
+
+def parse_json_text(text: str | bytes, what: str = "$") -> Any:
+    """Parse JSON text rlgate received (exact: integers stay ints). Raises InvalidJsonValue with `what`
+    for text that is not JSON, uses NaN/Infinity, or nests deeper than MAX_JSON_TEXT_DEPTH."""
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidJsonValue(f"{what} is not valid JSON: {str(exc)[:200]}") from exc
+    _check_depth(value, what, 1, MAX_JSON_TEXT_DEPTH)
+    return value
+
+
+def parse_json_object(text: str | bytes, what: str = "$") -> dict[str, Any]:
+    """`parse_json_text` for a JSON object; "" means {}."""
+    if not text:
+        return {}
+    value = parse_json_text(text, what)
+    if not isinstance(value, dict):
+        raise InvalidJsonValue(f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def json_from_struct_value(value: struct_pb2.Value) -> Any:
+    """A Struct value as JSON: whole numbers (within 2^53) become integers, since JSON does not tell 3 from
+    3.0 and Struct stores every number as a double. Non-finite numbers raise NonFiniteNumberError."""
+    kind = value.WhichOneof("kind")
+    if kind == "struct_value":
+        return json_from_struct(value.struct_value)
+    if kind == "list_value":
+        return [json_from_struct_value(v) for v in value.list_value.values]
+    if kind == "number_value":
+        number = value.number_value
+        if not math.isfinite(number):
+            raise NonFiniteNumberError(f"{number!r} is not a JSON number")
+        return int(number) if number.is_integer() and abs(number) <= _EXACT_INT else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    return None
+
+
+def json_from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as a JSON object (see `json_from_struct_value`)."""
+    return {key: json_from_struct_value(v) for key, v in struct.fields.items()}
+
+
+def arguments_of(message: Any) -> dict[str, Any]:
+    """The arguments object of a message with the `args` oneof (CallToolRequest, ToolCallSummary):
+    `arguments_json` exactly, or `arguments` (a Struct) with whole numbers as integers; unset means {}.
+    Raises InvalidJsonValue for text that is not a JSON object."""
+    form = message.WhichOneof("args")
+    if form == "arguments_json":
+        return parse_json_object(message.arguments_json, "arguments_json")
+    if form == "arguments":
+        return json_from_struct(message.arguments)
+    return {}
+
+
+_EXACT_INT = 2**53
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

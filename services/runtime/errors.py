@@ -1,8 +1,9 @@
-"""Errors the orchestration logic raises, and how they become gRPC statuses.
+"""The one error type of both services, and how it becomes a gRPC status.
 
-Logic classes raise `OrchestratorError` subclasses (no gRPC imports below the servicer); the servicer turns
-them into a `google.rpc.Status` with details (ErrorInfo, RetryInfo, QuotaFailure, BadRequest) via
-grpcio-status, so clients see a precise code, a message a human can act on, and machine-readable details.
+Logic classes (orchestrator and toolgateway alike) raise `RlgateError` subclasses; the servicers turn them
+into a `google.rpc.Status` with details (ErrorInfo, RetryInfo, QuotaFailure, BadRequest) via grpcio-status,
+so clients see a precise code, a message a human can act on, and machine-readable details (a client honours
+RetryInfo the same way whichever service sent it).
 
 Nothing in an error grows with the request: request values are echoed through `clip`, and the message and
 every metadata value are clipped again here, so the trailers stay far below a client's metadata limit
@@ -29,7 +30,7 @@ def clip(value: object, limit: int = MAX_ECHO) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-class OrchestratorError(Exception):
+class RlgateError(Exception):
     """A caller-visible failure with a gRPC status code."""
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
@@ -58,7 +59,7 @@ class OrchestratorError(Exception):
         return rpc_status.to_status(self.to_status())
 
 
-class InvalidArgument(OrchestratorError):
+class InvalidArgument(RlgateError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     reason = "INVALID_ARGUMENT"
 
@@ -72,17 +73,17 @@ class InvalidArgument(OrchestratorError):
         return [*super().details(), error_details_pb2.BadRequest(field_violations=[violation])]
 
 
-class NotFound(OrchestratorError):
+class NotFound(RlgateError):
     code = grpc.StatusCode.NOT_FOUND
     reason = "NOT_FOUND"
 
 
-class FailedPrecondition(OrchestratorError):
+class FailedPrecondition(RlgateError):
     code = grpc.StatusCode.FAILED_PRECONDITION
     reason = "FAILED_PRECONDITION"
 
 
-class ResourceExhausted(OrchestratorError):
+class ResourceExhausted(RlgateError):
     """A limit: max sessions, or the provider's instance limit."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -104,7 +105,7 @@ class ResourceExhausted(OrchestratorError):
         return out
 
 
-class Unavailable(OrchestratorError):
+class Unavailable(RlgateError):
     """A dependency is down or rate limited past the caller's deadline; safe to retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
@@ -119,12 +120,22 @@ class Unavailable(OrchestratorError):
         return [*super().details(), _retry_info(self.retry_after_s)]
 
 
-class DeadlineExceeded(OrchestratorError):
+class Unauthenticated(RlgateError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(RlgateError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
+class DeadlineExceeded(RlgateError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "DEADLINE_EXCEEDED"
 
 
-class Internal(OrchestratorError):
+class Internal(RlgateError):
     code = grpc.StatusCode.INTERNAL
     reason = "INTERNAL"
 
@@ -138,6 +149,8 @@ def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
 
 
 _CODES: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.UNAUTHENTICATED: code_pb2.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: code_pb2.PERMISSION_DENIED,
     grpc.StatusCode.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
     grpc.StatusCode.NOT_FOUND: code_pb2.NOT_FOUND,
     grpc.StatusCode.FAILED_PRECONDITION: code_pb2.FAILED_PRECONDITION,
