@@ -1,89 +1,80 @@
-"""Plays grpcurl: knowing only an address, discover services by reflection, fetch their file descriptors,
-build requests from JSON and call RPCs on both servers — no proto files, no generated code."""
+"""What grpcurl asks server reflection, answered by `start_server`'s reflection in process: no grpcurl binary,
+no stack, so it runs where the binary cannot (test_readme_grpcurl.py runs the real grpcurl against a stack).
+
+grpcurl resolves `describe pkg.Service.Method` with `file_containing_symbol` on the method's full name; the
+default (upb) descriptor pool finds no file for a method, so rlgate's servicer answers with the service's."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
-import pytest
-from google.protobuf import descriptor_pool, json_format, message_factory
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from google.protobuf import descriptor_pb2
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from rlgate.runtime.stack import LocalStack
+from rlgate.runtime.grpc_server import start_server
+from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 
-
-class ReflectionClient:
-    """A tiny grpcurl: `list`, `describe` and JSON calls through server reflection."""
-
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.db = ProtoReflectionDescriptorDatabase(self.channel)
-        self.pool = descriptor_pool.DescriptorPool(self.db)
-
-    def services(self) -> list[str]:
-        return sorted(self.db.get_services())
-
-    def methods(self, service: str) -> list[str]:
-        return [m.name for m in self.pool.FindServiceByName(service).methods]
-
-    def call(self, method: str, body: dict[str, Any], metadata: list[tuple[str, str]] | None = None) -> dict[str, Any]:
-        service_name, _, method_name = method.rpartition("/")
-        descriptor = self.pool.FindServiceByName(service_name).methods_by_name[method_name]
-        request_cls = message_factory.GetMessageClass(descriptor.input_type)
-        response_cls = message_factory.GetMessageClass(descriptor.output_type)
-        request = json_format.Parse(json.dumps(body), request_cls())
-        rpc = self.channel.unary_unary(
-            f"/{service_name}/{method_name}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=response_cls.FromString,
-        )
-        reply = rpc(request, timeout=60, metadata=metadata or [])
-        return json_format.MessageToDict(reply)
-
-    def close(self) -> None:
-        self.channel.close()
+SERVICES = [
+    orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"],
+    toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"],
+    health_pb2.DESCRIPTOR.services_by_name["Health"],
+]
 
 
-@pytest.fixture
-def orchestrator(stack: LocalStack):  # type: ignore[no-untyped-def]
-    client = ReflectionClient(stack.orchestrator_address)
-    yield client
-    client.close()
+def _register(server: grpc.aio.Server) -> list[str]:
+    orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
+        orchestrator_pb2_grpc.OrchestratorServiceServicer(), server)
+    toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(
+        toolgateway_pb2_grpc.ToolGatewayServiceServicer(), server)
+    return [s.full_name for s in SERVICES[:2]]
 
 
-@pytest.fixture
-def gateway(stack: LocalStack):  # type: ignore[no-untyped-def]
-    client = ReflectionClient(stack.gateway_address)
-    yield client
-    client.close()
+async def _ask(address: str, requests: list[reflection_pb2.ServerReflectionRequest]
+               ) -> list[reflection_pb2.ServerReflectionResponse]:
+    async def stream() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        for request in requests:
+            yield request
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        return [reply async for reply in stub.ServerReflectionInfo(stream(), timeout=10)]
 
 
-def test_list_services_by_reflection(orchestrator: ReflectionClient, gateway: ReflectionClient) -> None:
-    assert "rlgate.v1.OrchestratorService" in orchestrator.services()
-    assert "grpc.health.v1.Health" in orchestrator.services()
-    assert "rlgate.v1.ToolGatewayService" in gateway.services()
-    assert "rlgate.v1.OrchestratorService" not in gateway.services()
-    own = [s for s in gateway.services() if s.startswith("rlgate.")]
-    assert own == ["rlgate.v1.ToolGatewayService"]
-    assert sorted(gateway.methods("rlgate.v1.ToolGatewayService")) == ["CallTool", "CallToolStream", "ListTools"]
+def _files(reply: reflection_pb2.ServerReflectionResponse) -> dict[str, descriptor_pb2.FileDescriptorProto]:
+    protos = [descriptor_pb2.FileDescriptorProto.FromString(raw)
+              for raw in reply.file_descriptor_response.file_descriptor_proto]
+    return {p.name: p for p in protos}
 
 
-def test_json_calls_on_both_servers(orchestrator: ReflectionClient, gateway: ReflectionClient) -> None:
-    tasks = orchestrator.call("rlgate.v1.OrchestratorService/ListTasks", {"pageSize": 5})
-    assert len(tasks["tasks"]) == 5 and tasks["nextPageToken"]
-    task_key = tasks["tasks"][0]["key"]
-    reset = orchestrator.call("rlgate.v1.OrchestratorService/Reset", {"taskKey": task_key, "requestId": "grpcurl-1"})
+async def test_every_method_resolves_to_its_services_file() -> None:
+    running = await start_server("127.0.0.1:0", _register)
     try:
-        token = reset["agentToken"]
-        listed = gateway.call("rlgate.v1.ToolGatewayService/ListTools", {},
-                              metadata=[("authorization", f"Bearer {token}")])
-        assert {t["name"] for t in listed["tools"]} == {t["name"] for t in reset["tools"]}
-        with pytest.raises(grpc.RpcError) as denied:
-            gateway.call("rlgate.v1.ToolGatewayService/ListTools", {})
-        assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        health = orchestrator.call("grpc.health.v1.Health/Check", {})
-        assert health["status"] == "SERVING"
+        symbols = [(m.full_name, s) for s in SERVICES for m in s.methods]
+        replies = await _ask(running.address, [
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=name) for name, _ in symbols])
+        for (name, service), reply in zip(symbols, replies, strict=True):
+            assert reply.WhichOneof("message_response") == "file_descriptor_response", name
+            files = _files(reply)
+            defined = files[service.file.name]  # the service's file, with its dependencies alongside
+            assert service.name in [s.name for s in defined.service], name
+            assert set(files) >= {d.name for d in service.file.dependencies}, name
     finally:
-        orchestrator.call("rlgate.v1.OrchestratorService/Close", {"sessionId": reset["sessionId"]})
+        await running.shutdown(grace=0)
+
+
+async def test_unknown_symbols_are_not_found_and_services_listed() -> None:
+    running = await start_server("127.0.0.1:0", _register)
+    try:
+        unknown = ["rlgate.v1.OrchestratorService.Nope", "rlgate.v1.Nope.Reset", "Reset", ""]
+        replies = await _ask(running.address, [
+            *(reflection_pb2.ServerReflectionRequest(file_containing_symbol=name) for name in unknown),
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+        ])
+        for name, reply in zip(unknown, replies, strict=False):
+            assert reply.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0], name
+        listed = sorted(s.name for s in replies[-1].list_services_response.service)
+        assert listed == sorted([*(s.full_name for s in SERVICES), "grpc.reflection.v1alpha.ServerReflection"])
+    finally:
+        await running.shutdown(grace=0)
