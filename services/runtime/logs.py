@@ -2,6 +2,10 @@
 
 Every log line written while serving an RPC carries the caller's `x-rlgate-trace-id` (or a generated one)
 and, once known, the session id. Secrets never reach logs: configs are logged through `config.redacted`.
+
+A log line is one line whatever a message contains: tool names, arguments and upstream errors are written
+by agents and upstreams, so control characters in a message are escaped (a newline in a tool name cannot
+forge a second log line). JSON lines get the same guarantee from JSON's own escaping.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
 
@@ -23,6 +28,22 @@ class _ContextFilter(logging.Filter):
         record.trace_id = trace_id_var.get()
         record.session_id = session_id_var.get()
         return True
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters escaped (\\n, \\x1b, ...): safe to put on one log line."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class _TextFormatter(logging.Formatter):
+    """The plain-text format, with each message kept to one line (tracebacks still follow it)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -53,7 +74,7 @@ def setup_logging(level: str = "INFO", json_format: bool = False, service: str =
         handler.setFormatter(_JsonFormatter())
     else:
         fmt = f"%(asctime)s %(levelname)s {service} %(name)s trace=%(trace_id)s session=%(session_id)s %(message)s"
-        formatter = logging.Formatter(fmt)
+        formatter = _TextFormatter(fmt)
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root.addHandler(handler)
