@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +24,26 @@ from rlgate.runtime.reflection import enable_server_reflection
 
 log = logging.getLogger(__name__)
 
-# Message size, keepalive and concurrency defaults suited to thousands of small RPCs.
+# Every per-connection resource has a bound, so no client (hostile or just stuck) can take a server down:
+# - streams: at most MAX_STREAMS_PER_CONNECTION calls in flight per connection (a client with more queues
+#   them itself); with the send limit this bounds what a client that never reads its replies can make the
+#   server hold for it;
+# - connections: a TCP connection that has not finished the HTTP/2 handshake within 10 s is dropped, an
+#   idle one after 5 minutes, and past `max_connections()` new ones are refused, which leaves file
+#   descriptors for the store, upstream calls and a health probe;
+# - keepalive: pings more often than every 10 s without data are refused (ping floods end the connection).
+MAX_STREAMS_PER_CONNECTION = 1024
+FD_HEADROOM = 512  # descriptors kept back from client connections (store, upstreams, logs, probes)
 DEFAULT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+    ("grpc.server_handshake_timeout_ms", 10_000),
+    ("grpc.max_connection_idle_ms", 300_000),
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 2),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.so_reuseport", 0),
     # Clients reconnect (and re-resolve DNS) every few minutes, so replicas an autoscaler adds get traffic;
@@ -37,6 +51,21 @@ DEFAULT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_connection_age_ms", 300_000),
     ("grpc.max_connection_age_grace_ms", 180_000),
 ]
+
+
+def max_connections() -> int:
+    """Raise this process's open-file limit to its hard limit and return how many client connections the
+    server may hold: the limit minus `FD_HEADROOM`, so health and the service's own I/O always find a
+    descriptor while thousands of idle connections are open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # keep the soft limit we have
+    return max(64, soft - FD_HEADROOM)
 
 
 @dataclass
@@ -105,7 +134,8 @@ async def start_server(
 ) -> RunningServer:
     """Create, register and start a server. `register` adds servicers and returns their full names.
     `serving=False` starts with health NOT_SERVING (the service flips it once it is ready)."""
-    server = grpc.aio.server(interceptors=list(interceptors), options=[*DEFAULT_OPTIONS, *options])
+    limits = [*DEFAULT_OPTIONS, ("grpc.max_allowed_incoming_connections", max_connections())]
+    server = grpc.aio.server(interceptors=list(interceptors), options=[*limits, *options])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
