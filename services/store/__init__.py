@@ -2,6 +2,8 @@
 
 `open_store(url)` picks the backend: `sqlite:///path/to/file.db` (default; WAL, one machine) or
 `redis://host:port/db` (several replicas). Both implement `SessionStore` and pass the same test suite.
+`StoreCorrupt` and `StoreFull` (both `StoreError`s) say why a store cannot serve; `SessionStore.health()`
+probes for them.
 """
 
 from rlgate.store.base import SessionStore, open_store
@@ -15,7 +17,9 @@ from rlgate.store.models import (
     RequestState,
     Session,
     SessionStatus,
+    StoreCorrupt,
     StoreError,
+    StoreFull,
     ToolCallEntry,
     call_scope,
 )
@@ -31,7 +35,9 @@ __all__ = [
     "Session",
     "SessionStatus",
     "SessionStore",
+    "StoreCorrupt",
     "StoreError",
+    "StoreFull",
     "ToolCallEntry",
     "call_scope",
     "open_store",

@@ -10,14 +10,17 @@ restarts the WAL from its start (`journal_size_limit` then trims the file). Unde
 lands during nearly every passive checkpoint and that restart never comes, so past RESTART_PAGES the
 checkpointer restarts the WAL itself, holding writers back for the little the passive checkpoint left and
 one fsync (at most RESTART_BUSY_TIMEOUT_S, then it tries again later). Any process sharing the file may
-checkpoint it; one at a time does, the others skip that round.
+checkpoint it; one at a time does, the others skip that round. Checkpoints from several connections racing
+with commits are what the WAL-reset bug needs, so this runs on apsw's SQLite, as the store does (see
+`sqlite.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
+
+import apsw
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ class Checkpointer:
         self.interval_s = INTERVAL_S if interval_s is None else interval_s
         self.checkpoints = 0  # passive checkpoints with something in the WAL (for tests and curiosity)
         self.restarts = 0  # completed restarts of a long WAL
+        self._failing = False  # the last round failed for another reason than a lock (warned once per streak)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rlgate-sqlite-checkpoint", daemon=True)
 
@@ -54,8 +58,11 @@ class Checkpointer:
 
     def _run(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, timeout=0.0, isolation_level=None)
-        except sqlite3.Error as exc:  # the store's own connection would have failed first; keep serving
+            # The store's own connection created the file; this one never creates it. No busy timeout: a
+            # round that meets a lock is skipped.
+            conn = apsw.Connection(self.path, flags=apsw.SQLITE_OPEN_READWRITE)
+            conn.set_busy_timeout(0)
+        except apsw.Error as exc:  # the store's own connection would have failed first; keep serving
             log.warning("sqlite checkpointer for %s could not connect: %s", self.path, exc)
             return
         try:
@@ -64,16 +71,29 @@ class Checkpointer:
         finally:
             conn.close()
 
-    def checkpoint(self, conn: sqlite3.Connection) -> None:
+    def checkpoint(self, conn: apsw.Connection) -> None:
         try:
-            _busy, wal_pages, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            _busy, wal_pages, _copied = _checkpoint(conn, "PASSIVE")
             self.checkpoints += wal_pages > 0
             if wal_pages >= RESTART_PAGES:  # see the module's docstring
-                conn.execute(f"PRAGMA busy_timeout = {int(RESTART_BUSY_TIMEOUT_S * 1000)}")
+                conn.set_busy_timeout(int(RESTART_BUSY_TIMEOUT_S * 1000))
                 try:
-                    busy, _pages, _copied = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                    busy, _pages, _copied = _checkpoint(conn, "RESTART")
                     self.restarts += not busy
                 finally:
-                    conn.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.OperationalError as exc:  # another process is checkpointing, or the lock is contended
+                    conn.set_busy_timeout(0)
+            self._failing = False
+        except (apsw.BusyError, apsw.LockedError) as exc:  # another process is checkpointing, or contention
             log.debug("sqlite checkpoint skipped: %s", exc)
+        except apsw.Error as exc:  # e.g. a corrupt or full store: the store's calls say so; keep trying
+            if not self._failing:
+                log.warning("sqlite checkpoint of %s failed: %s", self.path, exc)
+            self._failing = True
+
+
+def _checkpoint(conn: apsw.Connection, mode: str) -> tuple[int, int, int]:
+    """`PRAGMA wal_checkpoint(mode)`: (1 if it could not finish for a lock else 0, WAL pages, pages copied)."""
+    row = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+    assert row is not None  # the pragma always answers one row
+    busy, pages, copied = row
+    return int(busy), int(pages), int(copied)

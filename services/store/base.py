@@ -197,6 +197,13 @@ class SessionStore(abc.ABC):
         """Raise StoreError if the backend is unreachable."""
 
     @abc.abstractmethod
+    async def health(self) -> None:
+        """A cheap read + write probe of the backend, for a health check (e.g. grpc.health NOT_SERVING):
+        returns when the store can serve reads and take writes, else raises `StoreCorrupt` (damaged data;
+        stays so until an operator recovers the store), `StoreFull` (no room for a write) or `StoreError`
+        (unreachable, closed, locked too long, ...). Leaves no record behind. Costs about one small write."""
+
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release connections."""
 

@@ -15,6 +15,16 @@ class StoreError(Exception):
     """The store could not complete an operation (backend down, corrupt record)."""
 
 
+class StoreCorrupt(StoreError):
+    """The store's data is damaged (SQLite: the file fails its integrity check or reads as malformed). Not
+    retryable: a service refuses to start on it, and an operator recovers it (docs/operations.md)."""
+
+
+class StoreFull(StoreError):
+    """The store cannot take writes for lack of room (disk full, a page or memory limit reached). Writes
+    fail until room is made; reads may still work."""
+
+
 class ConflictError(StoreError):
     """A compare-and-set lost: the record changed since it was read (or already exists)."""
 
@@ -137,6 +147,9 @@ class Session(_Json):
     endpoints: list[str] = field(default_factory=list)  # MCP endpoint URLs in precedence order
     tool_filter: dict[str, Any] = field(default_factory=dict)  # modality, allow, deny
     token_hash: str = ""  # sha256 of the current episode's agent token; "" once revoked
+    # Recently revoked token hashes -> the episode each belonged to (oldest first, bounded): lets the gateway
+    # tell a finished episode's token from one never issued (rlgate.runtime.auth.revoke_agent_token).
+    revoked_tokens: dict[str, int] = field(default_factory=dict)
     call_budget: int = 0  # tool calls allowed per episode; 0 = unlimited
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)

@@ -52,6 +52,7 @@ from rlgate.store.models import (
     Session,
     SessionStatus,
     StoreError,
+    StoreFull,
     ToolCallEntry,
     call_scope,
 )
@@ -892,6 +893,27 @@ class RedisStore(SessionStore):
 
     async def ping(self) -> None:
         await self._call("ping", self._client.ping)
+
+    async def health(self) -> None:
+        """PING, then SET, GET and DEL a key of this probe's in one MULTI (a write and a read, nothing left
+        behind). One attempt, no retry loop: a health check answers now. A write refused for memory
+        (maxmemory with noeviction: OOM) or disk (persistence failing: MISCONF ... no space) is StoreFull."""
+        if self._closed:
+            raise StoreError("store is closed")
+        key, token = self._key(f"health:{uuid.uuid4().hex}"), str(time.time())
+        try:
+            await self._client.ping()
+            pipe = self._client.pipeline(transaction=True)
+            pipe.set(key, token, px=60_000)  # expires even if the DEL never ran
+            pipe.get(key)
+            pipe.delete(key)
+            _, echoed, _ = await pipe.execute()
+        except RedisError as exc:
+            text = str(exc)
+            kind = StoreFull if text.startswith("OOM") or "No space left" in text else StoreError
+            raise kind(f"redis store {self.url}: health probe failed: {exc}") from exc
+        if echoed != token:
+            raise StoreError(f"redis store {self.url}: health probe read back {echoed!r}, not what it wrote")
 
     async def close(self) -> None:
         if self._closed:

@@ -1,23 +1,39 @@
 """SQLite backend: one file in WAL mode, shared safely by several processes and many tasks.
 
+The library is apsw with the SQLite it bundles, never the stdlib `sqlite3` module (the system's SQLite:
+3.40.1 on Debian 12). SQLite 3.7.0 to 3.51.2 has the WAL-reset bug (https://sqlite.org/wal.html#walresetbug):
+two connections writing or checkpointing one file at once can corrupt it, and that is what an orchestrator,
+a gateway and their checkpointer threads do all day. `SqliteStore.open` refuses a library older than
+MIN_SQLITE_VERSION. Nothing in a process that has the store open may open its file through another copy of
+SQLite (the stdlib's): two copies in one process do not see each other's POSIX locks, and the first to close
+the file drops the other's locks and may delete the WAL under it (https://sqlite.org/howtocorrupt.html,
+"Multiple copies of SQLite linked into the same application").
+
 Every store object owns one connection on one dedicated worker thread (`_worker.ThreadWorker`: a queue,
-results handed back to the loop in batches), so sqlite3 never runs on the event loop and calls on one
-object are serialised. Writes run in `BEGIN IMMEDIATE` transactions (the write lock
-is taken up front, waiting up to `busy_timeout` for other processes), which makes every read-check-write
-below atomic across processes; compare-and-set is a conditional `UPDATE ... WHERE version = ?`.
-`synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per commit;
-checkpoints run on a thread of their own (`_checkpointer`), never inside a store call's commit.
+results handed back to the loop in batches), so SQLite never runs on the event loop and calls on one
+object are serialised. apsw has no implicit transactions: a read runs in autocommit, and every write runs
+in an explicit `BEGIN IMMEDIATE` transaction (the write lock is taken up front, waiting up to `busy_timeout`
+for other processes), which makes every read-check-write below atomic across processes; compare-and-set is
+a conditional `UPDATE ... WHERE version = ?`. `synchronous=NORMAL` in WAL mode survives process crashes (not
+power loss) without an fsync per commit; checkpoints run on a thread of their own (`_checkpointer`), never
+inside a store call's commit.
+
+Damage is caught early: `open()` runs `PRAGMA quick_check` (bounded by QUICK_CHECK_BUDGET_S) and refuses a
+corrupt file with `StoreCorrupt`, which names the file and the recovery doc; a store call that meets a
+malformed page raises `StoreCorrupt` too, and `health()` reports it from then on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+
+import apsw
 
 from rlgate.store import _common
 from rlgate.store._checkpointer import JOURNAL_SIZE_LIMIT, Checkpointer
@@ -33,10 +49,14 @@ from rlgate.store.models import (
     RequestState,
     Session,
     SessionStatus,
+    StoreCorrupt,
     StoreError,
+    StoreFull,
     ToolCallEntry,
     call_scope,
 )
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -143,19 +163,55 @@ assert sorted(_MIGRATIONS) == list(range(1, SCHEMA_VERSION))
 
 _SESSION_COLUMNS = "data, version, last_active_at"
 
+MIN_SQLITE_VERSION = (3, 51, 3)  # the first release without the WAL-reset bug (see the module's docstring)
+QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: ~0.1 s per 150 MB cached
+RECOVERY_DOC = 'docs/operations.md, "Recovering a store"'
+_HEALTH_KEY = "rlgate:health-probe"  # the leases row health() writes and deletes in one transaction
+_CORRUPT = (apsw.CorruptError, apsw.NotADBError)
 
-def _apply(conn: sqlite3.Connection, script: str) -> None:
+
+def sqlite_library_version() -> str:
+    """The version of the SQLite library the store runs on (apsw's bundled one), e.g. "3.54.1"."""
+    return str(apsw.sqlite_lib_version())
+
+
+def check_sqlite_library() -> str:
+    """The library's version; StoreError if it still has the WAL-reset bug (older than MIN_SQLITE_VERSION)."""
+    version = sqlite_library_version()
+    numbers = tuple(int(part) for part in version.split(".")[:3] if part.isdigit())
+    if numbers < MIN_SQLITE_VERSION:
+        wanted = ".".join(map(str, MIN_SQLITE_VERSION))
+        raise StoreError(
+            f"the SQLite store needs SQLite {wanted} or later, but apsw {apsw.apswversion()} runs SQLite {version}, "
+            "which has the WAL-reset corruption bug (https://sqlite.org/wal.html#walresetbug); "
+            f"install rlgate's server extra with its constraints (apsw>={wanted}.0)"
+        )
+    return version
+
+
+def corrupt_error(path: str, detail: str) -> StoreCorrupt:
+    """The StoreCorrupt for the database at `path`: names the file and where recovery is explained."""
+    where = path if path == ":memory:" else os.path.abspath(path)
+    return StoreCorrupt(
+        f"sqlite store {where} is corrupt ({detail}); rlgate will not run on it. Stop every service using it, "
+        f"back it up, then recover it or start a new one: see {RECOVERY_DOC}"
+    )
+
+
+def _apply(conn: apsw.Connection, script: str) -> None:
+    # One statement per execute: apsw runs a multi-statement string only up to the first statement that
+    # returns a row, which a PRAGMA may.
     for statement in script.split(";"):
         if statement.strip():
             conn.execute(statement)
 
 
-def _migrate(conn: sqlite3.Connection) -> None:
+def _migrate(conn: apsw.Connection) -> None:
     """Create the schema in a new database, or bring an older one up to SCHEMA_VERSION (in a transaction)."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    version = _value(conn, "PRAGMA user_version")
     if version > SCHEMA_VERSION:
-        raise sqlite3.DatabaseError(f"schema version {version} is newer than this rlgate's ({SCHEMA_VERSION}); "
-                                    "upgrade rlgate or point it at another store")
+        raise StoreError(f"schema version {version} is newer than this rlgate's ({SCHEMA_VERSION}); "
+                         "upgrade rlgate or point it at another store")
     if version == SCHEMA_VERSION:
         return
     if version == 0:
@@ -166,43 +222,65 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
-def _connect(path: str, busy_timeout_s: float) -> sqlite3.Connection:
-    """Open and migrate the database (runs on the store's worker thread)."""
+def _quick_check(conn: apsw.Connection, path: str) -> None:
+    """StoreCorrupt unless `PRAGMA quick_check` passes. O(file size) but fast (it reads each page once and
+    skips index-vs-table checks); past QUICK_CHECK_BUDGET_S it is interrupted and the store opens with a
+    warning, so a huge store still starts."""
+    deadline = time.monotonic() + QUICK_CHECK_BUDGET_S
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    try:
+        problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)")]
+    except apsw.InterruptError:
+        log.warning("sqlite store %s: quick_check stopped after %.0f s (%d MB); opened unchecked",
+                    path, QUICK_CHECK_BUDGET_S, os.path.getsize(path) // 2**20)
+        return
+    finally:
+        conn.set_progress_handler(None)
+    if problems != ["ok"]:
+        raise corrupt_error(path, "quick_check: " + "; ".join(problems))
+
+
+def _connect(path: str, busy_timeout_s: float) -> apsw.Connection:
+    """Open, check and migrate the database (runs on the store's worker thread)."""
     if path != ":memory:":
         parent = os.path.dirname(os.path.abspath(path))
         os.makedirs(parent, exist_ok=True)
-    # isolation_level=None: autocommit, so transactions are exactly the BEGIN IMMEDIATE blocks below.
-    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=True)
+    conn = apsw.Connection(path)  # read-write, created if missing; autocommit until an explicit BEGIN
     try:
-        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL"), busy_timeout_s)
+        conn.set_busy_timeout(int(busy_timeout_s * 1000))
+        _retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall(), busy_timeout_s)
         conn.execute("PRAGMA synchronous = NORMAL")
         if path != ":memory:":
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the Checkpointer's job
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
+            _quick_check(conn, path)
         with _transaction(conn):
             _migrate(conn)
+    except _CORRUPT as exc:
+        conn.close()
+        raise corrupt_error(path, str(exc)) from exc
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def _retry_locked(op: Callable[[], object], budget_s: float) -> None:
-    """Switching to WAL needs a moment with no other writer; retry while another process holds the lock."""
+def _retry_busy(op: Callable[[], object], budget_s: float) -> None:
+    """Switching to WAL needs a moment with no other writer; retry while another process holds the lock
+    (this switch answers SQLITE_BUSY at once rather than waiting out the busy timeout)."""
     deadline = time.monotonic() + budget_s
     while True:
         try:
             op()
             return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
+        except apsw.BusyError:
+            if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
 
 
 @contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Any:
+def _transaction(conn: apsw.Connection) -> Any:
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -210,9 +288,23 @@ def _transaction(conn: sqlite3.Connection) -> Any:
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:  # also when COMMIT itself failed: never leave the connection mid-transaction
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(apsw.Error):
                 conn.execute("ROLLBACK")
         raise
+
+
+def _value(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...] = ()) -> Any:
+    """The first column of a query that always returns a row (an aggregate, a PRAGMA)."""
+    row = conn.execute(sql, bindings).fetchone()
+    if row is None:
+        raise StoreError(f"no row from {sql!r}")
+    return row[0]
+
+
+def _changes(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...]) -> int:
+    """Run one INSERT/UPDATE/DELETE; the number of rows it changed (apsw's cursors have no rowcount)."""
+    conn.execute(sql, bindings)
+    return int(conn.changes())
 
 
 def _session_from_row(row: tuple[str, int, float]) -> Session:
@@ -229,7 +321,7 @@ def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
 class SqliteStore(SessionStore):
     """The SQLite `SessionStore`. Open with `await SqliteStore.open(path)`; `await close()` when done."""
 
-    def __init__(self, path: str, conn: sqlite3.Connection, worker: ThreadWorker,
+    def __init__(self, path: str, conn: apsw.Connection, worker: ThreadWorker,
                  checkpointer: Checkpointer | None = None) -> None:
         self.path = path
         self._conn = conn
@@ -237,16 +329,23 @@ class SqliteStore(SessionStore):
         self.checkpointer = checkpointer
         self._closed = False
         self._background = BackgroundWrites()
+        self._corrupt = ""  # what the first malformed page a call met said; health() fails from then on
 
     @classmethod
     async def open(cls, path: str, *, busy_timeout_s: float = 15.0) -> SqliteStore:
-        """Open (creating and migrating) the database at `path`. StoreError if it cannot be opened."""
+        """Open (creating, checking and migrating) the database at `path`. StoreCorrupt if the file is damaged,
+        StoreError if it cannot be opened or the SQLite library is too old (MIN_SQLITE_VERSION)."""
+        check_sqlite_library()
         worker = ThreadWorker("rlgate-sqlite")
         try:
             conn = await worker.submit(_connect, path, busy_timeout_s)
-        except (sqlite3.Error, OSError) as exc:
+        except StoreCorrupt:
             worker.stop()
-            raise StoreError(f"cannot open sqlite store {path!r}: {exc}") from exc
+            raise
+        except (StoreError, apsw.Error, OSError) as exc:  # StoreError: a schema from a newer rlgate
+            worker.stop()
+            kind = StoreFull if isinstance(exc, apsw.FullError) else StoreError
+            raise kind(f"cannot open sqlite store {path!r}: {exc}") from exc
         except BaseException:
             worker.stop()
             raise
@@ -264,15 +363,24 @@ class SqliteStore(SessionStore):
             raise StoreError("store is closed")
         try:
             return await self._worker.submit(fn, self._conn, *args, abandoned=abandoned)
-        except sqlite3.Error as exc:
-            raise StoreError(f"sqlite store {self.path!r}: {exc}") from exc
+        except apsw.Error as exc:
+            raise self._error(exc) from exc
         except WorkerStopped as exc:  # a concurrent close() got there first
             raise StoreError("store is closed") from exc
+
+    def _error(self, exc: apsw.Error) -> StoreError:
+        """The StoreError for an SQLite error: StoreCorrupt (remembered for health()), StoreFull, or plain."""
+        if isinstance(exc, _CORRUPT):
+            self._corrupt = self._corrupt or str(exc)
+            return corrupt_error(self.path, str(exc))
+        if isinstance(exc, apsw.FullError):
+            return StoreFull(f"sqlite store {self.path!r} is full ({exc}): free disk space")
+        return StoreError(f"sqlite store {self.path!r}: {exc}")
 
     async def _write(self, fn: Callable[..., T], *args: Any, abandoned: Abandoned | None = None) -> T:
         """Run `fn(conn, *args)` inside one BEGIN IMMEDIATE transaction."""
 
-        def in_transaction(conn: sqlite3.Connection, *inner: Any) -> T:
+        def in_transaction(conn: apsw.Connection, *inner: Any) -> T:
             with _transaction(conn):
                 return fn(conn, *inner)
 
@@ -285,7 +393,7 @@ class SqliteStore(SessionStore):
 
     # -- sessions ---------------------------------------------------------------------------------------
     @staticmethod
-    def _insert_session_rows(conn: sqlite3.Connection, session: Session) -> None:
+    def _insert_session_rows(conn: apsw.Connection, session: Session) -> None:
         conn.execute(
             "INSERT INTO sessions (created_at, status, run_id, token_hash, retain_at, version,"
             " last_active_at, data, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -299,7 +407,7 @@ class SqliteStore(SessionStore):
         )
 
     @staticmethod
-    def _token_taken(conn: sqlite3.Connection, token_hash: str, session_id: str) -> bool:
+    def _token_taken(conn: apsw.Connection, token_hash: str, session_id: str) -> bool:
         if not token_hash:
             return False
         row = conn.execute(
@@ -310,7 +418,7 @@ class SqliteStore(SessionStore):
     async def create_session(self, session: Session) -> Session:
         stored = session.copy(version=1)
 
-        def create(conn: sqlite3.Connection) -> None:
+        def create(conn: apsw.Connection) -> None:
             if conn.execute(
                 "SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)
             ).fetchone():
@@ -323,7 +431,7 @@ class SqliteStore(SessionStore):
         return stored
 
     async def get_session(self, session_id: str) -> Session | None:
-        def get(conn: sqlite3.Connection) -> Session | None:
+        def get(conn: apsw.Connection) -> Session | None:
             row = conn.execute(
                 f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
@@ -337,7 +445,7 @@ class SqliteStore(SessionStore):
         return session.copy(version=session.version + 1, updated_at=time.time())
 
     @classmethod
-    def _update_rows(cls, conn: sqlite3.Connection, stored: Session) -> float:
+    def _update_rows(cls, conn: apsw.Connection, stored: Session) -> float:
         """Compare-and-set `stored` (version already bumped) inside a transaction; its last_active_at.
 
         The hot path of every Step, so it writes only what changed: a turn rewrites `data`, `version` and
@@ -385,7 +493,7 @@ class SqliteStore(SessionStore):
         return stored
 
     @staticmethod
-    def _by_token_row(conn: sqlite3.Connection, token_hash: str) -> Session | None:
+    def _by_token_row(conn: apsw.Connection, token_hash: str) -> Session | None:
         row = conn.execute(
             f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
         ).fetchone()
@@ -397,7 +505,7 @@ class SqliteStore(SessionStore):
         return await self._run(self._by_token_row, token_hash)
 
     @staticmethod
-    def _touch_rows(conn: sqlite3.Connection, session_id: str, now: float) -> None:
+    def _touch_rows(conn: apsw.Connection, session_id: str, now: float) -> None:
         conn.execute(
             "UPDATE sessions SET last_active_at = max(last_active_at, ?) WHERE session_id = ?",
             (now, session_id),
@@ -442,7 +550,7 @@ class SqliteStore(SessionStore):
         sql += " ORDER BY created_at DESC, session_id DESC LIMIT ?"
         params.append(limit + 1)
 
-        def page(conn: sqlite3.Connection) -> list[Session]:
+        def page(conn: apsw.Connection) -> list[Session]:
             return [_session_from_row(row) for row in conn.execute(sql, params)]
 
         sessions = await self._run(page)
@@ -452,17 +560,16 @@ class SqliteStore(SessionStore):
         return sessions, ""
 
     async def count_open_sessions(self) -> int:
-        def count(conn: sqlite3.Connection) -> int:
+        def count(conn: apsw.Connection) -> int:
             marks = ", ".join("?" for _ in OPEN_STATUSES)
-            row = conn.execute(f"SELECT COUNT(*) FROM sessions WHERE status IN ({marks})",
-                               sorted(OPEN_STATUSES)).fetchone()
-            return int(row[0])
+            return int(_value(conn, f"SELECT COUNT(*) FROM sessions WHERE status IN ({marks})",
+                              tuple(sorted(OPEN_STATUSES))))
 
         return await self._run(count)
 
     @staticmethod
-    def _delete_session_rows(conn: sqlite3.Connection, session_id: str) -> int:
-        deleted = conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,)).rowcount
+    def _delete_session_rows(conn: apsw.Connection, session_id: str) -> int:
+        deleted = _changes(conn, "DELETE FROM sessions WHERE session_id = ?", (session_id,))
         conn.execute("DELETE FROM session_labels WHERE session_id = ?", (session_id,))
         conn.execute("DELETE FROM tool_calls WHERE session_id = ?", (session_id,))
         return int(deleted)
@@ -472,7 +579,7 @@ class SqliteStore(SessionStore):
 
     # -- tool-call log ----------------------------------------------------------------------------------
     @staticmethod
-    def _append_row(conn: sqlite3.Connection, entry: ToolCallEntry) -> None:
+    def _append_row(conn: apsw.Connection, entry: ToolCallEntry) -> None:
         # (session, episode, request_id) is logged once, so a retried append does not double-count.
         conn.execute(
             "INSERT OR IGNORE INTO tool_calls (session_id, episode, request_id, data) VALUES (?, ?, ?, ?)",
@@ -480,14 +587,14 @@ class SqliteStore(SessionStore):
         )
 
     async def append_tool_call(self, entry: ToolCallEntry) -> int:
-        def append(conn: sqlite3.Connection) -> int:
+        def append(conn: apsw.Connection) -> int:
             self._append_row(conn, entry)
             return self._count_calls(conn, entry.session_id, entry.episode)
 
         return await self._write(append)
 
     async def list_tool_calls(self, session_id: str, episode: int | None = None) -> list[ToolCallEntry]:
-        def list_calls(conn: sqlite3.Connection) -> list[ToolCallEntry]:
+        def list_calls(conn: apsw.Connection) -> list[ToolCallEntry]:
             if episode is None:
                 rows = conn.execute(
                     "SELECT data FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,)
@@ -502,11 +609,10 @@ class SqliteStore(SessionStore):
         return await self._run(list_calls)
 
     @staticmethod
-    def _count_calls(conn: sqlite3.Connection, session_id: str, episode: int) -> int:
-        row = conn.execute(
-            "SELECT count(*) FROM tool_calls WHERE session_id = ? AND episode = ?", (session_id, episode)
-        ).fetchone()
-        return int(row[0])
+    def _count_calls(conn: apsw.Connection, session_id: str, episode: int) -> int:
+        return int(_value(
+            conn, "SELECT count(*) FROM tool_calls WHERE session_id = ? AND episode = ?", (session_id, episode)
+        ))
 
     async def count_tool_calls(self, session_id: str, episode: int) -> int:
         return await self._run(self._count_calls, session_id, episode)
@@ -517,7 +623,7 @@ class SqliteStore(SessionStore):
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 
-        def commit(conn: sqlite3.Connection) -> float | None:
+        def commit(conn: apsw.Connection) -> float | None:
             if new_request and request is not None:
                 existing = self._request_row(conn, request[0], request[1])
                 if existing is not None:
@@ -540,7 +646,7 @@ class SqliteStore(SessionStore):
     _REQUEST_COLUMNS = "scope, request_id, state, owner, result, created_at, finished_at"
 
     @classmethod
-    def _request_row(cls, conn: sqlite3.Connection, scope: str, request_id: str) -> RequestRecord | None:
+    def _request_row(cls, conn: apsw.Connection, scope: str, request_id: str) -> RequestRecord | None:
         row = conn.execute(
             f"SELECT {cls._REQUEST_COLUMNS} FROM requests WHERE scope = ? AND request_id = ?",
             (scope, request_id),
@@ -549,14 +655,15 @@ class SqliteStore(SessionStore):
 
     @classmethod
     def _claim_row(
-        cls, conn: sqlite3.Connection, scope: str, request_id: str, owner: str
+        cls, conn: apsw.Connection, scope: str, request_id: str, owner: str
     ) -> tuple[RequestRecord, bool]:
         now = time.time()
-        created = conn.execute(
+        created = _changes(
+            conn,
             "INSERT OR IGNORE INTO requests (scope, request_id, state, owner, result, created_at,"
             " finished_at) VALUES (?, ?, ?, ?, '', ?, 0)",
             (scope, request_id, RequestState.PENDING.value, owner, now),
-        ).rowcount
+        )
         if created == 1:  # the record is exactly what was inserted: no need to read it back
             return RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", now, 0.0), True
         existing = cls._request_row(conn, scope, request_id)
@@ -576,7 +683,7 @@ class SqliteStore(SessionStore):
         if not token_hash:  # a revoked session holds ""; it must never match
             return None, None, False
 
-        def authorize(conn: sqlite3.Connection) -> tuple[Session | None, RequestRecord | None, bool]:
+        def authorize(conn: apsw.Connection) -> tuple[Session | None, RequestRecord | None, bool]:
             session = self._by_token_row(conn, token_hash)
             if session is None or not request_id or session.status != SessionStatus.ACTIVE:
                 return session, None, False
@@ -591,7 +698,7 @@ class SqliteStore(SessionStore):
         return await (self._write(authorize, abandoned=abandoned) if request_id else self._run(authorize))
 
     @staticmethod
-    def _complete_row(conn: sqlite3.Connection, scope: str, request_id: str, result: str, now: float) -> None:
+    def _complete_row(conn: apsw.Connection, scope: str, request_id: str, result: str, now: float) -> None:
         # An upsert: a result is never dropped, even if the PENDING record was lost or pruned.
         conn.execute(
             "INSERT INTO requests (scope, request_id, state, owner, result, created_at, finished_at)"
@@ -604,7 +711,7 @@ class SqliteStore(SessionStore):
         await self._write(self._complete_row, scope, request_id, result, time.time())
 
     async def release_request(self, scope: str, request_id: str) -> None:
-        def release(conn: sqlite3.Connection) -> None:
+        def release(conn: apsw.Connection) -> None:
             conn.execute(
                 "DELETE FROM requests WHERE scope = ? AND request_id = ? AND state = 'pending'",
                 (scope, request_id),
@@ -616,7 +723,7 @@ class SqliteStore(SessionStore):
         return await self._run(self._request_row, scope, request_id)
 
     async def heartbeat_owner(self, owner: str, ttl_s: float) -> None:
-        def beat(conn: sqlite3.Connection) -> None:
+        def beat(conn: apsw.Connection) -> None:
             conn.execute(
                 "INSERT INTO owners (owner, expires_at) VALUES (?, ?)"
                 " ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at",
@@ -626,7 +733,7 @@ class SqliteStore(SessionStore):
         await self._write(beat)
 
     async def owner_alive(self, owner: str) -> bool:
-        def alive(conn: sqlite3.Connection) -> bool:
+        def alive(conn: apsw.Connection) -> bool:
             row = conn.execute("SELECT expires_at FROM owners WHERE owner = ?", (owner,)).fetchone()
             return row is not None and row[0] > time.time()
 
@@ -634,7 +741,7 @@ class SqliteStore(SessionStore):
 
     # -- intents ----------------------------------------------------------------------------------------
     async def put_intent(self, intent: Intent) -> None:
-        def put(conn: sqlite3.Connection) -> None:
+        def put(conn: apsw.Connection) -> None:
             conn.execute(
                 "INSERT INTO intents (intent_id, run_id, created_at, data) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (intent_id) DO UPDATE SET run_id = excluded.run_id,"
@@ -645,14 +752,14 @@ class SqliteStore(SessionStore):
         await self._write(put)
 
     async def get_intent(self, intent_id: str) -> Intent | None:
-        def get(conn: sqlite3.Connection) -> Intent | None:
+        def get(conn: apsw.Connection) -> Intent | None:
             row = conn.execute("SELECT data FROM intents WHERE intent_id = ?", (intent_id,)).fetchone()
             return _common.decode(Intent, row[0]) if row else None
 
         return await self._run(get)
 
     async def list_intents(self, run_id: str = "") -> list[Intent]:
-        def list_all(conn: sqlite3.Connection) -> list[Intent]:
+        def list_all(conn: apsw.Connection) -> list[Intent]:
             if run_id:
                 rows = conn.execute(
                     "SELECT data FROM intents WHERE run_id = ? ORDER BY created_at, intent_id", (run_id,)
@@ -664,35 +771,36 @@ class SqliteStore(SessionStore):
         return await self._run(list_all)
 
     async def delete_intent(self, intent_id: str) -> None:
-        def delete(conn: sqlite3.Connection) -> None:
+        def delete(conn: apsw.Connection) -> None:
             conn.execute("DELETE FROM intents WHERE intent_id = ?", (intent_id,))
 
         await self._write(delete)
 
     # -- leases -----------------------------------------------------------------------------------------
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
-        def acquire(conn: sqlite3.Connection) -> bool:
+        def acquire(conn: apsw.Connection) -> bool:
             now = time.time()
             # One statement: take a free or expired lease, or renew our own; otherwise change nothing.
-            changed = conn.execute(
+            changed = _changes(
+                conn,
                 "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at"
                 " WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
                 (name, holder, now + ttl_s, now),
-            ).rowcount
+            )
             return changed == 1
 
         return await self._write(acquire)
 
     async def release_lease(self, name: str, holder: str) -> None:
-        def release(conn: sqlite3.Connection) -> None:
+        def release(conn: apsw.Connection) -> None:
             conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
         await self._write(release)
 
     # -- maintenance ------------------------------------------------------------------------------------
     async def prune(self, closed_before: float, requests_before: float) -> int:
-        def prune(conn: sqlite3.Connection) -> int:
+        def prune(conn: apsw.Connection) -> int:
             now = time.time()
             doomed = [
                 row[0]
@@ -702,9 +810,9 @@ class SqliteStore(SessionStore):
                 )
             ]
             removed = sum(self._delete_session_rows(conn, sid) for sid in doomed)
-            removed += conn.execute(
-                "DELETE FROM requests WHERE state = 'done' AND finished_at < ?", (requests_before,)
-            ).rowcount
+            removed += _changes(
+                conn, "DELETE FROM requests WHERE state = 'done' AND finished_at < ?", (requests_before,)
+            )
             # Expired heartbeats and leases are dead weight; they are not counted as records.
             conn.execute("DELETE FROM owners WHERE expires_at < ?", (now,))
             conn.execute("DELETE FROM leases WHERE expires_at < ?", (now,))
@@ -713,9 +821,9 @@ class SqliteStore(SessionStore):
         return await self._write(prune)
 
     async def check_invariants(self) -> list[str]:
-        def check(conn: sqlite3.Connection) -> list[str]:
+        def check(conn: apsw.Connection) -> list[str]:
             problems: list[str] = []
-            rows = conn.execute(
+            rows: list[Any] = conn.execute(
                 "SELECT session_id, status, run_id, token_hash, created_at, retain_at, version, data"
                 " FROM sessions"
             ).fetchall()
@@ -746,10 +854,32 @@ class SqliteStore(SessionStore):
         return await self._run(check)
 
     async def ping(self) -> None:
-        def ping(conn: sqlite3.Connection) -> None:
+        def ping(conn: apsw.Connection) -> None:
             conn.execute("SELECT 1").fetchone()
 
         await self._run(ping)
+
+    async def health(self) -> None:
+        """Read the schema and the first page of every table, then write and delete a leases row of one page
+        in one transaction (the row needs a page of its own, so a store that cannot grow fails here with
+        StoreFull, and COMMIT appends to the WAL, so a full disk does too). Nothing is left behind; other
+        connections never see the row. A malformed page met here or by any earlier call: StoreCorrupt."""
+
+        def probe(conn: apsw.Connection) -> None:
+            tables = [row[0] for row in conn.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+            for table in tables:
+                conn.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchall()
+            page_size = int(_value(conn, "PRAGMA page_size"))
+            with _transaction(conn):
+                conn.execute("INSERT OR REPLACE INTO leases (name, holder, expires_at) VALUES (?, zeroblob(?), 0)",
+                             (_HEALTH_KEY, page_size))
+                conn.execute("DELETE FROM leases WHERE name = ?", (_HEALTH_KEY,))
+
+        if not self._corrupt:
+            await self._run(probe)
+        if self._corrupt:
+            raise corrupt_error(self.path, self._corrupt)
 
     async def close(self) -> None:
         if self._closed:

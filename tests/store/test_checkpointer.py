@@ -4,7 +4,6 @@ store call's commit, with the WAL kept bounded under steady writes and the threa
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 import uuid
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from rlgate.store import Session, SessionStatus, ToolCallEntry, _checkpointer
 from rlgate.store.sqlite import SqliteStore
+from tests.store import sqlite_files
 
 
 def wal_pages(path: Path) -> int:
@@ -40,9 +40,9 @@ async def test_commits_never_checkpoint_and_the_checkpointer_does(tmp_path: Path
     store = await open_with_session(path)
     try:
         assert store.checkpointer is not None and store.checkpointer.thread.is_alive()
-        with sqlite3.connect(path) as probe:  # the setting is per connection: ask the store's own
-            assert probe.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert await store._run(lambda conn: conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+        with sqlite_files.connection(path) as probe:  # the setting is per connection: ask the store's own
+            assert sqlite_files.value(probe, "PRAGMA journal_mode") == "wal"
+        assert await store._run(sqlite_files.value, "PRAGMA wal_autocheckpoint") == 0
         await write_calls(store, 300)
         deadline = time.monotonic() + 10
         while store.checkpointer.checkpoints == 0:
@@ -79,8 +79,8 @@ async def test_a_reader_from_another_connection_sees_every_commit(tmp_path: Path
     store = await open_with_session(path)
     try:
         await write_calls(store, 500)
-        with sqlite3.connect(path) as reader:
-            assert reader.execute("SELECT count(*) FROM tool_calls").fetchone()[0] == 500
-            assert reader.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        with sqlite_files.connection(path, read_only=True) as reader:
+            assert sqlite_files.value(reader, "SELECT count(*) FROM tool_calls") == 500
+        assert sqlite_files.integrity(path) == ["ok"]
     finally:
         await store.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import sqlite3
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from rlgate.store import (
     ToolCallEntry,
     call_scope,
 )
+from tests.store import sqlite_files
 from tests.store.conftest import Backend, StoreFactory
 from tests.store.test_redis_faults import store_losing_replies
 from tests.support.redis import RedisServer
@@ -273,8 +273,7 @@ class _StoreBusy:
 
     async def __aenter__(self) -> None:
         if self.backend.redis is None:
-            self._conn = sqlite3.connect(self.backend.url.removeprefix("sqlite:///"), isolation_level=None)
-            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn = sqlite_files.hold_write_lock(self.backend.url.removeprefix("sqlite:///"))
             asyncio.get_running_loop().call_later(self.seconds, self._conn.execute, "ROLLBACK")
         else:
             client = redis.asyncio.Redis.from_url(self.backend.url)

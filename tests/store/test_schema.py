@@ -4,13 +4,14 @@ shape with its rows kept, and a database from a newer rlgate is refused with a c
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from pathlib import Path
 
+import apsw
 import pytest
 
 from rlgate.store import RequestState, StoreError, ToolCallEntry, call_scope
 from rlgate.store.sqlite import SCHEMA_VERSION, SqliteStore
+from tests.store import sqlite_files
 
 # The tables version 1 had where version 2 differs (the rest of its schema is version 2's too).
 V1_TABLES = """
@@ -39,19 +40,19 @@ CREATE INDEX requests_done ON requests(finished_at) WHERE state = 'done';
 
 def shape(path: Path) -> dict[str, object]:
     """Everything about the schema that queries depend on: columns, keys, indexes, rowid-ness."""
-    conn = sqlite3.connect(path)
+    conn = sqlite_files.connect(path, read_only=True)
     try:
-        out: dict[str, object] = {"user_version": conn.execute("PRAGMA user_version").fetchone()[0]}
+        out: dict[str, object] = {"user_version": sqlite_files.value(conn, "PRAGMA user_version")}
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
                                              "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
         for table in tables:
             indexes = sorted((r[1], r[2], r[4]) for r in conn.execute(f"PRAGMA index_list({table})"))
             out[table] = {
                 "columns": conn.execute(f"PRAGMA table_info({table})").fetchall(),
-                "without_rowid": conn.execute("SELECT wr FROM pragma_table_list WHERE name = ?",
-                                              (table,)).fetchone()[0],
-                "autoincrement": "AUTOINCREMENT" in conn.execute(
-                    "SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0].upper(),
+                "without_rowid": sqlite_files.value(conn, "SELECT wr FROM pragma_table_list WHERE name = ?",
+                                                    (table,)),
+                "autoincrement": "AUTOINCREMENT" in sqlite_files.value(
+                    conn, "SELECT sql FROM sqlite_master WHERE name = ?", (table,)).upper(),
                 "indexes": {name: (unique, partial, [c[2] for c in conn.execute(f"PRAGMA index_info({name})")])
                             for name, unique, partial in indexes},
             }
@@ -63,14 +64,14 @@ def shape(path: Path) -> dict[str, object]:
 def make_v1(path: Path, current: Path) -> None:
     """A version-1 database as rlgate 1 left it, with log entries and request records in it. Its other
     tables are version 2's: they are copied from `current`, a new database."""
-    ref = sqlite3.connect(current)
+    ref = sqlite_files.connect(current, read_only=True)
     try:
         others = [r[0] for r in ref.execute(
             "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND tbl_name NOT IN ('tool_calls', 'requests')"
             " ORDER BY type DESC")]  # tables before their indexes
     finally:
         ref.close()
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = apsw.Connection(str(path))  # creates the file
     try:
         conn.execute("PRAGMA journal_mode = WAL")
         for statement in [*others, *V1_TABLES.split(";")]:
@@ -120,7 +121,7 @@ async def test_a_version_1_database_is_migrated_with_its_rows(tmp_path: Path) ->
 
 
 async def test_a_database_from_a_newer_rlgate_is_refused(tmp_path: Path) -> None:
-    conn = sqlite3.connect(tmp_path / "store.db")
+    conn = apsw.Connection(str(tmp_path / "store.db"))
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1} is newer than this rlgate"):

@@ -4,8 +4,6 @@ Runs against both backends (see conftest.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sqlite3
 import time
 from dataclasses import replace
 
@@ -22,6 +20,7 @@ from rlgate.store import (
     StoreError,
     ToolCallEntry,
 )
+from tests.store import sqlite_files
 from tests.store.conftest import Backend, StoreFactory
 
 
@@ -304,7 +303,7 @@ async def test_invariants_catch_a_broken_index(store: SessionStore, backend: Bac
         path = backend.url[len("sqlite:///"):]
 
         def corrupt() -> None:
-            with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            with sqlite_files.connection(path) as conn:
                 conn.execute("UPDATE sessions SET token_hash = 'other' WHERE session_id = 's1'")
 
         await asyncio.to_thread(corrupt)
@@ -324,7 +323,7 @@ async def test_corrupt_record_is_store_error(store: SessionStore, backend: Backe
         path = backend.url[len("sqlite:///"):]
 
         def corrupt() -> None:
-            with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            with sqlite_files.connection(path) as conn:
                 conn.execute("UPDATE sessions SET data = '{not json' WHERE session_id = 's1'")
 
         await asyncio.to_thread(corrupt)
