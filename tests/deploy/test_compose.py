@@ -46,10 +46,11 @@ def in_profile(svc: dict[str, Any], profile: str | None) -> bool:
 
 
 def published(svc: dict[str, Any]) -> list[tuple[str, int, int]]:
-    """(host ip, host port, container port) of each `ports:` entry (short syntax)."""
+    """(host ip, host port, container port) of each `ports:` entry (short syntax), `${VAR:-default}` resolved
+    to its default."""
     out = []
     for entry in svc.get("ports", []):
-        match = re.fullmatch(r"(?P<ip>[^:]+):(?P<host>\d+):(?P<container>\d+)(/tcp)?", str(entry))
+        match = re.fullmatch(r"(?P<ip>[^:]+):(?P<host>\d+):(?P<container>\d+)(/tcp)?", str(resolve(entry)))
         assert match, f"port {entry!r} must be IP:HOST:CONTAINER (published on an explicit address)"
         out.append((match["ip"], int(match["host"]), int(match["container"])))
     return out
