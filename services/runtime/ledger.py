@@ -14,8 +14,9 @@ crashes, through the session store's request records (so every replica sees the 
   process heartbeats the store: `SessionStore.heartbeat_owner`) while it works; its response is recorded
   DONE. A repeat gets the recorded response (`replay`); a repeat that arrives while the first attempt runs
   waits for it: in-process on its future, across replicas by polling the record. A failed attempt releases
-  its record (unless its work says the outcome may have happened: `Claim.keep`), so a retry runs again
-  instead of replaying an error; a concurrent in-process repeat gets the same error.
+  its record (unless its work says the outcome may have happened and it records that itself: `Claim.keep`),
+  so a retry runs again instead of replaying an error; a concurrent in-process repeat of a claimed attempt
+  gets the same error.
 - **Owners die.** A PENDING record whose owner's heartbeat lapsed is taken over by default: released and
   run again by the repeat, whose work is told which record it took over (`Claim.prior`) so it converges
   instead of repeating (a dead attempt never recorded its parameters' fingerprint in the store, so the work
@@ -37,7 +38,9 @@ API (`RequestLedger(store, owner)`; one per process and plane):
   after its write costs no claim. Work with more to do after its write first calls `await claim.hold()`
   (the PENDING claim, so repeats wait for the outcome). If another attempt got there first, `hold` or
   `commit` raises `RequestExists`; work must let it propagate (it subclasses `ConflictError`: a
-  compare-and-set loop re-raises it) and the ledger answers from that record.
+  compare-and-set loop re-raises it) and the ledger answers from that record. Work that fails before it
+  claimed anything makes the ledger look for an earlier record (a repeat whose first attempt changed what
+  the work checks, e.g. a Step repeated after its turn ended the episode) and answer from that instead.
 - `claim=`: how the record is claimed, when the caller claims it together with other work in one store
   call (the gateway's `authorize_call`); returns `(record, created)` like `SessionStore.claim_request`.
 - `redact(response)`: what is recorded (default: the response; Reset drops the agent token, stored only as
@@ -259,6 +262,14 @@ class RequestLedger:
                     if handle.held or handle.recorded is not None:
                         raise  # not the claim's: the work's own business
                     record = exc.record
+                except Exception:
+                    if handle.held or handle.recorded is not None:
+                        raise
+                    # Failed before claiming anything: maybe because an earlier attempt already acted (a
+                    # repeat of a turn that ended the episode finds it done). Then its record answers.
+                    record = await self.store.get_request(scope, request_id)
+                    if record is None:
+                        raise
             else:
                 record, created = await (
                     claim() if claim is not None else self.store.claim_request(scope, request_id, self.owner)
@@ -320,11 +331,11 @@ class RequestLedger:
         except BaseException as exc:
             if handle.held and handle.recorded is None and not handle.kept:
                 await asyncio.shield(self.store.release_request(*key))
-            if isinstance(exc, Exception) and not isinstance(exc, RequestExists):
+            if handle.held and isinstance(exc, Exception):
                 done.set_exception(exc)  # a repeat waiting here gets the same error
                 done.exception()  # marked retrieved: nobody may be waiting
             else:
-                done.cancel()  # no answer from here: a waiting repeat looks again
+                done.cancel()  # no answer from here (or, lazy, maybe an earlier record's): a repeat looks again
             raise
         finally:
             self._running.pop(key, None)
