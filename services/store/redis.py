@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -909,9 +910,8 @@ class RedisStore(SessionStore):
             pipe.delete(key)
             _, echoed, _ = await pipe.execute()
         except RedisError as exc:
-            text = str(exc)
-            kind = StoreFull if text.startswith("OOM") or "No space left" in text else StoreError
-            raise kind(f"redis store {self.url}: health probe failed: {exc}") from exc
+            full = isinstance(exc, RedisOutOfMemoryError) or "No space left" in str(exc)
+            raise (StoreFull if full else StoreError)(f"redis store {self.url}: health probe failed: {exc}") from exc
         if echoed != token:
             raise StoreError(f"redis store {self.url}: health probe read back {echoed!r}, not what it wrote")
 

@@ -165,6 +165,7 @@ _SESSION_COLUMNS = "data, version, last_active_at"
 
 MIN_SQLITE_VERSION = (3, 51, 3)  # the first release without the WAL-reset bug (see the module's docstring)
 QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: ~0.1 s per 150 MB cached
+_QUICK_CHECK_STEPS = 1000  # how often (in SQLite's steps) the quick_check looks at the clock
 RECOVERY_DOC = 'docs/operations.md, "Recovering a store"'
 _HEALTH_KEY = "rlgate:health-probe"  # the leases row health() writes and deletes in one transaction
 _CORRUPT = (apsw.CorruptError, apsw.NotADBError)
@@ -227,9 +228,9 @@ def _quick_check(conn: apsw.Connection, path: str) -> None:
     skips index-vs-table checks); past QUICK_CHECK_BUDGET_S it is interrupted and the store opens with a
     warning, so a huge store still starts."""
     deadline = time.monotonic() + QUICK_CHECK_BUDGET_S
-    conn.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, _QUICK_CHECK_STEPS)
     try:
-        problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check(5)")]
+        problems = [str(row[0]).replace("\n", "; ") for row in conn.execute("PRAGMA quick_check(5)")]
     except apsw.InterruptError:
         log.warning("sqlite store %s: quick_check stopped after %.0f s (%d MB); opened unchecked",
                     path, QUICK_CHECK_BUDGET_S, os.path.getsize(path) // 2**20)
