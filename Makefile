@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-BUF := .tools/node_modules/.bin/buf
+# buf comes with the dev extra (the buf-bin package); nothing here needs Node.js.
+BUF := $(VENV)/bin/buf
 # The virtualenv is reused while constraints.txt and pyproject.toml are unchanged.
 DEPS_HASH := $(shell cat constraints.txt pyproject.toml 2>/dev/null | sha1sum | cut -c1-12)
 STAMP_SERVER := $(VENV)/.installed-server-$(DEPS_HASH)
@@ -35,18 +36,15 @@ $(STAMP_ALL): constraints.txt pyproject.toml | $(PY)
 	$(PIP) -e '.[server,rollout,skyrl,tinker,dev]'
 	@rm -f $(VENV)/.installed-server-*; touch $@ $(STAMP_SERVER)
 
-$(BUF):
-	npm install --silent --no-audit --no-fund --no-save --prefix .tools
-
 venv: $(STAMP_ALL)
 
 up: $(STAMP_SERVER)
 	$(VENV)/bin/rlgate up
 
-test: $(STAMP_ALL) $(BUF)
+test: $(STAMP_ALL)
 	RLGATE_BUF=$(BUF) $(PY) -m pytest -q -p no:cacheprovider --durations=25 $(PYTEST_ARGS)
 
-lint: $(STAMP_ALL) $(BUF)
+lint: $(STAMP_ALL)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(BUF) lint
@@ -60,8 +58,8 @@ bench: $(STAMP_ALL)
 bench-full: $(STAMP_ALL)
 	$(PY) -m bench --full
 
-reliability-full: $(STAMP_ALL) $(BUF)
+reliability-full: $(STAMP_ALL)
 	RLGATE_FULL=1 $(PY) -m pytest -q -p no:cacheprovider tests/reliability
 
 clean:
-	rm -rf $(VENV) .tools build *.egg-info .rlgate
+	rm -rf $(VENV) build *.egg-info .rlgate
