@@ -23,10 +23,10 @@ from typing import Any
 import grpc
 import httpx2
 import psutil
-from google.protobuf import struct_pb2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from rlgate.convert import json_text
 from rlgate.runtime.stack import LocalStack, StackSettings
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 
@@ -101,9 +101,13 @@ class BenchContext:
 
 
 @asynccontextmanager
-async def child_process(argv: list[str], log_path: Path, env: Mapping[str, str] | None = None,
-                        ready_timeout_s: float = 120.0,
-                        stdin: bool = False) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+async def child_process(
+    argv: list[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    ready_timeout_s: float = 120.0,
+    stdin: bool = False,
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
     """Start a helper process that prints one ready line (e.g. its port) on stdout; stop it on exit.
 
     With `stdin`, the helper also gets a pipe to read requests from (see bench/openenv_side.py drive).
@@ -111,10 +115,15 @@ async def child_process(argv: list[str], log_path: Path, env: Mapping[str, str] 
     await asyncio.to_thread(log_path.parent.mkdir, parents=True, exist_ok=True)
     log = await asyncio.to_thread(log_path.open, "ab")
     try:
-        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=log,
-                                                    stdin=asyncio.subprocess.PIPE if stdin else None,
-                                                    cwd=REPO_ROOT, env=None if env is None else dict(env),
-                                                    limit=LINE_LIMIT)
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            stdin=asyncio.subprocess.PIPE if stdin else None,
+            cwd=REPO_ROOT,
+            env=None if env is None else dict(env),
+            limit=LINE_LIMIT,
+        )
     finally:
         log.close()
     try:
@@ -174,12 +183,6 @@ def service_pids(stack: LocalStack, *names: str) -> dict[str, int]:
     return {name: stack.procs[name].pid for name in names}
 
 
-def struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
-    out = struct_pb2.Struct()
-    out.update(dict(value))
-    return out
-
-
 class BenchError(RuntimeError):
     """A measured path did not do what it should (error result, wrong status): no figure is reported."""
 
@@ -221,45 +224,68 @@ class Rlgate:
         )
         reset_ms = (time.perf_counter() - t0) * 1e3
         if reply.gateway_address and reply.gateway_address != self.stack.gateway_address:
-            raise BenchError(f"Reset handed out gateway {reply.gateway_address}, stack runs "
-                             f"{self.stack.gateway_address}")
-        return Session(reply.session_id, reply.agent_token, (("authorization", f"Bearer {reply.agent_token}"),),
-                       reset_ms, [t.name for t in reply.tools])
+            raise BenchError(
+                f"Reset handed out gateway {reply.gateway_address}, stack runs {self.stack.gateway_address}"
+            )
+        return Session(
+            reply.session_id,
+            reply.agent_token,
+            (("authorization", f"Bearer {reply.agent_token}"),),
+            reset_ms,
+            [t.name for t in reply.tools],
+        )
 
     async def list_tools(self, session: Session) -> list[str]:
-        reply = await self.gateway.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=session.metadata,
-                                             timeout=RPC_TIMEOUT_S)
+        reply = await self.gateway.ListTools(
+            toolgateway_pb2.ListToolsRequest(), metadata=session.metadata, timeout=RPC_TIMEOUT_S
+        )
         return [t.name for t in reply.tools]
 
     async def call_tool(self, session: Session, call: ToolCall) -> toolgateway_pb2.CallToolResponse:
         reply = await self.gateway.CallTool(
-            toolgateway_pb2.CallToolRequest(request_id=uuid.uuid4().hex, name=call.name,
-                                            arguments=struct(call.arguments)),
-            metadata=session.metadata, timeout=RPC_TIMEOUT_S,
+            toolgateway_pb2.CallToolRequest(
+                request_id=uuid.uuid4().hex, name=call.name, arguments_json=json_text(call.arguments)
+            ),
+            metadata=session.metadata,
+            timeout=RPC_TIMEOUT_S,
         )
         if reply.result.is_error:
             raise BenchError(f"gateway CallTool {call.name} returned an error: {reply.result.error_message!r}")
         return reply
 
-    async def step(self, session: Session, call: ToolCall | None = None,
-                   done: bool = False) -> orchestrator_pb2.StepResponse:
-        calls = [] if call is None else [orchestrator_pb2.ToolCallSummary(
-            name=call.name, arguments=struct(call.arguments), request_id=uuid.uuid4().hex)]
+    async def step(
+        self, session: Session, call: ToolCall | None = None, done: bool = False
+    ) -> orchestrator_pb2.StepResponse:
+        calls = (
+            []
+            if call is None
+            else [
+                orchestrator_pb2.ToolCallSummary(
+                    name=call.name, arguments_json=json_text(call.arguments), request_id=uuid.uuid4().hex
+                )
+            ]
+        )
         return await self.orchestrator.Step(
-            orchestrator_pb2.StepRequest(request_id=uuid.uuid4().hex, session_id=session.session_id,
-                                         assistant_text="thinking... calling a tool", tool_calls=calls,
-                                         done=done),
+            orchestrator_pb2.StepRequest(
+                request_id=uuid.uuid4().hex,
+                session_id=session.session_id,
+                assistant_text="thinking... calling a tool",
+                tool_calls=calls,
+                done=done,
+            ),
             timeout=RPC_TIMEOUT_S,
         )
 
     async def close_session(self, session: Session) -> None:
-        await self.orchestrator.Close(orchestrator_pb2.CloseRequest(session_id=session.session_id),
-                                      timeout=RPC_TIMEOUT_S)
+        await self.orchestrator.Close(
+            orchestrator_pb2.CloseRequest(session_id=session.session_id), timeout=RPC_TIMEOUT_S
+        )
 
     async def mcp_url(self, session: Session) -> str:
         """The instance endpoint that serves the app's tools (`{root}mcp`), from the session's State."""
-        reply = await self.orchestrator.State(orchestrator_pb2.StateRequest(session_id=session.session_id),
-                                              timeout=RPC_TIMEOUT_S)
+        reply = await self.orchestrator.State(
+            orchestrator_pb2.StateRequest(session_id=session.session_id), timeout=RPC_TIMEOUT_S
+        )
         endpoints = list(reply.session.instance.mcp_endpoints)
         if not endpoints:
             raise BenchError(f"session {session.session_id} reports no MCP endpoint")
@@ -274,8 +300,10 @@ def mcp_http(verify: ssl.SSLContext | bool = True) -> httpx2.AsyncClient:
 @asynccontextmanager
 async def persistent_mcp(url: str, mode: str = "auto") -> AsyncIterator[Client]:
     """One long-lived mcp 2.x client (the direct baseline: no gateway in between)."""
-    async with mcp_http() as http, Client(streamable_http_client(url, http_client=http), mode=mode,
-                                          read_timeout_seconds=RPC_TIMEOUT_S) as client:
+    async with (
+        mcp_http() as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode, read_timeout_seconds=RPC_TIMEOUT_S) as client,
+    ):
         yield client
 
 
@@ -285,9 +313,12 @@ async def per_call_session(url: str, call: ToolCall, ssl_context: ssl.SSLContext
     The SSL context is built once and shared, so the baseline pays no TLS setup (it is plain HTTP on
     loopback anyway); what it pays is the handshake, the extra round trips and the teardown per call.
     """
-    async with mcp_http(ssl_context) as http, Client(streamable_http_client(url, http_client=http),
-                                                     mode="legacy",
-                                                     read_timeout_seconds=RPC_TIMEOUT_S) as client:
+    async with (
+        mcp_http(ssl_context) as http,
+        Client(
+            streamable_http_client(url, http_client=http), mode="legacy", read_timeout_seconds=RPC_TIMEOUT_S
+        ) as client,
+    ):
         result = await client.call_tool(call.name, call.arguments)
         if result.is_error:
             raise BenchError(f"direct call {call.name} returned an error: {result.content!r}")

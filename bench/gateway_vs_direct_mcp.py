@@ -4,11 +4,10 @@ For each MCP era (modern = mailbox:v1, 2026-07-28 stateless; legacy = tracker:v1
 id) one session is opened through the orchestrator; the direct baseline connects one long-lived
 `mcp.Client` (mode auto, as a user would) to the very endpoint the gateway uses for that session. Both
 call the same read-only tool with the same arguments, sequentially and 16-way concurrently (one client /
-one session each), alternating in rounds. The gateway is called as a trainer calls it, through
-`rlgate.AsyncClient` (CallTool over its long-lived CallToolStream: a persistent client, like the
-baseline), and also with one unary CallTool RPC per call from the generated stub. Headline: p50 gateway /
-p50 direct, modern, sequential (goal <= 1.5); throughput gateway / direct (goal >= 0.67) sequential and
-16-way; the unary figures sit beside them.
+one session each), alternating in rounds. The gateway is called as a trainer calls it: unary CallTool
+RPCs through `rlgate.AsyncClient` (one persistent channel, like the baseline's persistent client).
+Headline: p50 gateway / p50 direct, modern, sequential (goal <= 1.5); throughput gateway / direct
+(goal >= 0.67) sequential and 16-way.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from rlgate import AsyncClient
 NAME = "gateway_vs_direct_mcp"
 CONCURRENT = 16
 BASELINE = "persistent mcp 2.x client calling the localfleet tool directly"
-GOALS = (Goal("ratio", "<=", 1.5), Goal("throughput_ratio_seq", ">=", 0.67),
-         Goal("throughput_ratio_c16", ">=", 0.67))
+GOALS = (Goal("ratio", "<=", 1.5), Goal("throughput_ratio_seq", ">=", 0.67), Goal("throughput_ratio_c16", ">=", 0.67))
 
 
 async def measure_era(ctx: BenchContext, rl: Rlgate, trainer: AsyncClient, era: str) -> dict[str, Stats]:
@@ -38,21 +36,22 @@ async def measure_era(ctx: BenchContext, rl: Rlgate, trainer: AsyncClient, era: 
                 if reply.result.is_error:
                     raise BenchError(f"CallTool {call.name} returned an error: {reply.result.error_message!r}")
 
-            async def unary_op(_slot: int) -> None:
-                await rl.call_tool(session, call)
-
             async def direct_op(_slot: int) -> None:
                 await direct_call(client, call)
 
-            return await alternate(rounds, {
-                f"{era} gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=30, duration_s=budget),
-                f"{era} direct seq": lambda: closed_loop(direct_op, total, 1, warmup=30, duration_s=budget),
-                f"{era} gateway unary seq": lambda: closed_loop(unary_op, total, 1, warmup=30, duration_s=budget),
-                f"{era} gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32,
-                                                          duration_s=budget),
-                f"{era} direct c16": lambda: closed_loop(direct_op, total, CONCURRENT, warmup=32,
-                                                         duration_s=budget),
-            })
+            return await alternate(
+                rounds,
+                {
+                    f"{era} gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=30, duration_s=budget),
+                    f"{era} direct seq": lambda: closed_loop(direct_op, total, 1, warmup=30, duration_s=budget),
+                    f"{era} gateway c16": lambda: closed_loop(
+                        gateway_op, total, CONCURRENT, warmup=32, duration_s=budget
+                    ),
+                    f"{era} direct c16": lambda: closed_loop(
+                        direct_op, total, CONCURRENT, warmup=32, duration_s=budget
+                    ),
+                },
+            )
     finally:
         await rl.close_session(session)
 
@@ -61,8 +60,10 @@ async def run(ctx: BenchContext) -> list[Entry]:
     stack = await ctx.stack()
     extra: dict[str, object] = {}
     results: dict[str, dict[str, Stats]] = {}
-    async with Rlgate(stack) as rl, AsyncClient(stack.orchestrator_address,
-                                                gateway_addresses=stack.gateway_address) as trainer:
+    async with (
+        Rlgate(stack) as rl,
+        AsyncClient(stack.orchestrator_address, gateway_addresses=stack.gateway_address) as trainer,
+    ):
         for era in ("modern", "legacy"):
             try:
                 results[era] = await measure_era(ctx, rl, trainer, era)
@@ -77,15 +78,19 @@ async def run(ctx: BenchContext) -> list[Entry]:
             extra[f"{era}_p50_ratio_{mode}"] = round(gw.p50_ms / direct.p50_ms, 3)
             extra[f"{era}_throughput_ratio_{mode}"] = round(gw.per_s / direct.per_s, 3)
             extra[f"{era}_throughput_ratio_rounds_{mode}"] = round_ratios(gw, direct)
-        unary, direct = stats[f"{era} gateway unary seq"], stats[f"{era} direct seq"]
-        extra |= unary.figures(f"{era}_gateway_unary_seq_")
-        extra[f"{era}_unary_p50_ratio_seq"] = round(unary.p50_ms / direct.p50_ms, 3)
-        extra[f"{era}_unary_throughput_ratio_seq"] = round(unary.per_s / direct.per_s, 3)
     if "modern" not in results:
         return [failed(NAME, "ms", str(extra.get("modern_error", "modern era did not run")), BASELINE, GOALS)]
     modern = results["modern"]
     extra["throughput_ratio_seq"] = extra["modern_throughput_ratio_seq"]
     extra["throughput_ratio_c16"] = extra["modern_throughput_ratio_c16"]
-    return [Entry(name=NAME, value=modern["modern gateway seq"].p50_ms,
-                  baseline=modern["modern direct seq"].p50_ms, unit="ms (p50, modern, sequential)",
-                  baseline_name=BASELINE, goals=GOALS, extra=extra)]
+    return [
+        Entry(
+            name=NAME,
+            value=modern["modern gateway seq"].p50_ms,
+            baseline=modern["modern direct seq"].p50_ms,
+            unit="ms (p50, modern, sequential)",
+            baseline_name=BASELINE,
+            goals=GOALS,
+            extra=extra,
+        )
+    ]

@@ -14,8 +14,9 @@ import uuid
 import grpc
 
 from bench.echo_server import METHOD
-from bench.fixtures import BENCH_TOOLS, ERA_ENV, RPC_TIMEOUT_S, BenchContext, Rlgate, child_process, struct
+from bench.fixtures import BENCH_TOOLS, ERA_ENV, RPC_TIMEOUT_S, BenchContext, Rlgate, child_process
 from bench.harness import Entry, Goal, alternate, closed_loop, stats_table, throughput_ratios
+from rlgate.convert import json_text
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_grpc_echo"
@@ -28,13 +29,21 @@ async def run(ctx: BenchContext) -> list[Entry]:
     call = BENCH_TOOLS[env_key]
     stack = await ctx.stack()
     echo_payload = orchestrator_pb2.StepRequest(
-        request_id=uuid.uuid4().hex, session_id=uuid.uuid4().hex, assistant_text="thinking... calling a tool",
-        tool_calls=[orchestrator_pb2.ToolCallSummary(name=call.name, arguments=struct(call.arguments),
-                                                     request_id=uuid.uuid4().hex)],
+        request_id=uuid.uuid4().hex,
+        session_id=uuid.uuid4().hex,
+        assistant_text="thinking... calling a tool",
+        tool_calls=[
+            orchestrator_pb2.ToolCallSummary(
+                name=call.name, arguments_json=json_text(call.arguments), request_id=uuid.uuid4().hex
+            )
+        ],
     ).SerializeToString()
 
-    async with child_process([sys.executable, "-m", "bench.echo_server"], ctx.out_dir / "logs" / "echo.log") as (
-            _proc, port), Rlgate(stack) as rl, grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with (
+        child_process([sys.executable, "-m", "bench.echo_server"], ctx.out_dir / "logs" / "echo.log") as (_proc, port),
+        Rlgate(stack) as rl,
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+    ):
         echo = channel.unary_unary(METHOD)
         sessions = [await rl.reset(env_key) for _ in range(CONCURRENT)]
 
@@ -46,22 +55,34 @@ async def run(ctx: BenchContext) -> list[Entry]:
         async def step_op(slot: int) -> None:
             await rl.step(sessions[slot], call)
 
-        stats = await alternate(rounds, {
-            "echo seq": lambda: closed_loop(echo_op, total, 1, warmup=50, duration_s=budget),
-            "step seq": lambda: closed_loop(step_op, total, 1, warmup=50, duration_s=budget),
-            "echo c16": lambda: closed_loop(echo_op, total, CONCURRENT, warmup=50, duration_s=budget),
-            "step c16": lambda: closed_loop(step_op, total, CONCURRENT, warmup=50, duration_s=budget),
-        })
+        stats = await alternate(
+            rounds,
+            {
+                "echo seq": lambda: closed_loop(echo_op, total, 1, warmup=50, duration_s=budget),
+                "step seq": lambda: closed_loop(step_op, total, 1, warmup=50, duration_s=budget),
+                "echo c16": lambda: closed_loop(echo_op, total, CONCURRENT, warmup=50, duration_s=budget),
+                "step c16": lambda: closed_loop(step_op, total, CONCURRENT, warmup=50, duration_s=budget),
+            },
+        )
         for session in sessions:
             await rl.close_session(session)
 
     print(stats_table(stats, "calls/s"))
     seq_step, seq_echo, c_step, c_echo = stats["step seq"], stats["echo seq"], stats["step c16"], stats["echo c16"]
-    return [Entry(
-        name=NAME, value=seq_step.per_s, baseline=seq_echo.per_s, unit="calls/s",
-        baseline_name="bare grpc.aio unary echo server (same run)", goals=(Goal("ratio", ">=", 0.5),),
-        extra={**seq_step.figures("step_seq_"), **seq_echo.figures("echo_seq_"),
-               **c_step.figures("step_c16_"), **c_echo.figures("echo_c16_"),
-               **throughput_ratios(seq_step, seq_echo, c_step, c_echo)},
-    )]
-
+    return [
+        Entry(
+            name=NAME,
+            value=seq_step.per_s,
+            baseline=seq_echo.per_s,
+            unit="calls/s",
+            baseline_name="bare grpc.aio unary echo server (same run)",
+            goals=(Goal("ratio", ">=", 0.5),),
+            extra={
+                **seq_step.figures("step_seq_"),
+                **seq_echo.figures("echo_seq_"),
+                **c_step.figures("step_c16_"),
+                **c_echo.figures("echo_c16_"),
+                **throughput_ratios(seq_step, seq_echo, c_step, c_echo),
+            },
+        )
+    ]

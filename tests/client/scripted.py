@@ -1,14 +1,7 @@
 """A real grpc.aio server on 127.0.0.1 (port 0) whose OrchestratorService / ToolGatewayService answers
-follow a per-method script: a status code to abort with, a delay, or a response. It runs on its own
-event loop in a thread, so blocking clients in the test thread can call it too.
-
-CallTool and Step are also served over their streams (CallToolStream, StepStream, through the servers' own
-`runtime.multiplex`) from the same script, so AsyncClient's calls follow it whichever way they travel; a
-streamed call is recorded under its unary method with the metadata the unary call would have carried.
-With `streams=False` the stream methods are UNIMPLEMENTED, as on a server that predates them.
-
-What the script records for the stream tests: `Seen.streamed` (which way a call came), the handlers cancelled
-per method, the cancel requests each stream carried, and how many streams were opened and ended."""
+follow a per-method script: a status code to abort with, a google.rpc.Status to end with, a delay, or a
+response. It runs on its own event loop in a thread, so blocking clients in the test thread can call it too.
+The script records every request with its metadata, and the handlers cancelled per method."""
 
 from __future__ import annotations
 
@@ -22,7 +15,6 @@ from typing import Any
 import grpc
 from google.rpc import status_pb2
 
-from rlgate.runtime.multiplex import Multiplexer, StreamedMethod, call_status
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,
@@ -42,19 +34,16 @@ class Sleep:
 
 @dataclass
 class Rich:
-    """End the call with `code` and a google.rpc.Status carrying `details` (google.protobuf.Any messages):
-    unary as the grpc-status-details-bin trailer, streamed as the CallStatus details."""
+    """End the call with this google.rpc.Status (code, message and details, as the services' errors do):
+    the status code and message, and the status itself as the grpc-status-details-bin trailer."""
 
-    code: grpc.StatusCode
-    message: str
-    details: list[Any] = field(default_factory=list)
+    status: status_pb2.Status
 
 
 @dataclass
 class Seen:
     request: Any
     metadata: dict[str, str]
-    streamed: bool = False  # came over CallToolStream / StepStream rather than the unary RPC
 
 
 @dataclass
@@ -63,22 +52,17 @@ class Script:
     steps: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
     seen: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     defaults: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
-    # method -> handlers cancelled (by a cancel request, a deadline, or the call / stream going away)
+    # method -> handlers cancelled (by a deadline or the call going away)
     cancelled: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # method -> call_ids of the cancel requests its streams carried
-    cancels: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    # method -> streams opened / ended (the stream handler returned or was cancelled)
-    streams_opened: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    streams_ended: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    # seconds added to each streamed call's own timeout: the client's deadline then passes first, so its
-    # cancel request (not the server's deadline) is what ends a call that overruns
-    deadline_slack: float = 0.0
 
     def push(self, method: str, *steps: Any) -> None:
         self.steps[method].extend(steps)
 
     def count(self, method: str) -> int:
         return len(self.seen[method])
+
+
+ECHO_SCHEMA = '{"type":"object","properties":{"x":{"type":"integer","default":3}}}'
 
 
 def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
@@ -88,12 +72,13 @@ def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
             episode=1,
             prompt="do it",
             messages=[common_pb2.ChatMessage(role="user", content="do it")],
-            tools=[common_pb2.ToolSpec(name="echo", description="echo back")],
+            tools=[common_pb2.ToolSpec(name="echo", description="echo back", input_schema_json=ECHO_SCHEMA)],
             agent_token="agent-token",
             gateway_address=gateway_address,
             task=common_pb2.TaskInfo(key=req.task_key or "t", env_id="demo", version="v1"),
             max_turns=req.max_turns or 5,
             modality="tool_use",
+            instance=orchestrator_pb2.InstanceInfo(provider="fleet", instance_id="i-1", env_key="demo:v1"),
         )
 
     def step(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
@@ -126,17 +111,17 @@ def default_responses(gateway_address: str) -> dict[str, Callable[[Any], Any]]:
     }
 
 
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 class _ScriptedStatus(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str = "", details: list[Any] | None = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str = "", rich: status_pb2.Status | None = None) -> None:
         super().__init__(message or f"scripted {code.name}")
         self.code = code
-        self.details = list(details or [])
+        self.rich = rich
 
     def rich_trailer(self) -> tuple[tuple[str, bytes], ...]:
-        if not self.details:
-            return ()
-        status = status_pb2.Status(code=self.code.value[0], message=str(self), details=self.details)
-        return (("grpc-status-details-bin", status.SerializeToString()),)
+        return () if self.rich is None else (("grpc-status-details-bin", self.rich.SerializeToString()),)
 
 
 class _Handler:
@@ -149,8 +134,8 @@ class _Handler:
         except _ScriptedStatus as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.rich_trailer())
 
-    async def run(self, method: str, request: Any, metadata: dict[str, str], streamed: bool = False) -> Any:
-        self.script.seen[method].append(Seen(request, metadata, streamed))
+    async def run(self, method: str, request: Any, metadata: dict[str, str]) -> Any:
+        self.script.seen[method].append(Seen(request, metadata))
         queue = self.script.steps[method]
         step = queue.pop(0) if queue else None
         if isinstance(step, Sleep):
@@ -163,62 +148,27 @@ class _Handler:
         if isinstance(step, grpc.StatusCode):
             raise _ScriptedStatus(step)
         if isinstance(step, Rich):
-            raise _ScriptedStatus(step.code, step.message, step.details)
+            raise _ScriptedStatus(_CODES[step.status.code], step.status.message, step.status)
         if step is None:
             return self.script.defaults[method](request)
         return step(request) if callable(step) else step
 
-    def stream(self, method: str, payload: str, response: type) -> Any:
-        """A stream method serving `method`'s script (one Multiplexer per stream: it knows its metadata)."""
 
-        async def serve(_self: Any, requests: Any, context: grpc.aio.ServicerContext) -> None:
-            shared = {k: str(v) for k, v in context.invocation_metadata()}
-
-            async def handle(envelope: Any, _left: float | None) -> Any:
-                metadata = dict(shared)
-                if envelope.trace_id:
-                    metadata["x-rlgate-trace-id"] = envelope.trace_id
-                if getattr(envelope, "token", ""):  # StepStream requests carry none
-                    metadata["authorization"] = f"Bearer {envelope.token}"
-                return await self.run(method, getattr(envelope, payload), metadata, streamed=True)
-
-            def known(exc: Exception) -> common_pb2.CallStatus | None:
-                return call_status(exc.code, str(exc), exc.details) if isinstance(exc, _ScriptedStatus) else None
-
-            async def recorded(requests: Any) -> Any:
-                async for envelope in requests:
-                    if envelope.cancel:
-                        self.script.cancels[method].append(envelope.call_id)
-                    elif self.script.deadline_slack and envelope.HasField("timeout"):
-                        slack = int(self.script.deadline_slack * 1e9)
-                        envelope.timeout.FromNanoseconds(envelope.timeout.ToNanoseconds() + slack)
-                    yield envelope
-
-            self.script.streams_opened[method] += 1
-            try:
-                await Multiplexer(StreamedMethod(method, response, handle, known)).serve(recorded(requests), context)
-            finally:
-                self.script.streams_ended[method] += 1
-
-        return serve
-
-
-def _servicer(base: type, handler: _Handler, methods: list[str], streams: dict[str, Any]) -> Any:
+def _servicer(base: type, handler: _Handler, methods: list[str]) -> Any:
     def make(method: str) -> Any:
         async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             return await handler.answer(method, request, context)
 
         return rpc
 
-    return type("Scripted" + base.__name__, (base,), {**{m: make(m) for m in methods}, **streams})()
+    return type("Scripted" + base.__name__, (base,), {m: make(m) for m in methods})()
 
 
 class ScriptedServer:
     """Both services on one port, on a private event loop in a daemon thread."""
 
-    def __init__(self, streams: bool = True, port: int = 0) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.script = Script()
-        self.streams = streams
         self.port = port  # 0: any free port
         self._loop = asyncio.new_event_loop()
         self._server: grpc.aio.Server | None = None
@@ -237,20 +187,16 @@ class ScriptedServer:
     async def _start(self, credentials: grpc.ServerCredentials | None) -> None:
         handler = _Handler(self.script)
         server = grpc.aio.server()
-        step_stream = {"StepStream": handler.stream("Step", "step", orchestrator_pb2.StepStreamResponse)}
-        call_stream = {"CallToolStream": handler.stream("CallTool", "call", toolgateway_pb2.CallToolStreamResponse)}
         orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
             _servicer(
                 orchestrator_pb2_grpc.OrchestratorServiceServicer,
                 handler,
                 ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"],
-                step_stream if self.streams else {},
             ),
             server,
         )
         toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(
-            _servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer, handler, ["ListTools", "CallTool"],
-                      call_stream if self.streams else {}),
+            _servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer, handler, ["ListTools", "CallTool"]),
             server,
         )
         if credentials is None:

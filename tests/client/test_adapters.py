@@ -61,6 +61,8 @@ def test_skyrl_episode_like_the_generator(skyrl_env, server: ScriptedServer) -> 
     assert [m["role"] for m in chat] == ["system", "user"] and chat[1]["content"] == "do it"
     assert meta["task_key"] == "t1" and meta["env_key"] == "demo:v1" and meta["modality"] == "tool_use"
     assert meta["tools"][0]["name"] == "echo"
+    default = meta["tools"][0]["parameters"]["properties"]["x"]["default"]
+    assert default == 3 and type(default) is int  # the schema exactly as the MCP server wrote it
     out = env.step('<tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
     assert not out["done"] and out["reward"] == 0.0
     assert out["metadata"]["tool_call"][0]["name"] == "echo" and out["metadata"]["tool_result"] == ["echo ok"]
@@ -174,6 +176,32 @@ async def test_tinker_env_raising_still_closes_every_session(server: ScriptedSer
         await asyncio.sleep(0.05)
     assert server.script.count("Reset") == 2
     assert server.script.count("Close") + server.script.count("CloseSessions") == 2
+
+
+def test_tinker_renderer_calls_the_client_could_not_send_are_observations() -> None:
+    """Arguments the renderer parsed but JSON text cannot carry (NaN) become an error the model sees,
+    not an InvalidArgument from call_tool that would end the rollout."""
+    from tinker_cookbook.renderers.base import Message, ToolCall
+
+    from rlgate.adapters.tinker import parsed_turn
+
+    def call(arguments: str) -> ToolCall:
+        return ToolCall(function=ToolCall.FunctionBody(name="echo", arguments=arguments))
+
+    message = Message(
+        role="assistant", content="", tool_calls=[call('{"x": NaN}'), call('{"x": 12345678901234567890}')]
+    )
+    _, turn = parsed_turn(message)
+    assert [c.arguments for c in turn.tool_calls] == [{"x": 12345678901234567890}]
+    assert len(turn.errors) == 1 and "arguments of 'echo'" in turn.errors[0] and "nan" in turn.errors[0]
+
+
+async def test_tinker_tool_specs_carry_the_exact_schema(server: ScriptedServer) -> None:
+    from rlgate.adapters.tinker import tool_specs
+
+    async with rlgate.AsyncClient(server.address) as client, client.episode(task_key="t") as ep:
+        (spec,) = tool_specs(ep)
+    assert spec["parameters"]["properties"]["x"] == {"type": "integer", "default": 3}
 
 
 async def test_tinker_dataset_builder(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:

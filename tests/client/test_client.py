@@ -1,19 +1,26 @@
 """Client and AsyncClient against real grpc.aio servers with scripted answers: retries, request ids,
-metadata, status mapping, deadlines, round-robin and failover."""
+metadata, status mapping (with the services' google.rpc details), deadlines, round-robin and failover,
+and exact JSON arguments."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
+from google.rpc import error_details_pb2
 
 import rlgate
 from rlgate import AsyncClient, Client, ClientSettings, RetryPolicy
 from rlgate.client import TRACE_HEADER
+from rlgate.convert import arguments_of
 from rlgate.retry import NO_RETRY, RetryState
-from tests.client.scripted import ScriptedServer, Sleep
+from rlgate.runtime import errors as service_errors  # what both services send; the client never imports it
+from tests.client.scripted import Rich, ScriptedServer, Sleep
 from tests.support.ports import free_port
 
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05)
@@ -118,7 +125,36 @@ def test_call_tool_retries_unavailable_with_the_same_request_id_and_agent_token(
     seen = server.script.seen["CallTool"]
     assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id != ""
     assert all(s.metadata["authorization"] == "Bearer agent-token" for s in seen)
-    assert dict(seen[0].request.arguments) == {"x": 1.0}
+    assert seen[0].request.WhichOneof("args") == "arguments_json" and arguments_of(seen[0].request) == {"x": 1}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_call_tool_sends_arguments_json_that_keeps_integers_exact(
+    server: ScriptedServer, asynchronous: bool
+) -> None:
+    """2^60 is past a double's 53 bits: a Struct would deliver 1152921504606846976.0 (or another integer)."""
+    arguments = {"n": 2**60, "limit": 3, "ids": [2**60 + 1, -(2**60)], "ratio": 0.5, "name": "Jürgen"}
+    if asynchronous:
+        async with AsyncClient(server.address, retry=FAST) as aclient:
+            await aclient.call_tool("tok", "echo", arguments, gateway=server.address)
+    else:
+        with Client(server.address, retry=FAST) as client:
+            await asyncio.to_thread(client.call_tool, "tok", "echo", arguments, gateway=server.address)
+    (seen,) = server.script.seen["CallTool"]
+    assert seen.request.WhichOneof("args") == "arguments_json"
+    sent = json.loads(seen.request.arguments_json)
+    assert sent == arguments and type(sent["n"]) is int and type(sent["limit"]) is int
+    assert '"n":1152921504606846976' in seen.request.arguments_json
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [({"x": float("nan")}, r"\$\.x is nan"), ({"x": [float("inf")]}, r"\$\.x\[0\] is inf"), (["x"], "mapping")],
+)
+def test_call_tool_refuses_arguments_json_cannot_carry(server: ScriptedServer, arguments: object, problem: str) -> None:
+    with Client(server.address, retry=FAST) as client, pytest.raises(rlgate.InvalidArgument, match=problem):
+        client.call_tool("tok", "echo", arguments, gateway=server.address)  # type: ignore[arg-type]
+    assert server.script.count("CallTool") == 0
 
 
 def test_call_tool_is_not_retried_after_its_deadline(server: ScriptedServer) -> None:
@@ -151,8 +187,7 @@ async def test_failover_to_a_live_address(server: ScriptedServer) -> None:
     assert server.script.count("Reset") == 4
 
 
-@pytest.mark.parametrize("streams", [True, False], ids=["streams", "unary"])
-async def test_a_new_client_reaches_a_server_restarted_on_its_port(streams: bool) -> None:
+async def test_a_new_client_reaches_a_server_restarted_on_its_port() -> None:
     """A client made after a server restarted on the same address connects at once. gRPC's default shares a
     connection, and its reconnect backoff, between all channels of a process to one address: the new client
     used to inherit the old one's "connection refused" for 0.8-1.2 s (and so failed CI once, when a test's
@@ -160,7 +195,7 @@ async def test_a_new_client_reaches_a_server_restarted_on_its_port(streams: bool
     first = ScriptedServer().start()
     port = first.port
     try:
-        async with AsyncClient(first.address, settings=ClientSettings(retry=NO_RETRY, streams=streams)) as old:
+        async with AsyncClient(first.address, settings=ClientSettings(retry=NO_RETRY)) as old:
             await old.step("s-1", assistant_text="hi", timeout=5)
             await asyncio.to_thread(first.stop)
             with pytest.raises(rlgate.Unavailable):  # the old connection is refused, and backs off
@@ -169,7 +204,7 @@ async def test_a_new_client_reaches_a_server_restarted_on_its_port(streams: bool
             try:
                 async with AsyncClient(
                     second.address,
-                    settings=ClientSettings(retry=NO_RETRY, streams=streams, gateway_addresses=(second.address,)),
+                    settings=ClientSettings(retry=NO_RETRY, gateway_addresses=(second.address,)),
                 ) as new:
                     await new.step("s-1", assistant_text="hi", timeout=0.5)
                     await new.call_tool("tok", "echo", timeout=0.5)
@@ -183,6 +218,93 @@ def test_gateway_addresses_override(server: ScriptedServer, server2: ScriptedSer
     with Client(server.address, gateway_addresses=server2.address, retry=FAST) as client:
         client.call_tool("tok", "echo", gateway=f"127.0.0.1:{free_port()}")  # never dialed
     assert server2.script.count("CallTool") == 1 and server.script.count("CallTool") == 0
+
+
+def test_call_tool_without_a_gateway_says_what_to_pass(server: ScriptedServer) -> None:
+    with Client(server.address, retry=FAST) as client, pytest.raises(ValueError) as info:
+        client.call_tool("tok", "echo")
+    message = str(info.value)
+    assert message.startswith("no toolgateway address: pass gateway='host:port'") and "RLGATE_GATEWAY" in message
+    assert "Reset returned none" not in message  # no Reset was involved
+    assert server.script.count("CallTool") == 0
+
+
+# -- the services' statuses: google.rpc.Status details from rlgate.runtime.errors, on both planes
+
+
+def _one_call(method: str) -> Callable[[Any, str], Any]:
+    """A sync or async client call of `method` (Step to the orchestrator, CallTool to the gateway)."""
+
+    def call(client: Any, address: str) -> Any:
+        if method == "Step":
+            return client.step("s-1", assistant_text="hi", timeout=10)
+        return client.call_tool("tok", "echo", {"x": 1}, gateway=address, timeout=10)
+
+    return call
+
+
+@pytest.mark.parametrize("method", ["Step", "CallTool"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_retry_info_from_either_service_paces_the_retry(
+    server: ScriptedServer, method: str, asynchronous: bool
+) -> None:
+    """Both services end UNAVAILABLE with RetryInfo (rlgate.runtime.errors.Unavailable); the client waits
+    at least that long before its retry, whichever plane sent it."""
+    status = service_errors.Unavailable("upstream busy", retry_after_s=0.4).to_status()
+    server.script.push(method, Rich(status))
+    call = _one_call(method)
+    started = time.monotonic()
+    if asynchronous:
+        async with AsyncClient(server.address, retry=FAST) as aclient:
+            await call(aclient, server.address)
+    else:
+        with Client(server.address, retry=FAST) as client:
+            await asyncio.to_thread(call, client, server.address)
+    assert time.monotonic() - started >= 0.4  # FAST alone would retry after ~0.01 s
+    seen = server.script.seen[method]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
+
+
+@pytest.mark.parametrize(
+    ("method", "error", "expected"),
+    [
+        ("Step", service_errors.FailedPrecondition("episode 1 of session s-1 is done"), rlgate.FailedPrecondition),
+        ("CallTool", service_errors.InvalidArgument("arguments_json", "not a JSON object"), rlgate.InvalidArgument),
+        ("CallTool", service_errors.FailedPrecondition("the episode of this token is over"), rlgate.FailedPrecondition),
+    ],
+)
+async def test_status_details_from_either_service_reach_the_error(
+    server: ScriptedServer, method: str, error: service_errors.RlgateError, expected: type[Exception]
+) -> None:
+    server.script.push(method, Rich(error.to_status()))
+    async with AsyncClient(server.address, retry=FAST) as client:
+        with pytest.raises(expected) as info:
+            await _one_call(method)(client, server.address)
+    err = info.value
+    assert isinstance(err, rlgate.RlgateError) and err.message == f"{method}: {error.message}"
+    assert err.rich_status is not None and err.rich_status.message == error.message
+    reason = error_details_pb2.ErrorInfo()
+    assert err.rich_status.details[0].Unpack(reason) and reason.reason == error.reason
+    if isinstance(error, service_errors.InvalidArgument):
+        bad = error_details_pb2.BadRequest()
+        assert err.rich_status.details[1].Unpack(bad) and bad.field_violations[0].field == "arguments_json"
+    assert server.script.count(method) == 1  # caller errors are not retried
+
+
+async def test_metadata_per_call(server: ScriptedServer) -> None:
+    """The API key goes to the orchestrator only; each gateway call carries its own agent token; trace ids
+    are the caller's or generated per call."""
+    async with AsyncClient(server.address, api_key="key-1", gateway_addresses=server.address) as client:
+        await client.step("s-1", assistant_text="hi", trace_id="trace-step")
+        await client.call_tool("token-a", "echo", trace_id="trace-a")
+        await client.call_tool("token-b", "echo", trace_id="trace-b")
+        await client.call_tool("token-c", "echo")
+    (step,) = server.script.seen["Step"]
+    assert step.metadata["authorization"] == "Bearer key-1" and step.metadata[TRACE_HEADER] == "trace-step"
+    tools = server.script.seen["CallTool"]
+    assert [s.metadata["authorization"] for s in tools] == ["Bearer token-a", "Bearer token-b", "Bearer token-c"]
+    assert [s.metadata[TRACE_HEADER] for s in tools[:2]] == ["trace-a", "trace-b"]
+    assert len(tools[2].metadata[TRACE_HEADER]) == 16  # generated per call
 
 
 def test_tls_with_root_certificates() -> None:
@@ -257,5 +379,8 @@ def test_list_tasks_walks_every_page(server: ScriptedServer) -> None:
     )
     with Client(server.address, retry=FAST) as client:
         assert [t.key for t in client.list_tasks("mailbox")] == ["a", "b"]
+        client.list_tasks(include_reference_solution=True)
     seen = server.script.seen["ListTasks"]
-    assert [s.request.page_token for s in seen] == ["", "p2"] and seen[1].request.env_key == "mailbox"
+    assert [s.request.page_token for s in seen] == ["", "p2", ""] and seen[1].request.env_key == "mailbox"
+    # Answer keys only on request, on every page.
+    assert [s.request.include_reference_solution for s in seen] == [False, False, True]

@@ -4,12 +4,14 @@ in every path (normal end, exceptions, cancellation, a Reset whose answer was lo
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import pytest
 
 import rlgate
 from rlgate import AsyncClient, Client, RetryPolicy
+from rlgate.convert import arguments_of
 from rlgate.episode import RESET_LABEL
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.client.scripted import ScriptedServer, Sleep
@@ -28,6 +30,8 @@ def test_turns_call_tools_then_step_and_close(server: ScriptedServer) -> None:
     with Client(server.address, retry=FAST) as client, client.episode(task_key="t1", max_turns=4) as ep:
         messages = ep.initial_messages()
         assert messages[0]["role"] == "system" and '"name": "echo"' in messages[0]["content"]
+        assert '"default": 3}' in messages[0]["content"]  # the schema's integer, not 3.0
+        assert ep.instance.instance_id == "i-1" and ep.env_key == "demo:v1"
         assert messages[1] == {"role": "user", "content": "do it"}
         first = ep.turn('Sure. <tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
         assert not first.done and first.reward is None
@@ -45,6 +49,37 @@ def test_turns_call_tools_then_step_and_close(server: ScriptedServer) -> None:
         s.metadata["x-rlgate-trace-id"] for m in ("Reset", "Step", "CallTool", "Close") for s in server.script.seen[m]
     }
     assert len(traces) == 1  # one trace id for the whole episode
+
+
+def test_a_turn_sends_the_models_arguments_exactly_to_the_gateway_and_the_step(server: ScriptedServer) -> None:
+    text = '<tool_call>{"name": "echo", "arguments": {"id": 1152921504606846977, "n": 3, "r": 0.5}}</tool_call>'
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
+        (record,) = ep.turn(text).tool_calls
+    expected = {"id": 2**60 + 1, "n": 3, "r": 0.5}
+    assert record.arguments == expected
+    (call,) = server.script.seen["CallTool"]
+    (summary,) = server.script.seen["Step"][0].request.tool_calls
+    for message in (call.request, summary):
+        assert message.WhichOneof("args") == "arguments_json" and arguments_of(message) == expected
+    assert json.loads(summary.arguments_json)["n"] == 3 and '"n":3' in summary.arguments_json
+
+
+def test_a_reset_without_a_gateway_address_is_named(server: ScriptedServer) -> None:
+    def no_gateway(req: orchestrator_pb2.ResetRequest) -> orchestrator_pb2.ResetResponse:
+        response = server.script.defaults["Reset"](req)
+        response.gateway_address = ""
+        return response
+
+    server.script.push("Reset", no_gateway)
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
+        with pytest.raises(ValueError, match="Reset of session s-1 returned no gateway_address"):
+            ep.call_tool("echo", {})
+        with pytest.raises(ValueError, match="RLGATE_GATEWAY"):
+            ep.list_tools()
+    server.script.push("Reset", no_gateway)
+    # The client's own gateway addresses serve instead.
+    with Client(server.address, retry=FAST, gateway_addresses=server.address) as client, client.episode() as ep:
+        assert ep.call_tool("echo", {}).result.content[0].text.text == "echo ok"
 
 
 def test_unparseable_text_is_an_observation_and_the_turn_counts(server: ScriptedServer) -> None:

@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlgate import protocol
-from rlgate.convert import struct_from_dict, value_from_py
+from rlgate.convert import InvalidJsonValue
 from rlgate.protocol import ToolCall, parse_assistant_text, render_assistant_turn, render_tool_call
 from rlgate.v1 import common_pb2
 
 json_scalars = (
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.integers()  # any size: the protocol and the wire (JSON text) keep integers exact
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=30)
 )
@@ -163,14 +164,47 @@ def test_render_assistant_turn_round_trip() -> None:
     assert turn.tool_calls == [call] and turn.final_answer == "ok"
 
 
+def _tools_block(text: str) -> list[str]:
+    return text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
+
+
 def test_system_prompt_lists_tools_from_protos_and_dicts() -> None:
-    spec = common_pb2.ToolSpec(
-        name="search", description="Find mail", input_schema=struct_from_dict({"type": "object"})
-    )
+    spec = common_pb2.ToolSpec(name="search", description="Find mail", input_schema_json='{"type":"object"}')
     text = protocol.render_system_prompt([spec, {"name": "other", "parameters": {"type": "object"}}])
-    block = text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-    assert [json.loads(line)["function"]["name"] for line in block] == ["search", "other"]
+    assert [json.loads(line)["function"]["name"] for line in _tools_block(text)] == ["search", "other"]
     assert "<tool_call>" in text and "<final_answer>" in text
+
+
+def test_system_prompt_shows_integer_schema_keywords_as_integers() -> None:
+    """The schema as the MCP server wrote it: a model trained on `"default": 3.0` would meet `3` in
+    deployment (Struct made every number a double)."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "limit": {"type": "integer", "default": 3, "minimum": 1, "maximum": 2**60},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 40}, "minItems": 1, "maxItems": 5},
+            "ratio": {"type": "number", "default": 0.5},
+        },
+        "required": ["tags"],
+    }
+    spec = common_pb2.ToolSpec(name="search", input_schema_json=json.dumps(schema, separators=(",", ":")))
+    text = protocol.render_system_prompt([spec])
+    (line,) = _tools_block(text)
+    assert json.loads(line)["function"]["parameters"] == schema
+    for shown in ('"default": 3,', '"minItems": 1,', '"maxLength": 40}', '"maximum": 1152921504606846976}'):
+        assert shown in line, shown
+    assert "3.0" not in line and "1.0" not in line and "40.0" not in line
+    assert '"default": 0.5' in line
+
+
+def test_tool_without_a_schema_gets_an_empty_object_schema() -> None:
+    spec = protocol.tool_spec_dict(common_pb2.ToolSpec(name="ping"))
+    assert spec["parameters"] == {"type": "object", "properties": {}}
+
+
+def test_a_schema_that_is_not_json_names_the_tool() -> None:
+    with pytest.raises(InvalidJsonValue, match="input_schema_json of tool 'broken'"):
+        protocol.tool_spec_dict(common_pb2.ToolSpec(name="broken", input_schema_json="{nope"))
 
 
 def test_render_tool_result_notes_images_and_errors() -> None:
@@ -185,8 +219,13 @@ def test_render_tool_result_notes_images_and_errors() -> None:
         is_error=True, error_kind=common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, error_message="owner died"
     )
     assert protocol.render_tool_result(error) == "Error (outcome unknown): owner died"
-    structured = common_pb2.ToolResult(structured_content=value_from_py({"n": 1.5}))
-    assert protocol.render_tool_result(structured) == '{"n": 1.5}'
+    written = '{"n":2,"big":1152921504606846976,"r":1.5}'
+    structured = common_pb2.ToolResult(structured_content_json=written)
+    assert protocol.render_tool_result(structured) == written  # as the tool wrote it
+    text_wins = common_pb2.ToolResult(
+        content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text="2 items"))], structured_content_json="{}"
+    )
+    assert protocol.render_tool_result(text_wins) == "2 items"
     message = protocol.tool_response_message(["a", "b"])
     assert message["content"] == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>"
 
@@ -194,3 +233,22 @@ def test_render_tool_result_notes_images_and_errors() -> None:
 def test_finite_floats_survive() -> None:
     call = ToolCall("f", {"x": 1e308, "y": -0.0, "z": math.pi})
     assert parse_assistant_text(render_tool_call(call)).tool_calls == [call]
+
+
+def test_big_integers_parse_exactly() -> None:
+    (call,) = parse_assistant_text('<tool_call>{"name": "f", "arguments": {"n": 1152921504606846977}}').tool_calls
+    assert call.arguments == {"n": 2**60 + 1} and type(call.arguments["n"]) is int
+
+
+def test_arguments_the_client_could_not_send_are_errors() -> None:
+    """What parses is sendable: arguments nested past the JSON text depth bound are an observation here, not
+    an InvalidArgument from call_tool that would end the rollout."""
+    deep: dict = {}
+    inner = deep
+    for _ in range(70):
+        inner["a"] = {}
+        inner = inner["a"]
+    turn = parse_assistant_text(render_tool_call(ToolCall("f", deep)))
+    assert turn.tool_calls == [] and "nested deeper" in turn.errors[0]
+    assert protocol.arguments_error("f", {"x": [1, 2]}) is None
+    assert "must be a JSON object" in (protocol.arguments_error("f", [1]) or "")

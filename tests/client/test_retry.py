@@ -9,6 +9,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 import rlgate
+from rlgate.errors import rich_status_of
 from rlgate.retry import RetryPolicy, RetryState
 
 
@@ -92,3 +93,33 @@ def test_server_retry_info_sets_a_minimum_delay() -> None:
     state = _state("Step", timeout=60.0)
     state.attempt_timeout()
     assert state.on_error(error) == pytest.approx(3.0)
+
+
+def _rich(code: int, message: str, *details: object) -> bytes:
+    packed = []
+    for detail in details:
+        item = any_pb2.Any()
+        item.Pack(detail)  # type: ignore[arg-type]
+        packed.append(item)
+    return status_pb2.Status(code=code, message=message, details=packed).SerializeToString()
+
+
+def test_retry_info_counts_when_the_status_message_differs_from_the_call_details() -> None:
+    """The call's details and the status message may differ (a proxy rewrites one, a server clips one):
+    the details still count. grpc_status's from_call would drop them."""
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=2, nanos=500_000_000))
+    trailer = _rich(code_pb2.UNAVAILABLE, "another text than the call's details", info)
+    state = _state("CallTool", timeout=60.0)
+    state.attempt_timeout()
+    error = FakeRpcError(grpc.StatusCode.UNAVAILABLE, (("grpc-status-details-bin", trailer),))
+    assert state.on_error(error) == pytest.approx(2.5)
+
+
+def test_a_status_of_another_code_or_garbage_is_not_this_calls() -> None:
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=3))
+    for trailer in (_rich(code_pb2.NOT_FOUND, "x", info), b"\xff\xff not a status"):
+        error = FakeRpcError(grpc.StatusCode.UNAVAILABLE, (("grpc-status-details-bin", trailer),))
+        assert rich_status_of(error) is None
+        state = _state("Step", timeout=60.0)
+        state.attempt_timeout()
+        assert state.on_error(error) == pytest.approx(0.1)  # the policy's own backoff

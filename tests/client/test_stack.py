@@ -1,7 +1,7 @@
 """The client, both adapters and `rlgate rollout` against the real local stack (localfleet + orchestrator +
 toolgateway processes, SQLite store): reference solutions score 1.0 on every task, messy model text still
 scores, wrong answers score 0.0 with verification OK, a failing verifier raises, and no session is left
-open."""
+open. Reference solutions come only from ListTasks when asked; tool schemas reach the prompt exactly."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import rlgate
-from rlgate.policies import reference_turns
+from rlgate.convert import parse_json_object
+from rlgate.policies import reference_solution, reference_turns
+from rlgate.protocol import render_system_prompt
 from rlgate.runtime.stack import LocalStack
 from rlgate.v1 import common_pb2
 from tests.client.tinker_support import ScriptedPolicy, renderer
@@ -38,10 +39,38 @@ OPEN = {
 
 @pytest.fixture(scope="module")
 def tasks(stack: LocalStack) -> dict[str, common_pb2.TaskInfo]:
+    """Every task with its reference solution (the policies below replay them)."""
     with rlgate.Client(stack.orchestrator_address) as client:
-        found = {t.key: t for t in client.list_tasks()}
+        found = {t.key: t for t in client.list_tasks(include_reference_solution=True)}
     assert len(found) >= 3
     return found
+
+
+def test_reference_solutions_only_on_request(stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]) -> None:
+    assert all(t.reference_solution_json for t in tasks.values())
+    with rlgate.Client(stack.orchestrator_address) as client:
+        plain = client.list_tasks()
+        with client.episode(task_key=next(iter(tasks))) as ep:
+            reset_task = ep.reset_response.task  # type: ignore[union-attr]
+    assert {t.key for t in plain} == set(tasks)
+    for task in [*plain, reset_task]:
+        assert task.reference_solution_json == ""
+        assert "reference_solution" not in parse_json_object(task.metadata_json, "metadata_json")
+
+
+_INTEGER_KEYWORDS = ("maxLength", "minLength", "maxItems", "minItems", "minimum", "maximum", "default")
+
+
+def test_tool_schemas_reach_the_prompt_exactly(stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]) -> None:
+    """Integer schema keywords stay integers from the MCP server through Reset, ListTools and the prompt."""
+    with rlgate.Client(stack.orchestrator_address) as client:
+        for task in {t.env_id: t for t in tasks.values()}.values():
+            with client.episode(task_key=task.key) as ep:
+                listed = ep.list_tools()
+                assert [t.input_schema_json for t in listed] == [t.input_schema_json for t in ep.tools]
+                prompt = render_system_prompt(ep.tools)
+            assert re.search(rf'"({"|".join(_INTEGER_KEYWORDS)})": -?\d+\.0\b', prompt) is None, task.env_id
+            assert re.search(r'"(maxLength|minimum|minItems)": \d+[,}]', prompt), task.env_id
 
 
 def _open_sessions(address: str, run_id: str) -> list[str]:
@@ -110,7 +139,7 @@ def test_skyrl_messy_text_still_scores(stack: LocalStack, tasks: dict[str, commo
 def test_skyrl_wrong_final_answer_scores_zero_with_verification_ok(
     stack: LocalStack, tasks: dict[str, common_pb2.TaskInfo]
 ) -> None:
-    with_answer = [t for t in tasks.values() if '"final_answer": null' not in json.dumps(_solution(t))]
+    with_answer = [t for t in tasks.values() if '"final_answer": null' not in json.dumps(reference_solution(t))]
     task = with_answer[0]
 
     def wrong(text: str) -> str:
@@ -121,16 +150,10 @@ def test_skyrl_wrong_final_answer_scores_zero_with_verification_ok(
     assert out["metadata"]["verification_status"] == "OK"
 
 
-def _solution(task: common_pb2.TaskInfo) -> Any:
-    from rlgate.convert import dict_from_struct
-
-    return dict_from_struct(task.metadata)["reference_solution"]
-
-
 def test_faulted_verifier_raises_and_closes(stack_factory: Callable[..., LocalStack]) -> None:
     faulted = stack_factory(env={"RLGATE_VERIFY_TIMEOUT_S": "0.001", "RLGATE_VERIFY_RETRIES": "0"})
     with rlgate.Client(faulted.orchestrator_address) as client:
-        task = client.list_tasks()[0]
+        task = client.list_tasks(include_reference_solution=True)[0]
     run_id = f"faulted-{uuid.uuid4().hex[:8]}"
     with pytest.raises(rlgate.VerifierError) as info:
         _skyrl_episode(faulted.orchestrator_address, task, run_id)

@@ -23,10 +23,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 
-from rlgate.convert import InvalidJsonValue, struct_from_dict
+from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
 from rlgate.retry import RetryPolicy, RetryState
-from rlgate.streams import STREAMED, StreamCaller, StreamsUnsupported
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,
@@ -43,7 +42,6 @@ ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
 ENV_API_KEY = "RLGATE_API_KEY"
 ENV_GATEWAY = "RLGATE_GATEWAY"
 ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
-ENV_STREAMS = "RLGATE_STREAMS"
 PAGE_SIZE = 1000
 
 C = TypeVar("C")
@@ -93,19 +91,11 @@ class ClientSettings:
     max_receive_message_bytes: int = 64 * 1024 * 1024
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     timeouts: Timeouts = field(default_factory=Timeouts)
-    # AsyncClient sends CallTool and Step over long-lived streams (CallToolStream, StepStream: same semantics,
-    # about half the per-call gRPC cost), replacing each stream after `stream_max_age_s`. The blocking Client
-    # always uses the unary RPCs.
-    streams: bool = True
-    stream_max_age_s: float = 60.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> ClientSettings:
-        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY, RLGATE_TLS_ROOT_CERTS (a PEM file path) and
-        RLGATE_STREAMS (0/false: unary RPCs only)."""
+        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY and RLGATE_TLS_ROOT_CERTS (a PEM file path)."""
         values: dict[str, Any] = {}
-        if os.environ.get(ENV_STREAMS, "").strip().lower() in ("0", "false", "no", "off"):
-            values["streams"] = False
         if os.environ.get(ENV_API_KEY):
             values["api_key"] = os.environ[ENV_API_KEY]
         if os.environ.get(ENV_GATEWAY):
@@ -188,7 +178,6 @@ class _Call(Generic[C]):
     request: Any
     metadata: list[tuple[str, str]]
     timeout: float
-    agent_token: str = ""  # gateway calls: what the authorization metadata carries (a stream sends it per call)
 
     def next_page(self, token: str) -> _Call[C]:
         request = type(self.request)()
@@ -216,7 +205,10 @@ class _Core(Generic[C]):
         elif address:
             key = (address,)
         else:
-            raise ValueError("no gateway address: Reset returned none and no gateway_addresses are set")
+            raise ValueError(
+                "no toolgateway address: pass gateway='host:port' (the gateway_address Reset returned; an Episode "
+                f"passes it for you) or set gateway_addresses (or {ENV_GATEWAY})"
+            )
         with self._lock:
             pool = self._gateways.get(key)
             if pool is None:
@@ -314,8 +306,10 @@ class _Core(Generic[C]):
         request = orchestrator_pb2.CloseSessionsRequest(labels=dict(labels or {}), run_id=run_id)
         return self._orchestrator_call("CloseSessions", request, None, timeout)
 
-    def list_tasks(self, env_key: str, timeout: float | None) -> _Call[C]:
-        request = orchestrator_pb2.ListTasksRequest(env_key=env_key, page_size=PAGE_SIZE)
+    def list_tasks(self, env_key: str, include_reference_solution: bool, timeout: float | None) -> _Call[C]:
+        request = orchestrator_pb2.ListTasksRequest(
+            env_key=env_key, page_size=PAGE_SIZE, include_reference_solution=include_reference_solution
+        )
         return self._orchestrator_call("ListTasks", request, None, timeout)
 
     def list_sessions(
@@ -332,8 +326,7 @@ class _Core(Generic[C]):
     ) -> _Call[C]:
         metadata = [(TRACE_HEADER, trace_id or new_trace_id()), ("authorization", f"Bearer {agent_token}")]
         return _Call(
-            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout,
-            agent_token,
+            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
         )
 
     def list_tools(
@@ -352,12 +345,17 @@ class _Core(Generic[C]):
         trace_id: str | None,
         timeout: float | None,
     ) -> _Call[C]:
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise InvalidArgument(
+                f"arguments of {name!r} must be a mapping (a JSON object), not {type(arguments).__name__}"
+            )
         try:
-            struct = struct_from_dict(arguments or {})
+            # JSON text, not a Struct: integers reach the tool exactly (a Struct would make 3 a double).
+            text = json_text(dict(arguments or {}))
         except InvalidJsonValue as exc:  # undeliverable arguments: the caller's mistake, not a crash
             raise InvalidArgument(f"arguments of {name!r}: {exc}") from exc
         request = toolgateway_pb2.CallToolRequest(
-            request_id=request_id or new_request_id(), name=name, arguments=struct
+            request_id=request_id or new_request_id(), name=name, arguments_json=text
         )
         return self._gateway_call(
             gateway, agent_token, "CallTool", request, trace_id, self._timeout("call_tool", timeout)
@@ -455,8 +453,12 @@ class Client:
     ) -> list[str]:
         return list(self._run(self._core.close_sessions(labels, run_id, timeout)).session_ids)
 
-    def list_tasks(self, env_key: str = "", *, timeout: float | None = None) -> list[common_pb2.TaskInfo]:
-        return self._pages(self._core.list_tasks(env_key, timeout), "tasks")
+    def list_tasks(
+        self, env_key: str = "", *, include_reference_solution: bool = False, timeout: float | None = None
+    ) -> list[common_pb2.TaskInfo]:
+        """Every task (of `env_key`, when given). `include_reference_solution` fills
+        `TaskInfo.reference_solution_json` (an answer key: for tests, demos and the reference policy)."""
+        return self._pages(self._core.list_tasks(env_key, include_reference_solution, timeout), "tasks")
 
     def list_sessions(
         self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
@@ -515,21 +517,6 @@ class AsyncClient:
         given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
         self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
         self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, _aio_channel)
-        self._callers: dict[tuple[Any, str], StreamCaller] = {}  # per (stub, method): CallTool and Step streams
-
-    def _stream_caller(self, call: _Call[grpc.aio.Channel], stub: Any) -> StreamCaller | None:
-        """The stream that carries `call` on `stub`'s channel, or None where the unary RPC is used."""
-        method = STREAMED.get(call.method) if self.settings.streams else None
-        if method is None:
-            return None
-        caller = self._callers.get((stub, call.method))
-        if caller is None:
-            # The stream's metadata: what the calls share (the API key); token and trace id travel per call.
-            shared = [(k, v) for k, v in call.metadata
-                      if k != TRACE_HEADER and not (call.agent_token and k == "authorization")]
-            caller = self._callers[(stub, call.method)] = StreamCaller(
-                method, getattr(stub, method.stream), shared, call.method, self.settings.stream_max_age_s)
-        return None if caller.unsupported else caller
 
     async def _run(self, call: _Call[grpc.aio.Channel]) -> Any:
         state = self._core.retry_state(call)
@@ -537,12 +524,6 @@ class AsyncClient:
             attempt_timeout = state.attempt_timeout()
             stub = call.pool.next_stub(call.stub)
             try:
-                caller = self._stream_caller(call, stub)
-                if caller is not None:
-                    try:
-                        return await caller.call(call.request, attempt_timeout, call.agent_token, state.trace_id or "")
-                    except StreamsUnsupported:
-                        pass  # a server without streams: this call and later ones use the unary RPC
                 return await getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
             except grpc.RpcError as err:
                 delay = state.on_error(err)
@@ -583,8 +564,10 @@ class AsyncClient:
     ) -> list[str]:
         return list((await self._run(self._core.close_sessions(labels, run_id, timeout))).session_ids)
 
-    async def list_tasks(self, env_key: str = "", *, timeout: float | None = None) -> list[common_pb2.TaskInfo]:
-        return await self._pages(self._core.list_tasks(env_key, timeout), "tasks")
+    async def list_tasks(
+        self, env_key: str = "", *, include_reference_solution: bool = False, timeout: float | None = None
+    ) -> list[common_pb2.TaskInfo]:
+        return await self._pages(self._core.list_tasks(env_key, include_reference_solution, timeout), "tasks")
 
     async def list_sessions(
         self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
@@ -614,9 +597,6 @@ class AsyncClient:
         return AsyncEpisode(self, **reset_fields)
 
     async def close(self) -> None:
-        callers, self._callers = list(self._callers.values()), {}
-        for caller in callers:
-            await caller.close()
         for channel in self._core.all_channels():
             await channel.close()
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from rlgate import protocol
-from rlgate.client import new_request_id, new_trace_id
-from rlgate.convert import struct_from_dict
+from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id, new_trace_id
+from rlgate.convert import json_text
 from rlgate.errors import RlgateError, VerifierError
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 
@@ -60,7 +60,7 @@ class ToolCallRecord:
     def summary(self) -> orchestrator_pb2.ToolCallSummary:
         return orchestrator_pb2.ToolCallSummary(
             name=self.name,
-            arguments=struct_from_dict(self.arguments),
+            arguments_json=json_text(self.arguments),  # exactly what was sent to the gateway
             request_id=self.request_id,
             is_error=self.result.is_error,
             error_kind=self.result.error_kind,
@@ -178,6 +178,20 @@ class _EpisodeBase:
         return self._reset.gateway_address
 
     @property
+    def instance(self) -> orchestrator_pb2.InstanceInfo:
+        """The instance behind the session (provider, instance id, env key, root URL, MCP endpoints)."""
+        return self._reset.instance
+
+    def _gateway(self, settings: ClientSettings) -> str:
+        """The gateway address for list_tools / call_tool: Reset's, unless the client overrides it."""
+        if not self.gateway_address and not settings.gateway_addresses:
+            raise ValueError(
+                f"Reset of session {self.session_id} returned no gateway_address and the client has no "
+                f"gateway_addresses (or {ENV_GATEWAY}) to use instead"
+            )
+        return self.gateway_address
+
+    @property
     def tools(self) -> list[common_pb2.ToolSpec]:
         return list(self._reset.tools)
 
@@ -194,7 +208,7 @@ class _EpisodeBase:
         task = self._reset.task
         if task.env_id:
             return f"{task.env_id}:{task.version}" if task.version else task.env_id
-        return str(self._reset_fields.get("env_key") or "")
+        return self._reset.instance.env_key or str(self._reset_fields.get("env_key") or "")
 
     @property
     def done(self) -> bool:
@@ -297,7 +311,9 @@ class Episode(_EpisodeBase):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     def list_tools(self) -> list[common_pb2.ToolSpec]:
-        return self.client.list_tools(self.agent_token, gateway=self.gateway_address, trace_id=self.trace_id)
+        return self.client.list_tools(
+            self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+        )
 
     def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
@@ -307,7 +323,7 @@ class Episode(_EpisodeBase):
             name,
             arguments,
             request_id=request_id,
-            gateway=self.gateway_address,
+            gateway=self._gateway(self.client.settings),
             trace_id=self.trace_id,
         )
 
@@ -386,7 +402,9 @@ class AsyncEpisode(_EpisodeBase):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     async def list_tools(self) -> list[common_pb2.ToolSpec]:
-        return await self.client.list_tools(self.agent_token, gateway=self.gateway_address, trace_id=self.trace_id)
+        return await self.client.list_tools(
+            self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+        )
 
     async def call_tool(
         self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
@@ -396,7 +414,7 @@ class AsyncEpisode(_EpisodeBase):
             name,
             arguments,
             request_id=request_id,
-            gateway=self.gateway_address,
+            gateway=self._gateway(self.client.settings),
             trace_id=self.trace_id,
         )
 

@@ -2,13 +2,15 @@
 `VerifierError` for an episode whose verifier failed or timed out (never reported as reward 0).
 
 `error_from_rpc` turns any grpc / grpc.aio `RpcError` into the matching `RlgateError`; the original
-status code, message, trace id and the rich `google.rpc.Status` (when the server sent one) stay on it."""
+status code, message, trace id and the rich `google.rpc.Status` (when the server sent one) stay on it.
+Only the wire format is read here (google.rpc details): the client never imports the services' code."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 
 class RlgateError(Exception):
@@ -149,14 +151,36 @@ def error_class(code: grpc.StatusCode | None) -> type[RlgateError]:
     return _BY_CODE.get(code, RlgateError)
 
 
-def rich_status_of(err: grpc.RpcError) -> Any:
-    """The google.rpc.Status the server attached, or None (never raises)."""
-    try:
-        from grpc_status import rpc_status
+_DETAILS_KEY = "grpc-status-details-bin"
 
-        return rpc_status.from_call(err)  # type: ignore[arg-type]
-    except Exception:
+
+def rich_status_of(err: grpc.RpcError) -> status_pb2.Status | None:
+    """The google.rpc.Status the server attached (`grpc-status-details-bin`), or None; never raises.
+
+    Both services send one (ErrorInfo, RetryInfo, BadRequest, ...). Unlike grpc_status's `from_call`, a status
+    message that differs from the call's details (a proxy may rewrite it) does not drop the details; a status
+    whose code differs from the call's is not this call's and is ignored."""
+    trailing = getattr(err, "trailing_metadata", None)
+    try:
+        metadata = trailing() if callable(trailing) else None
+        for key, value in metadata or ():
+            if key == _DETAILS_KEY:
+                status = status_pb2.Status.FromString(value)
+                code = status_code(err)
+                return status if code is not None and code.value[0] == status.code else None
+    except Exception:  # a malformed trailer is no reason to lose the call's own error
         return None
+    return None
+
+
+def retry_delay(status: status_pb2.Status | None) -> float:
+    """The RetryInfo delay in a google.rpc.Status, in seconds; 0 when it has none."""
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
+    return 0.0
 
 
 def status_code(err: BaseException) -> grpc.StatusCode | None:

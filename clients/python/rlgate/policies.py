@@ -1,8 +1,10 @@
 """Policies for `rlgate rollout`: something that writes the next assistant message.
 
-- `ReferencePolicy` replays a task's reference solution (TaskInfo.metadata.reference_solution =
+- `ReferencePolicy` replays a task's reference solution (`TaskInfo.reference_solution_json` =
   {"tool_calls": [{"name", "arguments"}], "final_answer"}) as model text — rendered `<tool_call>` blocks
-  that the episode parses back like any model output, so the real protocol is exercised end to end.
+  that the episode parses back like any model output, so the real protocol is exercised end to end. The
+  solution is an answer key: only ListTasks with `include_reference_solution=True` returns it (Reset never
+  does), so the policy reads the TaskInfo the rollout listed, not the episode's.
 - `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (`POST {base_url}/chat/completions`, httpx,
   key from OPENAI_API_KEY). Native `tool_calls` in the reply are rendered to protocol text.
 """
@@ -16,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate import protocol
-from rlgate.convert import dict_from_struct
+from rlgate.convert import InvalidJsonValue, parse_json_object
 from rlgate.v1 import common_pb2
 
 
 @dataclass
 class PolicyContext:
-    task: common_pb2.TaskInfo
+    task: common_pb2.TaskInfo  # as ListTasks returned it (with the reference solution when it was asked for)
     messages: list[dict[str, str]]  # the chat so far (system, task, earlier turns and observations)
     turn: int  # 0-based index of the turn to write
     max_turns: int
@@ -38,30 +40,29 @@ class PolicyError(RuntimeError):
     """The policy could not produce a message (no reference solution, endpoint failure)."""
 
 
-def _json_ints(value: Any) -> Any:
-    """Struct numbers are doubles: write whole numbers as a model would (3, not 3.0)."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _json_ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_ints(v) for v in value]
-    return value
+def reference_solution(task: common_pb2.TaskInfo) -> dict[str, Any]:
+    """The task's reference solution from `TaskInfo.reference_solution_json` (exact JSON)."""
+    if not task.reference_solution_json:
+        raise PolicyError(
+            f"task {task.key!r} carries no reference_solution_json: list tasks with "
+            "include_reference_solution=True (Reset never returns it), or the task has no reference solution"
+        )
+    try:
+        return parse_json_object(task.reference_solution_json, f"reference_solution_json of task {task.key!r}")
+    except InvalidJsonValue as exc:
+        raise PolicyError(str(exc)) from exc
 
 
 def reference_turns(task: common_pb2.TaskInfo, max_turns: int) -> list[str]:
     """The reference solution as one model message per turn: one call per turn, then the answer.
     Calls are packed several per turn when the turn limit would not fit them otherwise."""
-    metadata = dict_from_struct(task.metadata) if task.HasField("metadata") else {}
-    solution = metadata.get("reference_solution")
-    if not isinstance(solution, dict):
-        raise PolicyError(f"task {task.key!r} has no reference_solution in its metadata")
+    solution = reference_solution(task)
     calls = [
-        protocol.ToolCall(str(c.get("name", "")), _json_ints(dict(c.get("arguments") or {})))
+        protocol.ToolCall(str(c.get("name", "")), dict(c.get("arguments") or {}))
         for c in solution.get("tool_calls") or []
     ]
     answer = solution.get("final_answer")
-    final = protocol.render_assistant_turn((), None if answer is None else str(_json_ints(answer)), done=answer is None)
+    final = protocol.render_assistant_turn((), None if answer is None else str(answer), done=answer is None)
     budget = max(1, (max_turns or len(calls) + 1) - 1)  # turns for calls, keeping the last for the answer
     per_turn = max(1, math.ceil(len(calls) / budget)) if calls else 1
     turns = [

@@ -11,6 +11,9 @@
 - `render_tool_result` / `tool_response_message`: tool results (MCP content blocks) as `<tool_response>`
   text; images and audio are noted, not inlined.
 
+Schemas and structured results come from rlgate's JSON text fields, so what the model reads is exactly what
+the MCP server wrote (integers stay integers).
+
 Pure functions on plain data: the clients, adapters and `rlgate rollout` share them."""
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json, py_from_value
+from rlgate.convert import InvalidJsonValue, json_text, parse_json_object
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -86,7 +89,8 @@ def tool_spec_dict(spec: Any) -> dict[str, Any]:
             "description": str(spec.get("description", "") or ""),
             "parameters": dict(params) if isinstance(params, Mapping) else {"type": "object", "properties": {}},
         }
-    params = dict_from_struct(spec.input_schema) if spec.HasField("input_schema") else {}
+    # The schema exactly as the MCP server wrote it: the model sees `"default": 3`, never 3.0.
+    params = parse_json_object(spec.input_schema_json, f"input_schema_json of tool {spec.name!r}")
     return {
         "name": spec.name,
         "description": spec.description,
@@ -296,15 +300,24 @@ def _normalize_call(obj: Any) -> tuple[ToolCall | None, str]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError as exc:
-            return None, f'"arguments" of {name!r} is a string that is not JSON ({exc})'
-    if not isinstance(arguments, dict):
-        return None, f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
-    try:
-        ensure_json(arguments)
-    except InvalidJsonValue as exc:
-        return None, f"arguments of {name!r}: {exc}"
+        except (ValueError, RecursionError) as exc:
+            return None, f'"arguments" of {name!r} is a string that is not JSON ({str(exc)[:200]})'
+    error = arguments_error(name, arguments)
+    if error is not None:
+        return None, error
     return ToolCall(name=name.strip(), arguments=arguments), ""
+
+
+def arguments_error(name: str, arguments: Any) -> str | None:
+    """Why `arguments` cannot be sent as tool `name`'s arguments, or None when they can. The check is the
+    client's own encoding (`json_text`), so a call that parsed is never refused when it is sent."""
+    if not isinstance(arguments, dict):
+        return f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
+    try:
+        json_text(arguments)
+    except InvalidJsonValue as exc:
+        return f"arguments of {name!r}: {exc}"
+    return None
 
 
 # --------------------------------------------------------------------------------------- tool results
@@ -345,8 +358,8 @@ def render_tool_result(result: Any) -> str:
                 parts.append(res.text)
             else:
                 parts.append(f"[resource {res.uri}: {res.mime_type or 'binary'}, {len(res.blob)} bytes]")
-    if not parts and result.HasField("structured_content"):
-        parts.append(json.dumps(py_from_value(result.structured_content), ensure_ascii=False))
+    if not parts and result.structured_content_json:
+        parts.append(result.structured_content_json)  # the tool's JSON text, exactly
     body = "\n".join(parts)
     if result.is_error:
         message = result.error_message or "the tool reported an error"

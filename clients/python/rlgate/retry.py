@@ -11,7 +11,10 @@ Why each RPC retries what it does:
 - CallTool is retried on UNAVAILABLE only, always with the same request_id: the gateway records the id
   before running the tool, so a retry gets the recorded result, or OUTCOME_UNKNOWN when the first attempt's
   owner died mid-call; the tool never runs twice. A DEADLINE_EXCEEDED CallTool is not retried (the tool may
-  still be running and the caller's time is spent)."""
+  still be running and the caller's time is spent).
+
+A RetryInfo in the status details (the orchestrator and the toolgateway both attach one to UNAVAILABLE) sets
+the minimum delay before the retry."""
 
 from __future__ import annotations
 
@@ -19,11 +22,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 
-from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, status_code
+from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, retry_delay, status_code
 
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 _UNAVAILABLE_OR_DEADLINE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -110,7 +112,7 @@ class RetryState:
         if code is grpc.StatusCode.DEADLINE_EXCEEDED and self.policy.attempt_timeout is None:
             # The attempt already used all the time there was.
             raise self._final(mapped)
-        delay = max(self.policy.backoff(self.attempts - 1), _server_retry_delay(mapped))
+        delay = max(self.policy.backoff(self.attempts - 1), retry_delay(mapped.rich_status))
         remaining = self.remaining()
         if remaining is not None and delay >= remaining:
             raise self._final(mapped)
@@ -121,21 +123,3 @@ class RetryState:
             mapped.message = f"{mapped.message} (after {self.attempts} attempts)"
             mapped.args = (mapped.message,)
         return mapped
-
-
-def _server_retry_delay(err: RlgateError) -> float:
-    """A RetryInfo delay the server attached to its google.rpc.Status, in seconds (0 when none)."""
-    status: Any = err.rich_status
-    if status is None:
-        return 0.0
-    try:
-        from google.rpc import error_details_pb2
-
-        for detail in status.details:
-            if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-                info = error_details_pb2.RetryInfo()
-                detail.Unpack(info)
-                return float(info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
-    except Exception:
-        return 0.0
-    return 0.0

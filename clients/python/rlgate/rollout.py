@@ -84,7 +84,8 @@ async def run_episode(
             record.messages = ep.initial_messages()
             turn = 0
             while True:
-                context = PolicyContext(ep.reset_response.task, list(record.messages), turn, ep.max_turns)  # type: ignore[union-attr]
+                # The listed task, not Reset's: only ListTasks carries a reference solution (when asked).
+                context = PolicyContext(task, list(record.messages), turn, ep.max_turns)
                 text = await policy(context)
                 record.messages.append({"role": "assistant", "content": text})
                 result = await ep.turn(text)
@@ -193,7 +194,9 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
     policy = _policy(config)
     console = Console(stderr=True)
     async with AsyncClient(config.orchestrator, settings=ClientSettings.from_env(api_key=config.api_key)) as client:
-        tasks = _select(await client.list_tasks(), config.tasks)
+        # Reference solutions are answer keys: fetched only for the policy that replays them.
+        listed = await client.list_tasks(include_reference_solution=config.policy == "reference")
+        tasks = _select(listed, config.tasks)
         jobs = [(task, i) for task in tasks for i in range(config.episodes)]
         semaphore = asyncio.Semaphore(max(1, config.concurrency))
         writer = _JsonlWriter(config.out)

@@ -81,11 +81,14 @@ def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
     for call in message.get("tool_calls") or []:
         try:
             arguments = json.loads(call.function.arguments) if call.function.arguments.strip() else {}
-        except ValueError as exc:
-            errors.append(f"arguments of {call.function.name!r} are not JSON ({exc}). {protocol.FORMAT_REMINDER}")
+        except (ValueError, RecursionError) as exc:
+            errors.append(
+                f"arguments of {call.function.name!r} are not JSON ({str(exc)[:200]}). {protocol.FORMAT_REMINDER}"
+            )
             continue
-        if not isinstance(arguments, dict):
-            errors.append(f"arguments of {call.function.name!r} must be a JSON object. {protocol.FORMAT_REMINDER}")
+        error = protocol.arguments_error(call.function.name, arguments)  # NaN, too deep: sending would fail
+        if error is not None:
+            errors.append(f"{error}. {protocol.FORMAT_REMINDER}")
             continue
         calls.append(protocol.ToolCall(call.function.name, arguments))
     for unparsed in message.get("unparsed_tool_calls") or []:
