@@ -1,16 +1,17 @@
-"""MCP `CallToolResult` -> `ToolResult`, output truncation, error results and tool-call log summaries."""
+"""MCP `CallToolResult` -> `ToolResult`, output truncation, error results and tool-call log summaries.
+
+Structured content is passed on as the JSON text of the value the upstream sent (`convert.json_text`):
+integers stay integers, whatever their size."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 from typing import Any
 
 import mcp_types as mt
 
-from rlgate.convert import fill_value
-from rlgate.protocol import render_tool_result
+from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
@@ -33,10 +34,16 @@ def content_block(block: Any) -> common_pb2.ContentBlock:
     if isinstance(block, mt.AudioContent):
         return common_pb2.ContentBlock(audio=common_pb2.AudioContent(data=_b64(block.data), mime_type=block.mime_type))
     if isinstance(block, mt.ResourceLink):
-        return common_pb2.ContentBlock(resource_link=common_pb2.ResourceLink(
-            uri=str(block.uri), name=block.name, title=block.title or "", description=block.description or "",
-            mime_type=block.mime_type or "", size=block.size or 0,
-        ))
+        return common_pb2.ContentBlock(
+            resource_link=common_pb2.ResourceLink(
+                uri=str(block.uri),
+                name=block.name,
+                title=block.title or "",
+                description=block.description or "",
+                mime_type=block.mime_type or "",
+                size=block.size or 0,
+            )
+        )
     if isinstance(block, mt.EmbeddedResource):
         res = block.resource
         embedded = common_pb2.EmbeddedResource(uri=str(res.uri), mime_type=res.mime_type or "")
@@ -47,18 +54,30 @@ def content_block(block: Any) -> common_pb2.ContentBlock:
         return common_pb2.ContentBlock(resource=embedded)
     # A block type this gateway does not know (newer protocol): keep it visible as JSON text.
     dump = block.model_dump(by_alias=True, mode="json") if hasattr(block, "model_dump") else block
-    return common_pb2.ContentBlock(text=common_pb2.TextContent(text=json.dumps(dump)))
+    try:
+        text = json_text(dump)
+    except InvalidJsonValue:
+        text = str(dump)
+    return common_pb2.ContentBlock(text=common_pb2.TextContent(text=text))
 
 
 def tool_result(result: mt.CallToolResult) -> common_pb2.ToolResult:
-    """Convert faithfully; an upstream isError becomes TOOL_FAILED with the tool's own text as message."""
+    """Convert faithfully; an upstream isError becomes TOOL_FAILED with the tool's own text as message
+    (cut to the output limit by `truncate`, as the output is)."""
     out = common_pb2.ToolResult(content=[content_block(b) for b in result.content], is_error=result.is_error)
     if result.structured_content is not None:
-        fill_value(out.structured_content, result.structured_content, what="structured_content")
+        try:
+            out.structured_content_json = json_text(result.structured_content)
+        except InvalidJsonValue as exc:  # e.g. NaN, which a lenient JSON parser let through upstream
+            out.content.append(
+                common_pb2.ContentBlock(
+                    text=common_pb2.TextContent(text=f"[structured content omitted by rlgate: not valid JSON: {exc}]")
+                )
+            )
     if result.is_error:
         out.error_kind = Kind.TOOL_ERROR_KIND_TOOL_FAILED
         text = " ".join(b.text for b in result.content if isinstance(b, mt.TextContent)).strip()
-        out.error_message = text[:2000] or "the tool reported a failure without a message"
+        out.error_message = text or "the tool reported a failure without a message"
     return out
 
 
@@ -66,7 +85,9 @@ def error_result(kind: int, message: str) -> common_pb2.ToolResult:
     """An agent-visible error: is_error, kind, and the message both as text content and error_message."""
     return common_pb2.ToolResult(
         content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text=message))],
-        is_error=True, error_kind=kind, error_message=message,  # type: ignore[arg-type]
+        is_error=True,
+        error_kind=kind,
+        error_message=message,  # type: ignore[arg-type]
     )
 
 
@@ -88,18 +109,33 @@ def _cut_utf8(text: str, limit: int) -> str:
     return text.encode()[: max(limit, 0)].decode("utf-8", errors="ignore")
 
 
+def _cut_text(text: str, max_bytes: int) -> str:
+    """`text` within `max_bytes` (UTF-8) plus the truncation marker, or `text` itself when it fits."""
+    size = len(text.encode())
+    if size <= max_bytes:
+        return text
+    kept = _cut_utf8(text, max_bytes)
+    return kept + TRUNCATION_MARKER.format(cut=size - len(kept.encode()), total=size)
+
+
 def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolResult:
-    """Cut content above `max_bytes` (text cut with a marker, binary blocks replaced by a note) and drop a
-    structured result larger than the limit. Sets OUTPUT_TRUNCATED unless the result is already an error."""
+    """Cut content above `max_bytes` (text cut with a marker, binary blocks replaced by a note), drop a
+    structured result larger than the limit and cut an error message longer than it. Sets OUTPUT_TRUNCATED
+    unless the result is already an error."""
     if max_bytes <= 0:
         return result
     sizes = [_block_size(b) for b in result.content]
-    structured = result.structured_content.ByteSize() if result.HasField("structured_content") else 0
+    structured = len(result.structured_content_json.encode())
     total = sum(sizes)
-    if total <= max_bytes and structured <= max_bytes:
+    long_message = len(result.error_message.encode()) > max_bytes
+    if total <= max_bytes and structured <= max_bytes and not long_message:
         return result
     out = common_pb2.ToolResult()
     out.CopyFrom(result)
+    if long_message:
+        out.error_message = _cut_text(result.error_message, max_bytes)
+    if total <= max_bytes and structured <= max_bytes:
+        return out  # only the message was cut: the output itself is whole
     removed = 0
     if total > max_bytes:
         del out.content[:]
@@ -111,15 +147,17 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
                 continue
             removed += size - max(budget, 0) if block.WhichOneof("kind") == "text" else size
             if block.WhichOneof("kind") == "text":
-                kept = _cut_utf8(block.text.text, budget)
-                marker = TRUNCATION_MARKER.format(cut=size - len(kept.encode()), total=size)
-                out.content.append(common_pb2.ContentBlock(text=common_pb2.TextContent(text=kept + marker)))
+                out.content.append(
+                    common_pb2.ContentBlock(
+                        text=common_pb2.TextContent(text=_cut_text(block.text.text, max(budget, 0)))
+                    )
+                )
             else:
                 note = f"[{block.WhichOneof('kind')} block of {size} bytes omitted: output limit {max_bytes} bytes]"
                 out.content.append(common_pb2.ContentBlock(text=common_pb2.TextContent(text=note)))
             budget = 0
     if structured > max_bytes:
-        out.ClearField("structured_content")
+        out.structured_content_json = ""
         removed += structured
     if not out.is_error:
         out.error_kind = Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED
@@ -131,6 +169,27 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
 
 
 def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
-    """Short text for the tool-call log: what the model sees (rlgate.protocol), cut to `limit`."""
-    text = " ".join(render_tool_result(result).split())
+    """Short text for the tool-call log: the result's text (binary blocks as a note, the structured content
+    when there is no text), whitespace collapsed, cut to `limit` characters."""
+    parts: list[str] = []
+    for block in result.content:
+        kind = block.WhichOneof("kind")
+        if kind == "text":
+            parts.append(block.text.text[:limit])
+        elif kind == "image" or kind == "audio":
+            media = getattr(block, kind)
+            parts.append(f"[{kind}: {media.mime_type}, {len(media.data)} bytes]")
+        elif kind == "resource_link":
+            parts.append(f"[resource link: {block.resource_link.uri[:limit]}]")
+        elif kind == "resource":
+            res = block.resource
+            contents = res.WhichOneof("contents")
+            parts.append(
+                res.text[:limit] if contents == "text" else f"[resource: {res.uri[:limit]}, {len(res.blob)} bytes]"
+            )
+        if sum(map(len, parts)) > limit:
+            break
+    if not parts:
+        parts.append(result.structured_content_json[:limit] or result.error_message[:limit])
+    text = " ".join(" ".join(parts).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

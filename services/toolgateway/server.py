@@ -91,20 +91,33 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
         store = await open_store(config.store_url or default_store_url(config.data_dir))
     owner = new_owner_id()
     await store.heartbeat_owner(owner, config.owner_ttl_s)  # alive before the first claim
-    pool = UpstreamPool(PoolSettings(
-        upstream_timeout_s=config.upstream_timeout_s, client_idle_s=config.client_idle_s,
-        tools_refresh_s=config.tools_refresh_s, janitor_interval_s=config.janitor_interval_s,
-        connect_timeout_s=config.connect_timeout_s,
-        http=HttpSettings.create(connect_timeout=config.connect_timeout_s,
-                                 max_connections=config.upstream_max_connections),
-        direct_calls=config.direct_calls,
-        direct_http=HttpCallSettings(keepalive_s=config.upstream_keepalive_s,
-                                     connect_timeout_s=config.connect_timeout_s),
-    ))
-    gateway = ToolGateway(store, pool, owner, GatewaySettings(
-        call_timeout_s=config.call_timeout_s, upstream_timeout_s=config.upstream_timeout_s,
-        max_output_bytes=config.max_output_bytes,
-    ))
+    pool = UpstreamPool(
+        PoolSettings(
+            upstream_timeout_s=config.upstream_timeout_s,
+            client_idle_s=config.client_idle_s,
+            tools_refresh_s=config.tools_refresh_s,
+            janitor_interval_s=config.janitor_interval_s,
+            connect_timeout_s=config.connect_timeout_s,
+            http=HttpSettings.create(
+                connect_timeout=config.connect_timeout_s, max_connections=config.upstream_max_connections
+            ),
+            direct_calls=config.direct_calls,
+            direct_http=HttpCallSettings(
+                keepalive_s=config.upstream_keepalive_s, connect_timeout_s=config.connect_timeout_s
+            ),
+        )
+    )
+    gateway = ToolGateway(
+        store,
+        pool,
+        owner,
+        GatewaySettings(
+            call_timeout_s=config.call_timeout_s,
+            upstream_timeout_s=config.upstream_timeout_s,
+            max_output_bytes=config.max_output_bytes,
+            max_arguments_bytes=config.max_arguments_bytes,
+        ),
+    )
 
     async def still_open(session_id: str) -> bool:
         session = await store.get_session(session_id)
@@ -118,19 +131,23 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
 
     try:
         running = await start_server(
-            config.listen, register,
+            config.listen,
+            register,
             interceptors=[ContextInterceptor(), MetricsInterceptor("toolgateway")],
-            tls_cert=config.tls_cert, tls_key=config.tls_key,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
         )
     except BaseException:
         await pool.close()
         if owns_store:
             await store.close()
         raise
-    handle = GatewayHandle(server=running, gateway=gateway, pool=pool, store=store, config=config,
-                           owns_store=owns_store)
-    handle._tasks.append(asyncio.get_running_loop().create_task(
-        _heartbeat(store, owner, config.owner_ttl_s), name="owner-heartbeat"))
+    handle = GatewayHandle(
+        server=running, gateway=gateway, pool=pool, store=store, config=config, owns_store=owns_store
+    )
+    handle._tasks.append(
+        asyncio.get_running_loop().create_task(_heartbeat(store, owner, config.owner_ttl_s), name="owner-heartbeat")
+    )
     log.info("toolgateway owner %s on %s", owner, running.address)
     return handle
 

@@ -1,7 +1,7 @@
 """The gateway's logic, independent of the gRPC server: auth, ListTools, CallTool, idempotency, the log.
 
-Handlers in `servicer.py` only translate between gRPC and these methods; every caller-visible failure is a
-`GatewayError` carrying the gRPC status code, and every model mistake is an `is_error` result.
+Handlers in `servicer.py` only translate between gRPC and these methods; every caller-visible failure is an
+`RlgateError` (rlgate.runtime.errors), and every model mistake is an `is_error` result.
 """
 
 from __future__ import annotations
@@ -9,17 +9,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hashlib
+import json
 import logging
+import re
 import time
-from collections.abc import Mapping
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
-from rlgate.convert import InvalidJsonValue, dict_from_struct, ensure_json
+from rlgate.convert import InvalidJsonValue, arguments_of
 from rlgate.runtime import metrics
-from rlgate.runtime.auth import token_hash
+from rlgate.runtime.auth import session_of_token, token_hash
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    RlgateError,
+    Unauthenticated,
+    Unavailable,
+    clip,
+)
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     RequestRecord,
@@ -32,7 +43,7 @@ from rlgate.store import (
     call_scope,
 )
 from rlgate.toolgateway import results
-from rlgate.toolgateway.arguments import prepare_arguments
+from rlgate.toolgateway.arguments import arguments_problem
 from rlgate.toolgateway.upstream import (
     CallLost,
     CallNotSent,
@@ -48,22 +59,15 @@ log = logging.getLogger(__name__)
 Kind = common_pb2.ToolErrorKind
 
 MAX_REQUEST_ID = 128
+TOOL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # MCP SEP-986, as toolgateway.proto states
 DEADLINE_MARGIN_S = 0.05  # our timeout fires just before the caller's, so we answer DEADLINE_EXCEEDED ourselves
 UNKNOWN_TOOL_REFRESH_S = 2.0  # an unknown tool name re-lists the upstreams at most this often per session
 REPLAY_POLL_S = 0.1
+UNKNOWN_LABEL = "(unknown)"  # the metrics label of a tool name no endpoint owns: a model's invention mints no series
 
 _calls = metrics.counter("rlgate_toolgateway_calls_total", "Tool calls", ["tool", "endpoint", "outcome"])
 _errors = metrics.counter("rlgate_toolgateway_call_errors_total", "Tool call errors by kind", ["kind"])
 _latency = metrics.histogram("rlgate_toolgateway_call_seconds", "Upstream tool call latency", ["tool", "endpoint"])
-
-
-class GatewayError(Exception):
-    """A caller or infrastructure error, reported as a gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass
@@ -71,6 +75,7 @@ class GatewaySettings:
     call_timeout_s: float = 60.0  # when the caller sets no deadline
     upstream_timeout_s: float = 30.0  # handshake + tools/list when the caller sets no deadline
     max_output_bytes: int = 262144
+    max_arguments_bytes: int = 1 << 20
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,39 +91,150 @@ def kind_name(kind: int) -> str:
     return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")  # type: ignore[arg-type]
 
 
-def encode_response(resp: toolgateway_pb2.CallToolResponse) -> str:
-    return base64.b64encode(resp.SerializeToString()).decode()
+# -- requests -----------------------------------------------------------------------------------------------
+@dataclass
+class ToolCall:
+    """A well-formed CallTool request: its name, request_id and exact arguments."""
+
+    name: str
+    request_id: str
+    arguments: dict[str, Any]
+
+    @functools.cached_property
+    def arguments_digest(self) -> str:
+        """SHA-256 of the arguments' canonical JSON (sorted keys, numbers by value: 5 and 5.0 are one
+        number in JSON), which binds a request_id to the arguments it was first used with."""
+        canonical = json.dumps(
+            _numbers_by_value(self.arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def decode_response(raw: str) -> toolgateway_pb2.CallToolResponse:
-    return toolgateway_pb2.CallToolResponse.FromString(base64.b64decode(raw))
+def _numbers_by_value(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _numbers_by_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers_by_value(v) for v in value]
+    return value
 
 
-def _request_problem(name: str, request_id: str, arguments: dict[str, Any]) -> str:
-    """Why a CallTool request is malformed (INVALID_ARGUMENT), or ""."""
-    if not name:
-        return "name is empty: give a tool name from ListTools"
-    if len(request_id) > MAX_REQUEST_ID:
-        return f"request_id is {len(request_id)} characters; at most {MAX_REQUEST_ID}"
+def parse_call(request: toolgateway_pb2.CallToolRequest, max_arguments_bytes: int) -> ToolCall:
+    """The request as a `ToolCall`, or InvalidArgument naming the field. The arguments' size is checked
+    before they are parsed."""
+    name = request.name
+    if not TOOL_NAME.fullmatch(name):
+        raise InvalidArgument(
+            "name", f"{clip(name)!r} is not a tool name: 1-128 characters of [A-Za-z0-9._-] (see ListTools)"
+        )
+    if len(request.request_id) > MAX_REQUEST_ID:
+        raise InvalidArgument("request_id", f"{len(request.request_id)} characters; at most {MAX_REQUEST_ID}")
+    form = request.WhichOneof("args") or "arguments"
+    size = len(request.arguments_json.encode()) if form == "arguments_json" else request.arguments.ByteSize()
+    if size > max_arguments_bytes:
+        raise InvalidArgument(form, f"{size} bytes; at most {max_arguments_bytes}")
     try:
-        ensure_json(arguments)
+        arguments = arguments_of(request)
     except InvalidJsonValue as exc:
-        return f"arguments: {exc}"
-    return ""
+        raise InvalidArgument(form, str(exc)) from exc
+    return ToolCall(name, request.request_id, arguments)
 
 
-class _Deadline:
-    def __init__(self, timeout_s: float) -> None:
-        self.at = time.monotonic() + timeout_s
+# -- request records ------------------------------------------------------------------------------------
+def encode_record(call: ToolCall, response: toolgateway_pb2.CallToolResponse) -> str:
+    """A DONE request record's payload: the response, and the tool name and arguments digest it is bound to."""
+    return json.dumps(
+        {
+            "tool": call.name,
+            "arguments_sha256": call.arguments_digest,
+            "response": base64.b64encode(response.SerializeToString()).decode(),
+        }
+    )
 
-    def remaining(self) -> float:
-        return self.at - time.monotonic()
 
-    def check(self, what: str) -> float:
-        left = self.remaining()
-        if left <= 0:
-            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
-        return left
+def decode_record(raw: str) -> tuple[str, str, toolgateway_pb2.CallToolResponse]:
+    """(tool, arguments digest, response) of a DONE record's payload."""
+    data = json.loads(raw)
+    response = toolgateway_pb2.CallToolResponse.FromString(base64.b64decode(data["response"]))
+    return data["tool"], data["arguments_sha256"], response
+
+
+def _check_binding(call: ToolCall, tool: str, digest: str) -> None:
+    """INVALID_ARGUMENT when a request_id's first use had another tool name or other arguments."""
+    if tool != call.name:
+        raise InvalidArgument(
+            "request_id",
+            f"{clip(call.request_id)!r} was first used for tool {clip(tool)!r}, "
+            f"not {clip(call.name)!r}; a new call needs a new request_id",
+        )
+    if digest != call.arguments_digest:
+        raise InvalidArgument(
+            "request_id",
+            f"{clip(call.request_id)!r} was first used with other arguments for "
+            f"tool {clip(tool)!r}; a new call needs a new request_id",
+        )
+
+
+# -- sessions -----------------------------------------------------------------------------------------------
+def _episode_over(session: Session, episode: int, *, revoked: bool) -> FailedPrecondition | None:
+    """Why a token of `episode` of `session` cannot call tools (None: it can, or, for a revoked token, it
+    was replaced within its episode)."""
+    sid, status = session.session_id, session.status
+    meta = {"session_id": sid, "episode": episode}
+    if episode < session.episode:
+        return FailedPrecondition(
+            f"episode {episode} of session {sid} ended: a later Reset started episode {episode + 1}",
+            reason="EPISODE_SUPERSEDED",
+            metadata=meta,
+        )
+    if status == SessionStatus.CLOSED:
+        return FailedPrecondition(f"session {sid} was closed", reason="SESSION_CLOSED", metadata=meta)
+    if status == SessionStatus.EXPIRED:
+        return FailedPrecondition(f"session {sid} expired", reason="SESSION_EXPIRED", metadata=meta)
+    if session.expires_at and time.time() >= session.expires_at:
+        return FailedPrecondition(f"session {sid} expired (its TTL passed)", reason="SESSION_EXPIRED", metadata=meta)
+    if status == SessionStatus.FAILED:
+        return FailedPrecondition(f"session {sid} failed", reason="SESSION_FAILED", metadata=meta)
+    if status == SessionStatus.DONE:
+        why = f" ({session.done_reason})" if session.done_reason else ""
+        return FailedPrecondition(
+            f"episode {episode} of session {sid} is done{why}; Reset with the session_id starts the next one",
+            reason="EPISODE_DONE",
+            metadata=meta,
+        )
+    if status == SessionStatus.PROVISIONING:
+        if revoked:
+            return FailedPrecondition(
+                f"episode {episode} of session {sid} ended: a Reset is starting episode {episode + 1}",
+                reason="EPISODE_SUPERSEDED",
+                metadata=meta,
+            )
+        return FailedPrecondition(
+            f"session {sid} is not active yet (provisioning)", reason="SESSION_NOT_ACTIVE", metadata=meta
+        )
+    if status != SessionStatus.ACTIVE:
+        return FailedPrecondition(f"session {sid} is {status}", reason="SESSION_NOT_ACTIVE", metadata=meta)
+    return None
+
+
+def _admit(session: Session) -> Session:
+    """The session of a current token if it may call tools now, else the FailedPrecondition saying why not."""
+    session_id_var.set(session.session_id)
+    refused = _episode_over(session, session.episode, revoked=False)
+    if refused is not None:
+        raise refused
+    if not session.endpoints:
+        raise FailedPrecondition(
+            f"session {session.session_id} has no MCP endpoints",
+            reason="NO_ENDPOINTS",
+            metadata={"session_id": session.session_id},
+        )
+    return session
+
+
+def _store_down(exc: StoreError) -> Unavailable:
+    return Unavailable(f"session store unavailable: {exc}", reason="STORE_UNAVAILABLE")
 
 
 @dataclass
@@ -127,14 +243,14 @@ class _CallState:
 
     sent: bool = False
     endpoint: str = ""
-    arguments: dict[str, Any] | None = None
 
 
 class ToolGateway:
     """ListTools / CallTool for the session an agent token selects."""
 
-    def __init__(self, store: SessionStore, pool: UpstreamPool, owner: str,
-                 settings: GatewaySettings | None = None) -> None:
+    def __init__(
+        self, store: SessionStore, pool: UpstreamPool, owner: str, settings: GatewaySettings | None = None
+    ) -> None:
         self.store = store
         self.pool = pool
         self.owner = owner
@@ -143,167 +259,181 @@ class ToolGateway:
 
     # -- auth ---------------------------------------------------------------------------------------------
     async def authenticate(self, token: str | None) -> Session:
+        hashed = self._token_hash(token)
         try:
-            session = await self.store.session_by_token(self._token_hash(token))
+            session = await self.store.session_by_token(hashed)
         except StoreError as exc:
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
-        return self._admit(session)
+            raise _store_down(exc) from exc
+        if session is None:
+            raise await self._refusal(token or "", hashed)
+        return _admit(session)
 
-    async def _authorize(self, token: str | None, scope_request_id: str) -> tuple[Session, RequestRecord | None]:
-        """`authenticate` plus the claim of `scope_request_id` (if any) in one store round trip: the
+    async def _authorize(self, token: str | None, call: ToolCall | None) -> tuple[Session, RequestRecord | None]:
+        """`authenticate` plus the claim of the call's request_id (if any) in one store round trip: the
         session and, if this call claimed the request_id, None; else the earlier attempt's record."""
+        hashed = self._token_hash(token)
+        request_id = call.request_id if call is not None else ""
         try:  # a claim landing after this call was cancelled is released by the store
-            session, record, created = await self.store.authorize_call(
-                self._token_hash(token), scope_request_id, self.owner)
+            session, record, created = await self.store.authorize_call(hashed, request_id, self.owner)
         except StoreError as exc:
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+            raise _store_down(exc) from exc
+        if session is None:
+            raise await self._refusal(token or "", hashed)
         try:
-            self._admit(session)
-        except GatewayError:
-            if created and session is not None:  # claimed, then refused (e.g. TTL passed): free the id again
-                await self._shielded(self._release(call_scope(session.session_id), scope_request_id))
+            _admit(session)
+        except RlgateError:
+            if created:  # claimed, then refused (e.g. TTL passed): free the id again
+                await self._shielded(self._release(call_scope(session.session_id), request_id))
             raise
-        assert session is not None
         return session, None if created else record
 
     @staticmethod
     def _token_hash(token: str | None) -> str:
         if not token:
-            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED,
-                               "missing agent token: send 'authorization: Bearer <agent token>' from Reset")
+            raise Unauthenticated("missing agent token: send 'authorization: Bearer <agent token>' from Reset")
         return token_hash(token)
 
-    @staticmethod
-    def _admit(session: Session | None) -> Session:
-        """The session if its agent token may call tools now, else the GatewayError saying why not."""
-        if session is None or not session.token_hash:
-            raise GatewayError(grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked agent token")
+    async def _refusal(self, token: str, hashed: str) -> RlgateError:
+        """Why a token that is no session's current one is refused: FAILED_PRECONDITION with the reason when
+        the session it names revoked it (kept among its last revoked hashes), else UNAUTHENTICATED."""
+        session_id = session_of_token(token)
+        try:
+            session = await self.store.get_session(session_id) if session_id else None
+        except StoreError as exc:
+            return _store_down(exc)
+        episode = session.revoked_tokens.get(hashed) if session is not None else None
+        if session is None or episode is None:
+            return Unauthenticated("unknown agent token: use the token Reset returned for the current episode")
         session_id_var.set(session.session_id)
-        status = session.status
-        if status in (SessionStatus.CLOSED, SessionStatus.EXPIRED, SessionStatus.FAILED):
-            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION, f"session {session.session_id} is {status}")
-        if session.expires_at and time.time() >= session.expires_at:
-            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"session {session.session_id} expired (TTL passed)")
-        if status == SessionStatus.DONE:
-            reason = f" ({session.done_reason})" if session.done_reason else ""
-            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"episode {session.episode} of session {session.session_id} is done{reason}; "
-                               "Reset with the session_id starts the next one")
-        if status != SessionStatus.ACTIVE:
-            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"session {session.session_id} is {status}, not active yet")
-        if not session.endpoints:
-            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
-                               f"session {session.session_id} has no MCP endpoints")
-        return session
+        return _episode_over(session, episode, revoked=True) or FailedPrecondition(
+            f"this agent token of episode {episode} of session {session.session_id} was replaced: a repeated "
+            "Reset returned a new one",
+            reason="TOKEN_REPLACED",
+            metadata={"session_id": session.session_id, "episode": episode},
+        )
 
     # -- tools --------------------------------------------------------------------------------------------
-    async def _catalog(self, session: Session, deadline: _Deadline, *, refresh: bool = False) -> SessionCatalog:
+    async def _catalog(self, session: Session, deadline: Deadline, *, refresh: bool = False) -> SessionCatalog:
         ups = self.pool.session(session.session_id, session.endpoints)
         if not refresh and (cached := ups.cached_catalog(session.tool_filter, session.modality)) is not None:
             return cached  # every endpoint's listing is cached and fresh: nothing to wait for
-        timeout_s = min(deadline.check("before listing tools"), self.settings.upstream_timeout_s)
+        if deadline.expired():
+            raise DeadlineExceeded("deadline exceeded before listing tools")
         try:
             async with asyncio.timeout(deadline.remaining()):
-                cat = await ups.catalog(timeout_s, session.tool_filter, session.modality, refresh=refresh)
+                cat = await ups.catalog(
+                    deadline.cap(self.settings.upstream_timeout_s),
+                    session.tool_filter,
+                    session.modality,
+                    refresh=refresh,
+                )
         except TimeoutError:
-            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded while listing tools") from None
+            raise DeadlineExceeded("deadline exceeded while listing tools") from None
         if cat.unavailable:
             if not cat.catalog.tools:
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                                   "no MCP endpoint reachable: " + "; ".join(cat.unavailable.values()))
+                raise Unavailable(
+                    "no MCP endpoint reachable: " + "; ".join(cat.unavailable.values()), reason="UPSTREAM_UNAVAILABLE"
+                )
             log.warning("endpoints unavailable (partial tool list): %s", "; ".join(cat.unavailable.values()))
         return cat
 
-    async def list_tools(self, token: str | None, timeout_s: float | None) -> toolgateway_pb2.ListToolsResponse:
+    async def list_tools(self, token: str | None, deadline: Deadline) -> toolgateway_pb2.ListToolsResponse:
         session = await self.authenticate(token)
-        deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.upstream_timeout_s)
         cat = await self._catalog(session, deadline)
         return toolgateway_pb2.ListToolsResponse(tools=[t.spec() for t in cat.visible.tools])
 
     # -- calls --------------------------------------------------------------------------------------------
-    async def call_tool(self, token: str | None, request: toolgateway_pb2.CallToolRequest,
-                        timeout_s: float | None) -> toolgateway_pb2.CallToolResponse:
-        deadline = _Deadline(timeout_s if timeout_s is not None else self.settings.call_timeout_s)
-        name, request_id = request.name, request.request_id
-        arguments = dict_from_struct(request.arguments)
-        problem = _request_problem(name, request_id, arguments)
+    async def call_tool(
+        self, token: str | None, request: toolgateway_pb2.CallToolRequest, deadline: Deadline
+    ) -> toolgateway_pb2.CallToolResponse:
+        try:
+            call: ToolCall | None = parse_call(request, self.settings.max_arguments_bytes)
+            problem = None
+        except InvalidArgument as exc:
+            call, problem = None, exc
         # A malformed request claims nothing; the token is still checked first (UNAUTHENTICATED wins).
-        session, earlier = await self._authorize(token, "" if problem else request_id)
-        if problem:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        session, earlier = await self._authorize(token, call)
+        if problem is not None:
+            raise problem
+        assert call is not None
         scope = call_scope(session.session_id)
         if earlier is not None:
-            return await self._replay(scope, request_id, earlier.state, earlier.result, earlier.owner, deadline)
+            return await self._replay(scope, call, earlier, deadline)
 
         started = time.monotonic()
-        endpoint = ""
         state = _CallState()
         try:
-            result, endpoint, arguments = await self._execute(session, name, arguments, deadline, state)
+            result, endpoint = await self._execute(session, call, deadline, state)
         except CallNotSent as exc:
-            await self._shielded(self._release(scope, request_id))
-            self._count(name, state.endpoint, "unavailable")
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                               f"upstream unavailable (the tool did not run): {exc}") from exc
+            await self._shielded(self._release(scope, call.request_id))
+            self._count(call.name, state.endpoint, "unavailable")
+            raise Unavailable(
+                f"upstream unavailable (the tool did not run): {exc}", reason="UPSTREAM_UNAVAILABLE"
+            ) from exc
         except UpstreamUnavailable as exc:  # CallLost or a catalog failure after the call may have started
-            lost = isinstance(exc, CallLost)
-            if lost:
-                msg = (f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
-                       "the same request_id returns OUTCOME_UNKNOWN")
-                await self._shielded(self._finish_unknown(
-                    session, scope, request_id, name, state.arguments or arguments, state.endpoint, started, msg))
+            msg = str(exc)
+            if isinstance(exc, CallLost):
+                msg = (
+                    f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
+                    "the same request_id returns OUTCOME_UNKNOWN"
+                )
+                await self._shielded(self._finish_unknown(session, call, state.endpoint, started, msg))
             else:
-                await self._shielded(self._release(scope, request_id))
-            self._count(name, state.endpoint, "unavailable")
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, str(exc) if not lost else msg) from exc
+                await self._shielded(self._release(scope, call.request_id))
+            self._count(call.name, state.endpoint, "unavailable")
+            raise Unavailable(msg, reason="UPSTREAM_UNAVAILABLE") from exc
         except CallTimedOut as exc:
-            self._count(name, state.endpoint, "deadline")
+            self._count(call.name, state.endpoint, "deadline")
             if not exc.sent:
-                await self._shielded(self._release(scope, request_id))
-                raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded: {exc}") from exc
+                await self._shielded(self._release(scope, call.request_id))
+                raise DeadlineExceeded(f"deadline exceeded: {exc}") from exc
             msg = f"deadline exceeded: {exc}; the upstream call was cancelled and may have partly run"
-            await self._shielded(self._finish_unknown(
-                session, scope, request_id, name, state.arguments or arguments, state.endpoint, started, msg))
-            raise GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, msg) from exc
-        except GatewayError:
-            await self._shielded(self._release(scope, request_id))  # raised before anything was sent upstream
+            await self._shielded(self._finish_unknown(session, call, state.endpoint, started, msg))
+            raise DeadlineExceeded(msg) from exc
+        except RlgateError:
+            await self._shielded(self._release(scope, call.request_id))  # raised before anything was sent
             raise
         except StoreError as exc:
-            await self._shielded(self._settle(
-                state, session, scope, request_id, name, arguments, started, f"store failed: {exc}"))
-            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"session store unavailable: {exc}") from exc
+            await self._shielded(self._settle(state, session, call, started, f"store failed: {exc}"))
+            raise _store_down(exc) from exc
         except Exception as exc:  # a bug: never leave the request PENDING under a live owner
-            await self._shielded(self._settle(
-                state, session, scope, request_id, name, arguments, started, f"internal error: {exc}"))
+            await self._shielded(self._settle(state, session, call, started, f"internal error: {exc}"))
             raise
         except asyncio.CancelledError:
             # The caller went away (cancel or deadline) while the call ran: the upstream request is cancelled
             # with us. The record and log are written by an owned task, since this one is being cancelled.
             if state.sent:
-                self._in_background(self._finish_unknown(
-                    session, scope, request_id, name, state.arguments or arguments, state.endpoint, started,
-                    "the call was cancelled by the caller; the tool may have partly run"))
+                self._in_background(
+                    self._finish_unknown(
+                        session,
+                        call,
+                        state.endpoint,
+                        started,
+                        "the call was cancelled by the caller; the tool may have partly run",
+                    )
+                )
             else:
-                self._in_background(self._release(scope, request_id))
+                self._in_background(self._release(scope, call.request_id))
             raise
 
         response = toolgateway_pb2.CallToolResponse(result=result)
         # The log entry, the session touch and the DONE record in one store round trip, before the reply.
-        await self._shielded(self._record(session, scope, request_id, name, arguments, endpoint, response, started))
+        await self._shielded(self._record(session, call, endpoint, response, started))
         return response
 
-    async def _execute(self, session: Session, name: str, arguments: dict[str, Any], deadline: _Deadline,
-                       state: _CallState) -> tuple[common_pb2.ToolResult, str, dict[str, Any]]:
-        """(result, endpoint, arguments as sent). Model mistakes come back as is_error results."""
+    async def _execute(
+        self, session: Session, call: ToolCall, deadline: Deadline, state: _CallState
+    ) -> tuple[common_pb2.ToolResult, str]:
+        """(result, endpoint). Model mistakes come back as is_error results."""
+        name = call.name
         if session.call_budget > 0:
             used = await self.store.count_tool_calls(session.session_id, session.episode)
             if used >= session.call_budget:
                 return results.error_result(
                     Kind.TOOL_ERROR_KIND_BUDGET_EXHAUSTED,
                     f"The tool-call budget of this episode ({session.call_budget} calls) is spent; "
-                    "the tool was not called. Give your final answer."), "", arguments
+                    "the tool was not called. Give your final answer.",
+                ), ""
         ups = self.pool.session(session.session_id, session.endpoints)
         cat = await self._catalog(session, deadline)
         tool = cat.find(name)
@@ -314,25 +444,27 @@ class ToolGateway:
         if tool is None:
             if cat.unavailable and cat.catalog.get(name) is None:
                 raise CallNotSent("the tool list is incomplete: " + "; ".join(cat.unavailable.values()))
-            return self._unknown_tool(cat, name), "", arguments
-        prepared, problem = prepare_arguments(name, arguments, tool.input_schema)
+            return self._unknown_tool(cat, name), ""
+        problem = arguments_problem(name, call.arguments, tool.input_schema)
         if problem:
-            return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint, prepared
-        timeout_s = deadline.remaining() - DEADLINE_MARGIN_S
+            return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint
+        timeout_s = deadline.remaining()
         if timeout_s <= 0:
             raise CallTimedOut(f"no time left to call {name!r}", sent=False)
         start = time.perf_counter()
-        state.sent, state.endpoint, state.arguments = True, tool.endpoint, prepared
+        state.sent, state.endpoint = True, tool.endpoint
         try:
-            mcp_result = await ups.call(tool.endpoint, name, prepared, timeout_s)
-        except CallRejected as exc:
-            return results.error_result(
-                Kind.TOOL_ERROR_KIND_TOOL_FAILED, f"Tool '{name}' was rejected by its server: {exc}"
-            ), tool.endpoint, prepared
+            mcp_result = await ups.call(tool.endpoint, name, call.arguments, timeout_s)
+        except CallRejected as exc:  # a JSON-RPC error: its message is the model's only clue
+            result = results.error_result(
+                Kind.TOOL_ERROR_KIND_TOOL_FAILED,
+                f"Tool '{name}' was rejected by its server (JSON-RPC error {exc.code}): {exc}",
+            )
+        else:
+            result = results.tool_result(mcp_result)
         finally:
             _latency.labels(name, endpoint_label(tool.endpoint)).observe(time.perf_counter() - start)
-        result = results.truncate(results.tool_result(mcp_result), self.settings.max_output_bytes)
-        return result, tool.endpoint, prepared
+        return results.truncate(result, self.settings.max_output_bytes), tool.endpoint
 
     def _unknown_tool(self, cat: SessionCatalog, name: str) -> common_pb2.ToolResult:
         visible = [t.name for t in cat.visible.tools]
@@ -341,82 +473,108 @@ class ToolGateway:
         listing = ", ".join(visible[:50]) + (" …" if len(visible) > 50 else "")
         return results.error_result(
             Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL,
-            f"Tool '{name}' {why}. Available tools: {listing or '(none)'}. Call one of those by its exact name.")
+            f"Tool '{name}' {why}. Available tools: {listing or '(none)'}. Call one of those by its exact name.",
+        )
 
-    async def _replay(self, scope: str, request_id: str, state: str, raw: str, owner: str,
-                      deadline: _Deadline) -> toolgateway_pb2.CallToolResponse:
-        """A request_id seen before: its recorded result, OUTCOME_UNKNOWN if its owner died, or wait."""
+    async def _replay(
+        self, scope: str, call: ToolCall, record: RequestRecord, deadline: Deadline
+    ) -> toolgateway_pb2.CallToolResponse:
+        """A request_id seen before: its recorded result (if the call matches what it was bound to),
+        OUTCOME_UNKNOWN if its owner died, or wait for it."""
+        request_id = call.request_id
         while True:
-            if state == RequestState.DONE:
-                response = decode_response(raw)
+            if record.state == RequestState.DONE:
+                tool, digest, response = decode_record(record.result)
+                _check_binding(call, tool, digest)
                 response.replayed = True
                 return response
-            if not await self.store.owner_alive(owner):
+            if not await self.store.owner_alive(record.owner):
                 _errors.labels("OUTCOME_UNKNOWN").inc()
-                log.info("request %s: first attempt's owner %s died mid-call", request_id, owner)
-                return toolgateway_pb2.CallToolResponse(result=results.error_result(
-                    Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
-                    f"An earlier attempt of request {request_id!r} was in flight when its gateway process died; "
-                    "the tool may or may not have run and is not run again. Check the state before retrying "
-                    "with a new request_id."))
-            await asyncio.sleep(min(REPLAY_POLL_S, max(deadline.remaining(), 0)))
-            deadline.check(f"waiting for the first attempt of request {request_id!r}")
-            record = await self.store.get_request(scope, request_id)
-            if record is None:  # released: the first attempt never reached the upstream
-                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
-                                   f"the first attempt of request {request_id!r} failed before the tool ran; retry")
-            state, raw, owner = record.state, record.result, record.owner
+                log.info("request %s: first attempt's owner %s died mid-call", request_id, record.owner)
+                return toolgateway_pb2.CallToolResponse(
+                    result=results.error_result(
+                        Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
+                        f"An earlier attempt of request {request_id!r} was in flight when its gateway process died; "
+                        "the tool may or may not have run and is not run again. Check the state before retrying "
+                        "with a new request_id.",
+                    )
+                )
+            await asyncio.sleep(min(REPLAY_POLL_S, deadline.remaining()))
+            if deadline.expired():
+                raise DeadlineExceeded(
+                    f"deadline exceeded waiting for the first attempt of request {clip(request_id)!r}"
+                )
+            found = await self.store.get_request(scope, request_id)
+            if found is None:  # released: the first attempt never reached the upstream
+                raise Unavailable(
+                    f"the first attempt of request {clip(request_id)!r} failed before the tool ran; retry",
+                    reason="RETRY",
+                    retry_after_s=0.0,
+                )
+            record = found
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _count(self, tool: str, endpoint: str, outcome: str) -> None:
-        _calls.labels(tool, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
+        label = tool if endpoint else UNKNOWN_LABEL
+        _calls.labels(label, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
 
-    async def _record(self, session: Session, scope: str, request_id: str, name: str, arguments: Mapping[str, Any],
-                      endpoint: str, response: toolgateway_pb2.CallToolResponse, started: float) -> None:
-        result = response.result
-        kind = kind_name(result.error_kind)
-        # A name the model invented must not mint a metric series: label unknown tools as one.
-        label = "(unknown)" if result.error_kind == Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL else name
-        self._count(label, endpoint, "error" if result.is_error else "ok")
-        if kind:
-            _errors.labels(kind).inc()
-            log.info("tool %s -> %s: %s", name, kind, result.error_message[:200])
-        entry = ToolCallEntry(
-            session_id=session.session_id, episode=session.episode, request_id=request_id, tool=name,
-            arguments=dict(arguments), is_error=result.is_error, error_kind=kind,
-            result_summary=results.summary(result), endpoint=endpoint,
+    def _entry(
+        self, session: Session, call: ToolCall, endpoint: str, started: float, result: common_pb2.ToolResult
+    ) -> ToolCallEntry:
+        return ToolCallEntry(
+            session_id=session.session_id,
+            episode=session.episode,
+            # the log names every call; a caller without a request_id gets one made up here
+            request_id=call.request_id or f"gw-{uuid.uuid4().hex}",
+            tool=call.name,
+            arguments=call.arguments,
+            is_error=result.is_error,
+            error_kind=kind_name(result.error_kind),
+            result_summary=results.summary(result),
+            endpoint=endpoint,
             duration_ms=round((time.monotonic() - started) * 1000, 3),
         )
-        await self._commit(scope, request_id, entry, response)
 
-    async def _commit(self, scope: str, request_id: str, entry: ToolCallEntry,
-                      response: toolgateway_pb2.CallToolResponse) -> None:
+    async def _record(
+        self,
+        session: Session,
+        call: ToolCall,
+        endpoint: str,
+        response: toolgateway_pb2.CallToolResponse,
+        started: float,
+    ) -> None:
+        result = response.result
+        kind = kind_name(result.error_kind)
+        self._count(call.name, endpoint, "error" if result.is_error else "ok")
+        if kind:
+            _errors.labels(kind).inc()
+            log.info("tool %s -> %s: %s", call.name, kind, result.error_message[:200])
+        await self._commit(call, self._entry(session, call, endpoint, started, result), response)
+
+    async def _commit(self, call: ToolCall, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
         """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
         atomic store write, so a retry never finds a DONE record whose call is missing from the log."""
-        request = (scope, request_id, encode_response(response)) if request_id else None
+        request = (
+            (call_scope(entry.session_id), call.request_id, encode_record(call, response)) if call.request_id else None
+        )
         await self._store_quietly(self.store.commit(request=request, tool_call=entry))
 
-    async def _finish_unknown(self, session: Session, scope: str, request_id: str, name: str,
-                              arguments: Mapping[str, Any], endpoint: str, started: float, message: str) -> None:
+    async def _finish_unknown(
+        self, session: Session, call: ToolCall, endpoint: str, started: float, message: str
+    ) -> None:
         """The tool may have run: log it, and make a retry of the request_id answer OUTCOME_UNKNOWN."""
         _errors.labels("OUTCOME_UNKNOWN").inc()
-        entry = ToolCallEntry(
-            session_id=session.session_id, episode=session.episode, request_id=request_id, tool=name,
-            arguments=dict(arguments), is_error=True, error_kind="OUTCOME_UNKNOWN", result_summary=message[:500],
-            endpoint=endpoint, duration_ms=round((time.monotonic() - started) * 1000, 3),
-        )
         response = toolgateway_pb2.CallToolResponse(
-            result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message))
-        await self._commit(scope, request_id, entry, response)
+            result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message)
+        )
+        await self._commit(call, self._entry(session, call, endpoint, started, response.result), response)
 
-    async def _settle(self, state: _CallState, session: Session, scope: str, request_id: str, name: str,
-                      arguments: dict[str, Any], started: float, why: str) -> None:
+    async def _settle(self, state: _CallState, session: Session, call: ToolCall, started: float, why: str) -> None:
         """After an unexpected failure: release the record if nothing was sent, else OUTCOME_UNKNOWN."""
         if state.sent:
-            await self._finish_unknown(session, scope, request_id, name, state.arguments or arguments,
-                                       state.endpoint, started, f"{why}; the tool may have run")
+            await self._finish_unknown(session, call, state.endpoint, started, f"{why}; the tool may have run")
         else:
-            await self._release(scope, request_id)
+            await self._release(call_scope(session.session_id), call.request_id)
 
     async def _release(self, scope: str, request_id: str) -> None:
         if request_id:

@@ -1,57 +1,50 @@
 """The gRPC servicer: translates between `ToolGatewayService` and `ToolGateway` (no logic here).
 
-CallToolStream serves CallTool calls over a stream (`runtime.multiplex`): each call goes through the same
-`ToolGateway.call_tool` as a unary CallTool, with the token its request carries."""
+An `RlgateError` becomes its `google.rpc.Status` with details (ErrorInfo, BadRequest, RetryInfo), as on the
+orchestrator, so a client handles both planes' errors the same way."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
+from grpc_status import rpc_status
 
 from rlgate.runtime.auth import bearer_token
-from rlgate.runtime.interceptors import RpcMetrics
-from rlgate.runtime.multiplex import Multiplexer, StreamedMethod, call_status
-from rlgate.toolgateway.service import GatewayError, ToolGateway
-from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import RlgateError
+from rlgate.toolgateway.service import DEADLINE_MARGIN_S, ToolGateway
+from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
+
+T = TypeVar("T")
 
 
-def _streamed_status(exc: Exception) -> common_pb2.CallStatus | None:
-    return call_status(exc.code, exc.message) if isinstance(exc, GatewayError) else None
+async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await call()
+    except RlgateError as exc:
+        await context.abort_with_status(rpc_status.to_status(exc.to_status()))
+    raise AssertionError("unreachable: abort_with_status raises")
 
 
 class ToolGatewayServicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer):
-    def __init__(self, gateway: ToolGateway, metrics: RpcMetrics | None = None) -> None:
+    def __init__(self, gateway: ToolGateway) -> None:
         self._gateway = gateway
-        self._call_stream = Multiplexer(StreamedMethod(
-            name="CallTool", response=toolgateway_pb2.CallToolStreamResponse, handle=self._streamed_call,
-            known_error=_streamed_status, observe=(metrics or RpcMetrics("toolgateway")).method("CallTool")))
+
+    def _deadline(self, context: grpc.aio.ServicerContext, default_s: float) -> Deadline:
+        return Deadline.from_grpc(context.time_remaining(), default_s, DEADLINE_MARGIN_S)
 
     async def ListTools(
         self, request: toolgateway_pb2.ListToolsRequest, context: grpc.aio.ServicerContext
     ) -> toolgateway_pb2.ListToolsResponse:
-        try:
-            return await self._gateway.list_tools(bearer_token(context.invocation_metadata()),
-                                                  context.time_remaining())
-        except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
-            raise  # unreachable: abort raises
+        token = bearer_token(context.invocation_metadata())
+        deadline = self._deadline(context, self._gateway.settings.upstream_timeout_s)
+        return await _answer(context, lambda: self._gateway.list_tools(token, deadline))
 
     async def CallTool(
         self, request: toolgateway_pb2.CallToolRequest, context: grpc.aio.ServicerContext
     ) -> toolgateway_pb2.CallToolResponse:
-        try:
-            return await self._gateway.call_tool(bearer_token(context.invocation_metadata()), request,
-                                                 context.time_remaining())
-        except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
-            raise
-
-    async def CallToolStream(
-        self, requests: AsyncIterator[toolgateway_pb2.CallToolStreamRequest], context: grpc.aio.ServicerContext
-    ) -> None:
-        await self._call_stream.serve(requests, context)
-
-    async def _streamed_call(self, envelope: Any, seconds_left: float | None) -> toolgateway_pb2.CallToolResponse:
-        return await self._gateway.call_tool(envelope.token or None, envelope.call, seconds_left)
+        token = bearer_token(context.invocation_metadata())
+        deadline = self._deadline(context, self._gateway.settings.call_timeout_s)
+        return await _answer(context, lambda: self._gateway.call_tool(token, request, deadline))

@@ -3,10 +3,10 @@ an in-process gateway, and sessions pointing at localfleet instances."""
 
 from __future__ import annotations
 
-import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,13 +15,14 @@ import grpc
 import httpx
 import pytest
 
-from rlgate.runtime.auth import token_hash
+from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import toolgateway_pb2_grpc
 from tests.support.localfleet import LocalfleetProcess
+from tests.toolgateway.upstreams import exact_server, serve_mcp
 
 ENVIRONMENTS = "tests.toolgateway.envs:gateway_environments"
 ERAS = ["gw", "gw-legacy"]  # env ids: modern (2026-07-28) and legacy (initialize + Mcp-Session-Id)
@@ -59,8 +60,14 @@ async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
 
 
 def gateway_config(**overrides: Any) -> GatewayConfig:
-    base = GatewayConfig(listen="127.0.0.1:0", call_timeout_s=30.0, upstream_timeout_s=15.0,
-                         janitor_interval_s=0.5, owner_ttl_s=2.0, drain_s=1.0)
+    base = GatewayConfig(
+        listen="127.0.0.1:0",
+        call_timeout_s=30.0,
+        upstream_timeout_s=15.0,
+        janitor_interval_s=0.5,
+        owner_ttl_s=2.0,
+        drain_s=1.0,
+    )
     return replace(base, **overrides)
 
 
@@ -72,8 +79,12 @@ async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
 
 
 def create_instance(fleet: LocalfleetProcess, env_key: str) -> dict[str, Any]:
-    r = httpx.post(f"{fleet.base_url}/v1/env/instances", json={"env_key": env_key},
-                   headers={"Authorization": "Bearer test"}, timeout=30)
+    r = httpx.post(
+        f"{fleet.base_url}/v1/env/instances",
+        json={"env_key": env_key},
+        headers={"Authorization": "Bearer test"},
+        timeout=30,
+    )
     r.raise_for_status()
     return dict(r.json())
 
@@ -89,21 +100,65 @@ class AgentSession:
         return (("authorization", f"Bearer {self.token}"),)
 
 
-async def make_session(store: SessionStore, fleet: LocalfleetProcess, env_key: str = "gw", *,
-                       instance: dict[str, Any] | None = None, **fields: Any) -> AgentSession:
+async def make_session(
+    store: SessionStore,
+    fleet: LocalfleetProcess,
+    env_key: str = "gw",
+    *,
+    instance: dict[str, Any] | None = None,
+    **fields: Any,
+) -> AgentSession:
     """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it."""
     inst = instance or create_instance(fleet, env_key)
-    token = secrets.token_urlsafe(24)
+    session_id = uuid.uuid4().hex
+    token = mint_agent_token(session_id)
     urls = inst["urls"]["mcp"]
     modality = fields.pop("modality", "tool_use")
     session = Session(
-        session_id=uuid.uuid4().hex, env_key=f"{env_key}:v1", status=SessionStatus.ACTIVE, modality=modality,
-        instance_id=inst["instance_id"], endpoints=[urls["api"], urls["aggregator"]],
-        tool_filter={"modality": modality, **fields.pop("tool_filter", {})}, token_hash=token_hash(token),
-        expires_at=time.time() + 3600, **fields,
+        session_id=session_id,
+        env_key=f"{env_key}:v1",
+        status=SessionStatus.ACTIVE,
+        modality=modality,
+        instance_id=inst["instance_id"],
+        endpoints=[urls["api"], urls["aggregator"]],
+        tool_filter={"modality": modality, **fields.pop("tool_filter", {})},
+        token_hash=token_hash(token),
+        expires_at=time.time() + 3600,
+        **fields,
     )
     created = await store.create_session(session)
     return AgentSession(created, token, inst)
+
+
+async def byo_session(store: SessionStore, endpoints: Sequence[str], **fields: Any) -> AgentSession:
+    """An ACTIVE session on bring-your-own MCP endpoints (no instance)."""
+    session_id = uuid.uuid4().hex
+    token = mint_agent_token(session_id)
+    session = Session(
+        session_id=session_id,
+        env_key="byo:v1",
+        status=SessionStatus.ACTIVE,
+        provider="mcp",
+        endpoints=list(endpoints),
+        token_hash=token_hash(token),
+        expires_at=time.time() + 3600,
+        **fields,
+    )
+    return AgentSession(await store.create_session(session), token, {})
+
+
+@dataclass
+class ExactUpstream:
+    url: str
+    calls: Counter[str]  # tool name -> times it ran
+
+
+@pytest.fixture
+async def exact_upstream() -> AsyncIterator[ExactUpstream]:
+    """tests.toolgateway.upstreams.exact_server, served in this event loop."""
+    calls: Counter[str] = Counter()
+    async with serve_mcp(exact_server(calls)) as url:
+        yield ExactUpstream(url, calls)
 
 
 @pytest.fixture

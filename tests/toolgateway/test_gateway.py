@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import sqlite3
@@ -37,9 +38,15 @@ Kind = common_pb2.ToolErrorKind
 APP_TOOLS = ["add", "where", "sleep", "fail", "big", "picture", "hang"]
 
 
-async def call(stub: Stub, s: AgentSession, name: str, args: dict[str, Any] | None = None, *,
-               request_id: str = "", timeout: float = 20.0,  # noqa: ASYNC109
-               ) -> toolgateway_pb2.CallToolResponse:
+async def call(
+    stub: Stub,
+    s: AgentSession,
+    name: str,
+    args: dict[str, Any] | None = None,
+    *,
+    request_id: str = "",
+    timeout: float = 20.0,  # noqa: ASYNC109
+) -> toolgateway_pb2.CallToolResponse:
     req = toolgateway_pb2.CallToolRequest(name=name, request_id=request_id, arguments=struct_from_dict(args or {}))
     return await stub.CallTool(req, metadata=s.metadata, timeout=timeout)  # type: ignore[no-any-return]
 
@@ -62,27 +69,29 @@ async def wait_for(predicate: Any, timeout: float = 5.0) -> bool:  # noqa: ASYNC
     return bool(predicate())
 
 
-async def test_list_tools_union_filtered_by_modality(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
-                                                      era: str) -> None:
+async def test_list_tools_union_filtered_by_modality(
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     tool_use = await make_session(store, fleet, era)
     resp = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=tool_use.metadata, timeout=20)
     assert [t.name for t in resp.tools] == APP_TOOLS  # no `computer` for tool_use
     assert all(t.endpoint.endswith("/mcp") and "/api/v1/" not in t.endpoint for t in resp.tools)
     add = next(t for t in resp.tools if t.name == "add")
-    assert add.input_schema.fields["properties"].struct_value.fields["n"].struct_value.fields["type"].string_value \
-        == "integer"
+    assert json.loads(add.input_schema_json)["properties"]["n"]["type"] == "integer"
 
     screen = await make_session(store, fleet, era, instance=tool_use.instance, modality="computer_use")
     resp = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=screen.metadata, timeout=20)
     assert [(t.name, t.endpoint.endswith("/api/v1/mcp")) for t in resp.tools] == [("computer", True)]
 
-    everything = await make_session(store, fleet, era, instance=tool_use.instance, modality="all",
-                                    tool_filter={"deny": ["hang", "big"]})
+    everything = await make_session(
+        store, fleet, era, instance=tool_use.instance, modality="all", tool_filter={"deny": ["hang", "big"]}
+    )
     assert await tool_names(stub, everything) == ["add", "where", "sleep", "fail", "picture", "computer"]
 
 
-async def test_mcp_endpoint_404_falls_back_to_aggregator(stub: Stub, store: SessionStore,
-                                                         fleet: LocalfleetProcess, era: str) -> None:
+async def test_mcp_endpoint_404_falls_back_to_aggregator(
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     fleet.set_faults({"environments": {era: {"mcp_404": True}}})
     s = await make_session(store, fleet, era, modality="all")
     resp = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=s.metadata, timeout=20)
@@ -91,8 +100,7 @@ async def test_mcp_endpoint_404_falls_back_to_aggregator(stub: Stub, store: Sess
     assert text(await call(stub, s, "where")).endswith("/api/v1/mcp")
 
 
-async def test_routing_images_and_integers(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
-                                           era: str) -> None:
+async def test_routing_images_and_integers(stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str) -> None:
     s = await make_session(store, fleet, era, modality="all")
     assert text(await call(stub, s, "where")) == f"/instances/{s.instance['instance_id']}/mcp"
     shot = await call(stub, s, "computer", {"action": "screenshot"})  # only the aggregator has it
@@ -100,13 +108,14 @@ async def test_routing_images_and_integers(stub: Stub, store: SessionStore, flee
     assert shot.result.content[0].image.data.startswith(b"\x89PNG")
     pic = await call(stub, s, "picture")
     assert (pic.result.content[0].image.data, pic.result.content[0].image.mime_type) == (PNG, "image/png")
-    # Struct turns 5 into 5.0; the tool takes StrictInt, so only a restored integer gets through.
+    # A Struct's whole numbers reach the tool as integers (it takes StrictInt: 5.0 would fail).
     added = await call(stub, s, "add", {"n": 5, "m": 2})
     assert not added.result.is_error, added.result.error_message
     assert text(added) == "7 (int)"
     log = await store.list_tool_calls(s.session.session_id)
     assert [e.tool for e in log] == ["where", "computer", "picture", "add"]
-    assert log[-1].arguments == {"n": 5, "m": 2} and log[-1].endpoint.endswith("/mcp")
+    assert log[-1].arguments == {"n": 5, "m": 2} and type(log[-1].arguments["n"]) is int
+    assert log[-1].endpoint.endswith("/mcp")
     assert log[1].endpoint.endswith("/api/v1/mcp") and log[0].duration_ms > 0
 
 
@@ -126,16 +135,19 @@ async def test_token_matrix(stub: Stub, store: SessionStore, fleet: LocalfleetPr
     assert text(await call(stub, a, "where")).startswith(f"/instances/{a.instance['instance_id']}/")
     assert text(await call(stub, b, "where")).startswith(f"/instances/{b.instance['instance_id']}/")
 
-    # Revoked (new episode's token): the old token matches nothing.
+    # Replaced without a record of it (as past the bound of kept revoked hashes): the old token matches nothing.
     fresh = await store.get_session(a.session.session_id)
     assert fresh is not None
     old_token = a.token
     await store.update_session(replace(fresh, token_hash="0" * 64, episode=2))
     assert (await code_of((("authorization", f"Bearer {old_token}"),)))[0] == grpc.StatusCode.UNAUTHENTICATED
 
-    for status, expires, reason in [(SessionStatus.CLOSED, 0.0, "closed"), (SessionStatus.DONE, 0.0, "done"),
-                                    (SessionStatus.ACTIVE, time.time() - 1, "expired"),
-                                    (SessionStatus.EXPIRED, 0.0, "expired")]:
+    for status, expires, reason in [
+        (SessionStatus.CLOSED, 0.0, "closed"),
+        (SessionStatus.DONE, 0.0, "done"),
+        (SessionStatus.ACTIVE, time.time() - 1, "expired"),
+        (SessionStatus.EXPIRED, 0.0, "expired"),
+    ]:
         s = await make_session(store, fleet, "gw", instance=b.instance)
         current = await store.get_session(s.session.session_id)
         assert current is not None
@@ -148,8 +160,8 @@ async def test_token_matrix(stub: Stub, store: SessionStore, fleet: LocalfleetPr
 
 
 async def test_model_mistakes_are_results_without_error_logs(
-        stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str,
-        caplog: pytest.LogCaptureFixture) -> None:
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str, caplog: pytest.LogCaptureFixture
+) -> None:
     s = await make_session(store, fleet, era, call_budget=7)
     with caplog.at_level(logging.INFO):
         unknown = await call(stub, s, "computer")  # exists upstream, hidden by the tool_use filter
@@ -174,8 +186,16 @@ async def test_model_mistakes_are_results_without_error_logs(
         assert spent.result.error_kind == Kind.TOOL_ERROR_KIND_BUDGET_EXHAUSTED
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
     log = await store.list_tool_calls(s.session.session_id)
-    assert [e.error_kind for e in log] == ["UNKNOWN_TOOL", "UNKNOWN_TOOL", "INVALID_ARGUMENTS", "INVALID_ARGUMENTS",
-                                          "TOOL_FAILED", "OUTPUT_TRUNCATED", "", "BUDGET_EXHAUSTED"]
+    assert [e.error_kind for e in log] == [
+        "UNKNOWN_TOOL",
+        "UNKNOWN_TOOL",
+        "INVALID_ARGUMENTS",
+        "INVALID_ARGUMENTS",
+        "TOOL_FAILED",
+        "OUTPUT_TRUNCATED",
+        "",
+        "BUDGET_EXHAUSTED",
+    ]
 
     for args, what in [({"n": math.nan}, "nan"), ({"n": math.inf}, "inf")]:
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -189,8 +209,9 @@ async def test_model_mistakes_are_results_without_error_logs(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_hanging_tool_deadline_cancels_upstream(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
-                                                      era: str) -> None:
+async def test_hanging_tool_deadline_cancels_upstream(
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     fleet.set_faults({"environments": {era: {"hang_tools": ["hang"]}}})
     s = await make_session(store, fleet, era)
     assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"  # connected and listed
@@ -211,8 +232,7 @@ async def test_hanging_tool_deadline_cancels_upstream(stub: Stub, store: Session
     assert retry.result.error_kind == Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
 
 
-async def test_same_request_id_runs_once(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
-                                         era: str) -> None:
+async def test_same_request_id_runs_once(stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str) -> None:
     s = await make_session(store, fleet, era)
     await call(stub, s, "where")
     before = fleet.counters()["by_env"][era]["tool_calls"]
@@ -221,16 +241,18 @@ async def test_same_request_id_runs_once(stub: Stub, store: SessionStore, fleet:
     assert (first.replayed, again.replayed) == (False, True)
     assert again.result == first.result and text(again) == "41 (int)"
     # Two concurrent attempts: the second waits for the first and gets its result.
-    a, b = await asyncio.gather(call(stub, s, "sleep", {"seconds": 0.5}, request_id="req-2"),
-                                call(stub, s, "sleep", {"seconds": 0.5}, request_id="req-2"))
+    a, b = await asyncio.gather(
+        call(stub, s, "sleep", {"seconds": 0.5}, request_id="req-2"),
+        call(stub, s, "sleep", {"seconds": 0.5}, request_id="req-2"),
+    )
     assert sorted([a.replayed, b.replayed]) == [False, True] and a.result == b.result
     assert fleet.counters()["by_env"][era]["tool_calls"] - before == 2
     log = await store.list_tool_calls(s.session.session_id)
-    assert [e.request_id for e in log] == ["", "req-1", "req-2"]
+    assert [e.request_id for e in log][1:] == ["req-1", "req-2"]
+    assert log[0].request_id.startswith("gw-")  # a call without one is logged under a made-up id
 
 
-async def test_fifty_concurrent_calls_share_one_client(store: SessionStore, fleet: LocalfleetProcess,
-                                                       era: str) -> None:
+async def test_fifty_concurrent_calls_share_one_client(store: SessionStore, fleet: LocalfleetProcess, era: str) -> None:
     handle = await start_gateway(gateway_config(), store)
     try:
         s = await make_session(store, fleet, era)
@@ -253,8 +275,9 @@ async def test_fifty_concurrent_calls_share_one_client(store: SessionStore, flee
         await handle.stop(grace=0)
 
 
-async def test_legacy_upstream_forgetting_sessions_rebuilds_once(stub: Stub, store: SessionStore,
-                                                                 fleet: LocalfleetProcess) -> None:
+async def test_legacy_upstream_forgetting_sessions_rebuilds_once(
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess
+) -> None:
     s = await make_session(store, fleet, "gw-legacy")
     assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
     rebuilds = REGISTRY.get_sample_value("rlgate_toolgateway_upstream_rebuilds_total", {"reason": "session_gone"}) or 0
@@ -266,8 +289,10 @@ async def test_legacy_upstream_forgetting_sessions_rebuilds_once(stub: Stub, sto
     after = fleet.counters()["by_env"]["gw-legacy"]
     assert after["mcp_initialize"] - before["mcp_initialize"] == 1  # exactly one rebuild
     assert after["tool_calls"] - before["tool_calls"] == 1  # the rejected attempt never ran the tool
-    assert REGISTRY.get_sample_value("rlgate_toolgateway_upstream_rebuilds_total",
-                                     {"reason": "session_gone"}) == rebuilds + 1
+    assert (
+        REGISTRY.get_sample_value("rlgate_toolgateway_upstream_rebuilds_total", {"reason": "session_gone"})
+        == rebuilds + 1
+    )
 
 
 async def test_upstream_killed_mid_call_then_back(store: SessionStore, era: str) -> None:
@@ -297,8 +322,9 @@ async def test_upstream_killed_mid_call_then_back(store: SessionStore, era: str)
             await handle.stop(grace=0)
 
 
-async def test_closed_session_clients_are_closed(gateway: GatewayHandle, stub: Stub, store: SessionStore,
-                                                 fleet: LocalfleetProcess) -> None:
+async def test_closed_session_clients_are_closed(
+    gateway: GatewayHandle, stub: Stub, store: SessionStore, fleet: LocalfleetProcess
+) -> None:
     s = await make_session(store, fleet, "gw", modality="all")  # a tool on each endpoint: both stay open
     await tool_names(stub, s)
     assert gateway.pool.open_clients() == 2
@@ -308,20 +334,24 @@ async def test_closed_session_clients_are_closed(gateway: GatewayHandle, stub: S
     assert await wait_for(lambda: gateway.pool.open_clients() == 0, timeout=5)
 
 
-async def test_caller_cancel_cancels_upstream(stub: Stub, store: SessionStore, fleet: LocalfleetProcess,
-                                              era: str) -> None:
+async def test_caller_cancel_cancels_upstream(
+    stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     fleet.set_faults({"environments": {era: {"hang_tools": ["hang"]}}})
     s = await make_session(store, fleet, era)
     await call(stub, s, "where")
     before = fleet.counters()["by_env"][era]
-    rpc = stub.CallTool(toolgateway_pb2.CallToolRequest(name="hang", request_id="cancel-1"),
-                        metadata=s.metadata, timeout=30)
+    rpc = stub.CallTool(
+        toolgateway_pb2.CallToolRequest(name="hang", request_id="cancel-1"), metadata=s.metadata, timeout=30
+    )
     assert await wait_for(lambda: fleet.counters()["by_env"][era]["tool_calls"] > before["tool_calls"])
     rpc.cancel()
     with pytest.raises(asyncio.CancelledError):
         await rpc
-    assert await wait_for(lambda: fleet.counters()["by_env"][era]["cancellations"] > before["cancellations"]) \
-        or era == "gw"  # see test_hanging_tool_deadline_cancels_upstream for the modern JSON path
+    assert (
+        await wait_for(lambda: fleet.counters()["by_env"][era]["cancellations"] > before["cancellations"])
+        or era == "gw"
+    )  # see test_hanging_tool_deadline_cancels_upstream for the modern JSON path
     retry = await call(stub, s, "hang", request_id="cancel-1", timeout=10)
     assert retry.result.error_kind == Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
     log = await store.list_tool_calls(s.session.session_id)
@@ -380,8 +410,7 @@ async def test_replicas_on_redis_are_interchangeable(redis_server: Any, fleet: L
         await store.close()
 
 
-async def test_a_claim_whose_call_was_cancelled_does_not_block_retries(tmp_path: Any,
-                                                                       fleet: LocalfleetProcess) -> None:
+async def test_a_claim_whose_call_was_cancelled_does_not_block_retries(tmp_path: Any, fleet: LocalfleetProcess) -> None:
     # The client's deadline cancels CallTool while its auth + claim waits for the store (another process
     # holds SQLite's write lock): the claim still lands when the lock goes, and must then be released, or
     # every retry of the request_id would wait on a PENDING record of this live gateway until its deadline.

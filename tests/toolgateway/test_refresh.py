@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-import secrets
-import uuid
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-import uvicorn
 from mcp.server import MCPServer
 
-from rlgate.runtime.auth import token_hash
-from rlgate.store import Session, SessionStatus, SessionStore
+from rlgate.store import SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub
-from tests.support.ports import free_port
-from tests.toolgateway.conftest import gateway_config
+from tests.toolgateway.conftest import byo_session, gateway_config
+from tests.toolgateway.upstreams import serve_mcp
 
 
 @pytest.fixture
@@ -29,28 +24,14 @@ async def mcp_url() -> AsyncIterator[tuple[str, MCPServer]]:
     def early() -> str:
         return "early"
 
-    port = free_port()
-    uv = uvicorn.Server(uvicorn.Config(server.streamable_http_app(), host="127.0.0.1", port=port,
-                                       log_level="warning", lifespan="on"))
-    task = asyncio.create_task(uv.serve())
-    for _ in range(500):  # uvicorn offers no started event; bounded wait
-        if uv.started:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise TimeoutError("uvicorn did not start")
-    yield f"http://127.0.0.1:{port}/mcp", server
-    uv.should_exit = True
-    await asyncio.wait_for(task, 10)
+    async with serve_mcp(server) as url:
+        yield url, server
 
 
 async def test_unknown_tool_name_triggers_a_relist(mcp_url: tuple[str, MCPServer], store: SessionStore) -> None:
     url, server = mcp_url
-    token = secrets.token_urlsafe(16)
-    await store.create_session(Session(session_id=uuid.uuid4().hex, env_key="byo:v1", status=SessionStatus.ACTIVE,
-                                       provider="mcp", endpoints=[url], token_hash=token_hash(token)))
+    md = (await byo_session(store, [url])).metadata
     handle = await start_gateway(gateway_config(), store)
-    md = (("authorization", f"Bearer {token}"),)
     try:
         async with grpc.aio.insecure_channel(handle.address) as channel:
             stub = ToolGatewayServiceStub(channel)
