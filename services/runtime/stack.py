@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -204,20 +205,40 @@ class LocalStack:
         self.stop()
 
     def banner(self) -> str:
-        return "\n".join([
+        # `make up` does not put the virtualenv on PATH: name its scripts by path, as they can be typed here.
+        bin_dir = Path(sys.executable).parent
+        activated = os.environ.get("VIRTUAL_ENV") and Path(os.environ["VIRTUAL_ENV"]) == bin_dir.parent
+
+        def command(name: str) -> str:
+            if activated:
+                return name
+            path = bin_dir / name
+            try:
+                shown = str(path.relative_to(Path.cwd()))
+            except ValueError:
+                shown = str(path)
+            return shlex.quote(shown)
+
+        grpcurl = command("grpcurl") if (bin_dir / "grpcurl").exists() else "grpcurl"
+        lines = [
             "rlgate local stack is up",
             f"  localfleet    {self.localfleet_url}   (Fleet API; FLEET_BASE_URL)",
             f"  orchestrator  {self.orchestrator_address}   (Reset/Step/State/Close)",
             f"  toolgateway   {self.gateway_address}   (ListTools/CallTool, agent token)",
             f"  store         {self.store_url}",
             f"  logs          {self.settings.data_dir / 'logs'}",
-            "try:",
-            f"  grpcurl -plaintext {self.orchestrator_address} list",
-            f"  grpcurl -plaintext -d '{{\"page_size\": 3}}' {self.orchestrator_address} "
+            "try (in another terminal, in this directory):",
+            f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30",
+            f"  {grpcurl} -plaintext {self.orchestrator_address} list",
+            f"  {grpcurl} -plaintext -d '{{\"page_size\": 3}}' {self.orchestrator_address} "
             "rlgate.v1.OrchestratorService/ListTasks",
-            f"  rlgate rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30",
-            "Ctrl-C stops everything (sessions are closed, instances deleted).",
-        ])
+        ]
+        if grpcurl == "grpcurl":
+            lines.append("  (grpcurl: any build on PATH; `make test` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
+        if not activated:
+            lines.append(f"  (or `source {command('activate')}` first, then plain `rlgate ...`)")
+        lines.append("Ctrl-C stops everything (sessions are closed, instances deleted).")
+        return "\n".join(lines)
 
 
 def run_foreground(settings: StackSettings) -> int:
