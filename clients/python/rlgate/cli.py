@@ -82,6 +82,30 @@ def healthcheck(target: str, service: str, timeout: float, quiet: bool) -> None:
     raise SystemExit(run_healthcheck(target, service, timeout, quiet))
 
 
+@cli.command("version")
+def version() -> None:
+    """Print rlgate's version and the SQLite library the session store runs on (server extra only)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as distribution_version
+
+    try:
+        click.echo(f"rlgate {distribution_version('rlgate')}")
+    except PackageNotFoundError:
+        click.echo("rlgate (not installed as a distribution)")
+    try:
+        import apsw
+
+        from rlgate.store.sqlite import MIN_SQLITE_VERSION, sqlite_library_version
+    except ImportError:
+        click.echo("session store: not installed (client-only install; the servers need pip install 'rlgate[server]')")
+        return
+    sqlite = sqlite_library_version()
+    line = f"session store: SQLite {sqlite} (apsw {apsw.apswversion()})"
+    if tuple(int(p) for p in sqlite.split(".")[:3] if p.isdigit()) < MIN_SQLITE_VERSION:
+        line += f": TOO OLD, the store refuses to open before {'.'.join(map(str, MIN_SQLITE_VERSION))}"
+    click.echo(line)
+
+
 def main() -> None:
     cli()
 
