@@ -9,10 +9,11 @@ import pytest
 
 from rlgate.convert import (
     MAX_JSON_DEPTH,
+    MAX_JSON_TEXT_DEPTH,
     JsonTooDeepError,
     NonFiniteNumberError,
-    dict_from_struct,
     ensure_json,
+    json_from_struct,
     struct_from_dict,
 )
 from rlgate.protocol import parse_assistant_text
@@ -30,7 +31,7 @@ def test_roundtrip_at_the_depth_limit_is_deliverable() -> None:
     arguments = nested(MAX_JSON_DEPTH)
     request = toolgateway_pb2.CallToolRequest(name="t", arguments=struct_from_dict(arguments))
     parsed = toolgateway_pb2.CallToolRequest.FromString(request.SerializeToString())
-    assert dict_from_struct(parsed.arguments) == arguments  # 1 == 1.0
+    assert json_from_struct(parsed.arguments) == arguments
 
 
 def test_too_deep_is_refused_before_protobuf_sees_it() -> None:
@@ -48,7 +49,9 @@ def test_too_deep_is_refused_before_protobuf_sees_it() -> None:
 def test_model_text_with_undeliverable_arguments_is_an_error_observation() -> None:
     import json
 
-    text = '<tool_call>{"name": "list_folders", "arguments": ' + json.dumps(nested(40)) + "}</tool_call>"
+    # Arguments travel as JSON text: deeper than it may nest is what cannot be delivered.
+    text = '<tool_call>{"name": "list_folders", "arguments": ' + json.dumps(nested(MAX_JSON_TEXT_DEPTH + 1))
+    text += "}</tool_call>"
     turn = parse_assistant_text(text)
     assert not turn.tool_calls
     assert turn.errors and "nested deeper" in turn.errors[0]

@@ -1,10 +1,15 @@
-"""Conversions between Python JSON values and google.protobuf Struct/Value.
+"""JSON values and how rlgate carries them (see common.proto).
 
-Struct carries every number as a double. `py_from_value` returns floats that are whole numbers as floats;
-callers that know a schema (the toolgateway) restore integers themselves. Non-finite numbers are rejected
-where a JSON value is expected, and so are values nested deeper than `MAX_JSON_DEPTH`: each JSON level is two
-protobuf messages (Struct, Value), and receivers refuse messages nested past protobuf's parse depth, so a
-deeper value could never be delivered (`ensure_json`)."""
+JSON that rlgate passes on travels as JSON text: `json_text` writes it, `parse_json_text` /
+`parse_json_object` read it, exactly (integers stay integers, NaN/Infinity refused, nesting bounded by
+MAX_JSON_TEXT_DEPTH).
+
+google.protobuf.Struct carries every number as a double, so it remains only as the hand-written form of a
+request's arguments (CallToolRequest / ToolCallSummary `arguments`, what a grpcurl user types):
+`arguments_of` reads either form, `json_from_struct` reads a Struct with whole numbers as integers, and
+`struct_from_dict` builds one. A Struct value nests two protobuf messages per JSON level and receivers refuse
+messages nested past protobuf's parse depth, so `ensure_json` bounds it at MAX_JSON_DEPTH (and refuses
+non-finite numbers)."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ MAX_JSON_DEPTH = 32  # objects/arrays inside each other; well inside protobuf's 
 
 
 class InvalidJsonValue(ValueError):
-    """A value that cannot travel as a google.protobuf.Struct/Value."""
+    """A value that is not JSON rlgate can carry (as JSON text or as a google.protobuf.Struct)."""
 
 
 class NonFiniteNumberError(InvalidJsonValue):
@@ -31,9 +36,8 @@ class JsonTooDeepError(InvalidJsonValue):
 
 
 def fill_value(target: struct_pb2.Value, obj: Any, depth: int = 1, what: str = "$") -> None:
-    """Write a JSON value into `target` in place: one pass, no nested message copies (hot paths convert a
-    structured result per call). Raises JsonTooDeepError past MAX_JSON_DEPTH instead of building a message
-    no receiver could parse."""
+    """Write a JSON value into `target` in place (one pass, no nested message copies). Raises JsonTooDeepError
+    past MAX_JSON_DEPTH instead of building a message no receiver could parse."""
     if obj is None:
         target.null_value = struct_pb2.NULL_VALUE
     elif isinstance(obj, bool):
@@ -59,37 +63,12 @@ def fill_value(target: struct_pb2.Value, obj: Any, depth: int = 1, what: str = "
         target.string_value = str(obj)
 
 
-def value_from_py(obj: Any) -> struct_pb2.Value:
-    value = struct_pb2.Value()
-    fill_value(value, obj)
-    return value
-
-
 def struct_from_dict(obj: Mapping[str, Any] | None) -> struct_pb2.Struct:
     """A Struct from a JSON object; raises JsonTooDeepError rather than building an undeliverable message."""
     struct = struct_pb2.Struct()
     for key, item in (obj or {}).items():
         fill_value(struct.fields[str(key)], item, 2)
     return struct
-
-
-def py_from_value(value: struct_pb2.Value) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind == "struct_value":
-        return dict_from_struct(value.struct_value)
-    if kind == "list_value":
-        return [py_from_value(v) for v in value.list_value.values]
-    if kind == "number_value":
-        return value.number_value
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    return None
-
-
-def dict_from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return {key: py_from_value(v) for key, v in struct.fields.items()}
 
 
 def ensure_json(obj: Any, path: str = "$") -> None:
