@@ -15,18 +15,25 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from rlgate.convert import struct_from_dict
+from rlgate.convert import InvalidJsonValue, arguments_of
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.idempotency import Idempotency
 from rlgate.orchestrator.pool import PoolEntry, WarmPool
 from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Provider, ResetFailed, TaskDef
 from rlgate.orchestrator.provisioning import Provisioner
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, validate_page_size
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
-from rlgate.orchestrator.views import session_info, status_name, task_info, tool_call_entry, verification
+from rlgate.orchestrator.views import (
+    instance_info,
+    session_info,
+    status_name,
+    task_info,
+    tool_call_entry,
+    verification,
+)
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import (
@@ -37,6 +44,7 @@ from rlgate.runtime.errors import (
     Unavailable,
     clip,
 )
+from rlgate.runtime.ledger import Claim, RequestLedger, scope
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     OPEN_STATUSES,
@@ -53,8 +61,6 @@ from rlgate.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
 
-MAX_REMEMBERED = 16384  # sessions whose last Step's write is kept for the next Step (a Session each)
-
 
 @dataclass
 class ResetParams:
@@ -65,11 +71,53 @@ class ResetParams:
     max_turns: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     run_id: str = ""
+    caller: str = ""  # who asked (the API key's hash; "" without keys): request ids are the caller's own
+
+    def bound(self) -> dict[str, Any]:
+        """What the request_id is bound to (the ledger's parameters), in the order errors name them."""
+        return {
+            "session_id": self.session_id,
+            "task_key": self.task_key,
+            "env_key": self.env_key,
+            "max_turns": self.max_turns,
+            "labels": self.labels,
+            "run_id": self.run_id,
+        }
 
 
-def session_id_for_request(request_id: str) -> str:
-    """Reset's session id is derived from its request_id, so a retry after a crash converges on it."""
-    return "s-" + hashlib.sha256(f"reset:{request_id}".encode()).hexdigest()[:24]
+def session_id_for_request(caller: str, request_id: str) -> str:
+    """A new session's id is derived from the caller and the Reset's request_id, so a retry after a crash
+    converges on it, and another caller's same request_id names another session."""
+    return "s-" + hashlib.sha256(f"reset:{scope('reset', caller)}:{request_id}".encode()).hexdigest()[:24]
+
+
+def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
+    """What a Step's request_id is bound to. INVALID_ARGUMENT for tool-call arguments that are not a JSON
+    object (the ledger compares them as JSON, whichever form they came in)."""
+    calls = []
+    for i, call in enumerate(request.tool_calls):
+        if not call.name:
+            raise InvalidArgument(f"tool_calls[{i}].name", "required")
+        try:
+            arguments = arguments_of(call)
+        except InvalidJsonValue as exc:
+            raise InvalidArgument(f"tool_calls[{i}].{call.WhichOneof('args')}", str(exc)) from exc
+        calls.append(
+            {
+                "name": call.name,
+                "arguments": arguments,
+                "request_id": call.request_id,
+                "is_error": call.is_error,
+                "error_kind": call.error_kind,
+            }
+        )
+    return {
+        "session_id": request.session_id,
+        "assistant_text": request.assistant_text,
+        "tool_calls": calls,
+        "final_answer": request.final_answer if request.HasField("final_answer") else None,
+        "done": request.done,
+    }
 
 
 def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
@@ -89,9 +137,18 @@ def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None
 
 
 class EpisodeManager:
-    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, catalog: TaskCatalog,
-                 tools: ToolCache, verifier: Verifier, provisioner: Provisioner, pool: WarmPool,
-                 owner: str) -> None:
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        store: SessionStore,
+        provider: Provider,
+        catalog: TaskCatalog,
+        tools: ToolCache,
+        verifier: Verifier,
+        provisioner: Provisioner,
+        pool: WarmPool,
+        owner: str,
+    ) -> None:
         self.config = config
         self.store = store
         self.provider = provider
@@ -101,16 +158,13 @@ class EpisodeManager:
         self.provisioner = provisioner
         self.pool = pool
         self.owner = owner
-        self.idempotency = Idempotency(store, owner)
+        self.ledger = RequestLedger(store, owner)
         self._admit = asyncio.Lock()
         self._reserved = 0  # sessions being created by this process (not yet in the store)
         self._no_creations = asyncio.Event()  # set while no new-session Reset is in flight here
         self._no_creations.set()
         self.accepting = True
-        # The version of each session this process's last Step wrote: the next Step of that session starts
-        # from it instead of reading the store. The write is a compare-and-set on the version, so an entry
-        # gone stale (another replica's or the reaper's write) only costs the fresh read it would have made.
-        self._last_written: dict[str, Session] = {}
+        self._background: set[asyncio.Task[orchestrator_pb2.StepResponse]] = set()  # episodes being scored
 
     # -- helpers ----------------------------------------------------------------------------------------
     def task_of(self, session: Session) -> TaskDef | None:
@@ -126,30 +180,37 @@ class EpisodeManager:
             raise InvalidArgument("session_id", "required")
         session = await self.store.get_session(session_id)
         if session is None:
-            raise NotFound(f"unknown session {clip(session_id)!r}", reason="SESSION_NOT_FOUND",
-                           metadata={"session_id": session_id})
+            raise NotFound(
+                f"unknown session {clip(session_id)!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": session_id}
+            )
         session_id_var.set(session_id)
         return session
 
-    async def _mutate(self, session_id: str, change: Callable[[Session], bool],
-                      respond: Callable[[Session], tuple[str, str, str] | None] | None = None,
-                      ) -> tuple[Session, bool]:
-        """Compare-and-set loop: `change` edits a fresh copy and returns whether to write it. `respond(edited)`:
-        the request record to complete in the same store write (`Idempotency.completion`), or None."""
-        self._last_written.pop(session_id, None)  # stale from this write on
+    async def _mutate(
+        self,
+        session_id: str,
+        change: Callable[[Session], bool],
+        *,
+        start: Session | None = None,
+        write: Callable[[Session], Awaitable[Session | None]] | None = None,
+    ) -> tuple[Session, bool]:
+        """Compare-and-set loop: `change` edits a fresh copy (the first time `start`, when the caller has just
+        read or written it) and returns whether to write it; `write` writes it (default `update_session`).
+        A lost compare-and-set reads the session again; `RequestExists` (the ledger's) propagates."""
+        session = start
         while True:
-            session = await self._get(session_id)
+            if session is None:
+                session = await self._get(session_id)
             if not change(session):
                 return session, False
-            request = respond(session) if respond is not None else None
             try:
-                if request is None:
-                    return await self.store.update_session(session), True
-                updated = await self.store.commit(session=session, request=request)
+                updated = await (write or self.store.update_session)(session)
+            except RequestExists:
+                raise
             except ConflictError:
+                session = None
                 continue
             assert updated is not None
-            self.idempotency.committed(request)
             return updated, True
 
     def _effective_max_turns(self, requested: int, task: TaskDef | None) -> int:
@@ -160,13 +221,19 @@ class EpisodeManager:
     async def _admit_session(self) -> None:
         """Max sessions: count open sessions in the store plus this process's creates in flight."""
         if not self.accepting:
-            raise Unavailable("the orchestrator is shutting down; retry on another replica",
-                              reason="SHUTTING_DOWN", retry_after_s=1.0)
+            raise Unavailable(
+                "the orchestrator is shutting down; retry on another replica", reason="SHUTTING_DOWN", retry_after_s=1.0
+            )
         async with self._admit:
             limit = self.config.max_sessions
             if await self.store.count_open_sessions() + self._reserved >= limit:
-                raise ResourceExhausted(f"max sessions reached ({limit} open)", subject="sessions",
-                                        reason="MAX_SESSIONS", metadata={"limit": limit}, retry_after_s=5.0)
+                raise ResourceExhausted(
+                    f"max sessions reached ({limit} open)",
+                    subject="sessions",
+                    reason="MAX_SESSIONS",
+                    metadata={"limit": limit},
+                    retry_after_s=5.0,
+                )
             self._reserved += 1
             self._no_creations.clear()
 
@@ -187,13 +254,21 @@ class EpisodeManager:
         if params.task_key and not params.session_id:
             self.catalog.get(params.task_key)  # NOT_FOUND before any work
 
-        def work(prior: RequestRecord | None) -> Awaitable[orchestrator_pb2.ResetResponse]:
+        def work(claim: Claim) -> Awaitable[orchestrator_pb2.ResetResponse]:
             if params.session_id:
-                return self._next_episode(params, deadline, prior)
+                return self._next_episode(params, deadline, claim.prior)
             return self._new_session(params, deadline)
 
-        return await self.idempotency.run("reset", params.request_id, deadline, orchestrator_pb2.ResetResponse,
-                                          work, redact=_without_token, replay=self._replay_reset)
+        return await self.ledger.run(
+            scope("reset", params.caller),
+            params.request_id,
+            params.bound(),
+            deadline,
+            orchestrator_pb2.ResetResponse,
+            work,
+            redact=_without_token,
+            replay=self._replay_reset,
+        )
 
     async def _replay_reset(self, recorded: orchestrator_pb2.ResetResponse) -> orchestrator_pb2.ResetResponse:
         """A repeat of a finished Reset. Its record holds no token (tokens are stored only as hashes), so the
@@ -214,8 +289,10 @@ class EpisodeManager:
             if s.status != SessionStatus.ACTIVE or s.episode != episode:
                 raise FailedPrecondition(
                     f"session {s.session_id} of this request_id has moved on ({s.status}, episode {s.episode}, "
-                    f"turn {s.turn}; the request started episode {episode})", reason="SESSION_NOT_RESUMABLE",
-                    metadata={"session_id": s.session_id, "status": s.status, "episode": s.episode})
+                    f"turn {s.turn}; the request started episode {episode})",
+                    reason="SESSION_NOT_RESUMABLE",
+                    metadata={"session_id": s.session_id, "status": s.status, "episode": s.episode},
+                )
             s.token_hash = token_hash(token)
             s.last_active_at = time.time()
             return True
@@ -223,8 +300,9 @@ class EpisodeManager:
         session, _ = await self._mutate(session_id, rotate)
         return session, token
 
-    async def _acquire(self, env_key: str, task: TaskDef | None,
-                       deadline: Deadline) -> tuple[InstanceHandle, Intent | None, bool]:
+    async def _acquire(
+        self, env_key: str, task: TaskDef | None, deadline: Deadline
+    ) -> tuple[InstanceHandle, Intent | None, bool]:
         """An instance for a new session: (handle, intent, reused)."""
         if not self.provider.manages_instances:
             try:
@@ -239,9 +317,15 @@ class EpisodeManager:
         handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
         return handle, intent, False
 
-    async def _reset_instance(self, handle: InstanceHandle, intent: Intent | None, reused: bool,
-                              env_key: str, task: TaskDef | None,
-                              deadline: Deadline) -> tuple[InstanceHandle, Intent | None]:
+    async def _reset_instance(
+        self,
+        handle: InstanceHandle,
+        intent: Intent | None,
+        reused: bool,
+        env_key: str,
+        task: TaskDef | None,
+        deadline: Deadline,
+    ) -> tuple[InstanceHandle, Intent | None]:
         """Restore seed state. Fresh instance: a failure is logged and the episode goes on. Reused instance:
         fatal — the instance is deleted and replaced by a fresh one, so no episode starts on dirty state."""
         if not self.provider.manages_instances:
@@ -254,8 +338,9 @@ class EpisodeManager:
         except ResetFailed as exc:
             metrics.RESET_SECONDS.labels("failed").observe(time.perf_counter() - start)
             if not reused:
-                log.warning("reset failed on fresh instance %s (continuing, seed state is fresh): %s",
-                            handle.instance_id, exc)
+                log.warning(
+                    "reset failed on fresh instance %s (continuing, seed state is fresh): %s", handle.instance_id, exc
+                )
                 return handle, intent
             log.warning("reset failed on reused instance %s: replacing it: %s", handle.instance_id, exc)
         await asyncio.shield(self.provisioner.release(handle.instance_id, intent.intent_id if intent else ""))
@@ -266,12 +351,17 @@ class EpisodeManager:
     async def _new_session(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
         task = self.catalog.get(params.task_key) if params.task_key else None
         env_key = task.env_key if task else params.env_key
-        session_id = session_id_for_request(params.request_id) if params.request_id else f"s-{uuid.uuid4().hex[:24]}"
+        session_id = (
+            session_id_for_request(params.caller, params.request_id)
+            if params.request_id
+            else f"s-{uuid.uuid4().hex[:24]}"
+        )
         session_id_var.set(session_id)
+        max_turns = self._effective_max_turns(params.max_turns, task)
         existing = await self.store.get_session(session_id)
         if existing is not None:  # a retried Reset whose first owner died after registering the session
+            _check_registered(existing, params, env_key, max_turns)
             return await self._resume_registered(existing, task)
-        max_turns = self._effective_max_turns(params.max_turns, task)
         modality = task.modality if task else "tool_use"
         await self._admit_session()
         handle: InstanceHandle | None = None
@@ -282,26 +372,41 @@ class EpisodeManager:
             claimed = intent.intent_id if intent is not None and reused else ""
             handle, intent = await self._reset_instance(handle, intent, reused, env_key, task, deadline)
             tool_filter = {"modality": modality}
-            tools = await self.tools.get(env_key, handle.endpoints, tool_filter,
-                                         per_instance=self.provider.manages_instances)
+            tools = await self.tools.get(
+                env_key, handle.endpoints, tool_filter, per_instance=self.provider.manages_instances
+            )
             token = secrets.token_urlsafe(32)
             now = time.time()
             session = Session(
-                session_id=session_id, env_key=env_key, task_key=task.key if task else "",
-                status=SessionStatus.ACTIVE, run_id=params.run_id, orchestrator_run=self.config.run_id,
-                modality=modality, episode=1, turn=0, max_turns=max_turns, labels=dict(params.labels),
-                provider=self.provider.name, instance_id=handle.instance_id,
-                intent_id=intent.intent_id if intent else "", instance=handle.to_record(),
-                endpoints=list(handle.endpoints), tool_filter=tool_filter, token_hash=token_hash(token),
-                created_at=now, updated_at=now, last_active_at=now, expires_at=now + self.config.session_ttl_s,
+                session_id=session_id,
+                env_key=env_key,
+                task_key=task.key if task else "",
+                status=SessionStatus.ACTIVE,
+                run_id=params.run_id,
+                orchestrator_run=self.config.run_id,
+                modality=modality,
+                episode=1,
+                turn=0,
+                max_turns=max_turns,
+                labels=dict(params.labels),
+                provider=self.provider.name,
+                instance_id=handle.instance_id,
+                intent_id=intent.intent_id if intent else "",
+                instance=handle.to_record(),
+                endpoints=list(handle.endpoints),
+                tool_filter=tool_filter,
+                token_hash=token_hash(token),
+                created_at=now,
+                updated_at=now,
+                last_active_at=now,
+                expires_at=now + self.config.session_ttl_s,
             )
             session = await self.store.create_session(session)
             if intent is not None:
                 await self.provisioner.set_intent(intent.intent_id, IntentState.BOUND, session_id)
         except BaseException:
             if handle is not None:
-                await asyncio.shield(self.provisioner.release(handle.instance_id,
-                                                              intent.intent_id if intent else ""))
+                await asyncio.shield(self.provisioner.release(handle.instance_id, intent.intent_id if intent else ""))
             raise
         finally:
             self.pool.settled(claimed)
@@ -314,46 +419,72 @@ class EpisodeManager:
     async def _resume_registered(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
         """Finish a Reset whose session exists (its first owner died before answering): fresh token."""
         if not session.is_open or session.episode != 1 or session.status != SessionStatus.ACTIVE or session.turn:
-            raise FailedPrecondition(f"session {session.session_id} of this request_id has moved on "
-                                     f"({session.status}, episode {session.episode}, turn {session.turn})",
-                                     reason="SESSION_NOT_RESUMABLE")
+            raise FailedPrecondition(
+                f"session {session.session_id} of this request_id has moved on "
+                f"({session.status}, episode {session.episode}, turn {session.turn})",
+                reason="SESSION_NOT_RESUMABLE",
+            )
         return await self._resume_episode(session, task)
 
     async def _resume_episode(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
         """Answer for an episode that a dead attempt started: same episode, a fresh token."""
         session, token = await self._rotate_token(session.session_id, session.episode)
-        tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
-                                     per_instance=self.provider.manages_instances)
+        tools = await self.tools.get(
+            session.env_key, session.endpoints, session.tool_filter, per_instance=self.provider.manages_instances
+        )
         return self._reset_response(session, task, tools, token)
 
-    async def _next_episode(self, params: ResetParams, deadline: Deadline,
-                            prior: RequestRecord | None = None) -> orchestrator_pb2.ResetResponse:
+    async def _next_episode(
+        self, params: ResetParams, deadline: Deadline, prior: RequestRecord | None = None
+    ) -> orchestrator_pb2.ResetResponse:
         session = await self._get(params.session_id)
         task = self.task_of(session)
         max_turns = self._effective_max_turns(params.max_turns, task)
-        if (prior is not None and session.status == SessionStatus.ACTIVE and session.turn == 0
-                and session.episode > 1 and session.updated_at >= prior.created_at):
-            # The dead attempt already started this episode; its token was never delivered: rotate it.
+        if (
+            prior is not None
+            and session.status == SessionStatus.ACTIVE
+            and session.turn == 0
+            and session.episode > 1
+            and session.updated_at >= prior.created_at
+        ):
+            # The dead attempt already started this episode; its token was never delivered: rotate it. Its
+            # parameters are unrecorded, so what the episode shows is checked against this request's.
+            if session.max_turns != max_turns:
+                raise InvalidArgument(
+                    "max_turns",
+                    f"differs from the first request with request_id "
+                    f"{clip(params.request_id)!r} (it started episode "
+                    f"{session.episode} with max_turns {session.max_turns})",
+                )
             return await self._resume_episode(session, task)
 
         def begin(s: Session) -> bool:
             if not s.is_open:
                 raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_CLOSED")
             if s.status == SessionStatus.PROVISIONING:
-                raise FailedPrecondition("a reset of this session is already in progress",
-                                         reason="RESET_IN_PROGRESS")
+                raise FailedPrecondition("a reset of this session is already in progress", reason="RESET_IN_PROGRESS")
             s.status = SessionStatus.PROVISIONING
             s.token_hash = ""  # the previous episode's token stops working now
             return True
 
         session, _ = await self._mutate(params.session_id, begin)
-        handle = InstanceHandle.from_record(session.instance) if session.instance else InstanceHandle(
-            instance_id=session.instance_id, env_key=session.env_key, endpoints=session.endpoints)
-        intent = Intent(intent_id=session.intent_id, run_id=self.config.run_id, env_key=session.env_key,
-                        instance_id=session.instance_id) if session.intent_id else None
+        handle = (
+            InstanceHandle.from_record(session.instance)
+            if session.instance
+            else InstanceHandle(instance_id=session.instance_id, env_key=session.env_key, endpoints=session.endpoints)
+        )
+        intent = (
+            Intent(
+                intent_id=session.intent_id,
+                run_id=self.config.run_id,
+                env_key=session.env_key,
+                instance_id=session.instance_id,
+            )
+            if session.intent_id
+            else None
+        )
         try:
-            new_handle, new_intent = await self._reset_instance(handle, intent, True, session.env_key, task,
-                                                                deadline)
+            new_handle, new_intent = await self._reset_instance(handle, intent, True, session.env_key, task, deadline)
         except BaseException as exc:
             await asyncio.shield(self.fail(session.session_id, f"reset failed: {exc}"))
             raise
@@ -361,8 +492,9 @@ class EpisodeManager:
 
         def start(s: Session) -> bool:
             if s.status != SessionStatus.PROVISIONING:  # closed or reaped while we were resetting
-                raise FailedPrecondition(f"session {s.session_id} was {s.status} during the reset",
-                                         reason="SESSION_CLOSED")
+                raise FailedPrecondition(
+                    f"session {s.session_id} was {s.status} during the reset", reason="SESSION_CLOSED"
+                )
             s.status = SessionStatus.ACTIVE
             s.episode += 1
             s.turn = 0
@@ -382,14 +514,16 @@ class EpisodeManager:
             session, _ = await self._mutate(session.session_id, start)
         except BaseException:
             if new_handle.instance_id != handle.instance_id:  # the replacement belongs to no one now
-                await asyncio.shield(self.provisioner.release(new_handle.instance_id,
-                                                              new_intent.intent_id if new_intent else ""))
+                await asyncio.shield(
+                    self.provisioner.release(new_handle.instance_id, new_intent.intent_id if new_intent else "")
+                )
             raise
         if new_intent is not None and new_handle.instance_id != handle.instance_id:
             # Only now: a BOUND intent is kept by reconciliation only while its session uses the instance.
             await self.provisioner.set_intent(new_intent.intent_id, IntentState.BOUND, session.session_id)
-        tools = await self.tools.get(session.env_key, session.endpoints, session.tool_filter,
-                                     per_instance=self.provider.manages_instances)
+        tools = await self.tools.get(
+            session.env_key, session.endpoints, session.tool_filter, per_instance=self.provider.manages_instances
+        )
         log.info("session %s episode %d started", session.session_id, session.episode)
         return self._reset_response(session, task, tools, token)
 
@@ -408,123 +542,125 @@ class EpisodeManager:
             log.exception("could not mark session %s failed", session_id)
             return False
 
-    def _reset_response(self, session: Session, task: TaskDef | None, tools: list[common_pb2.ToolSpec],
-                        token: str) -> orchestrator_pb2.ResetResponse:
+    def _reset_response(
+        self, session: Session, task: TaskDef | None, tools: list[common_pb2.ToolSpec], token: str
+    ) -> orchestrator_pb2.ResetResponse:
         prompt = task.prompt if task else ""
         response = orchestrator_pb2.ResetResponse(
-            session_id=session.session_id, episode=session.episode, prompt=prompt,
+            session_id=session.session_id,
+            episode=session.episode,
+            prompt=prompt,
             messages=[common_pb2.ChatMessage(role="user", content=prompt)] if prompt else [],
-            tools=tools, agent_token=token, gateway_address=self.config.gateway_address,
-            task=task_info(task, session.env_key, session.max_turns), max_turns=session.max_turns,
+            tools=tools,
+            agent_token=token,
+            gateway_address=self.config.gateway_address,
+            task=task_info(task, session.env_key, session.max_turns),
+            max_turns=session.max_turns,
             modality=session.modality,
+            instance=instance_info(session),
         )
-        env_variables = {k: v for k, v in session.instance.get("env_variables", {}).items()
-                         if not k.startswith("RLGATE_")}
-        info = {
-            "provider": session.provider, "instance_id": session.instance_id, "env_key": session.env_key,
-            "root_url": session.instance.get("root_url", ""), "mcp_endpoints": list(session.endpoints),
-            "env_variables": env_variables,
-        }
-        response.info.CopyFrom(struct_from_dict(info))
         return response
 
     # -- Step -------------------------------------------------------------------------------------------
-    async def step(self, request: orchestrator_pb2.StepRequest,
-                   deadline: Deadline) -> orchestrator_pb2.StepResponse:
+    async def step(
+        self, request: orchestrator_pb2.StepRequest, deadline: Deadline, caller: str = ""
+    ) -> orchestrator_pb2.StepResponse:
+        """One turn. With a request_id (the ledger, lazily claimed): an ordinary turn is one read and one
+        write that counts the turn and records its response together, only if the request_id is new; a turn
+        that ends the episode claims the request_id before its write, since it is scored after it (a repeat
+        waits for the verifier's outcome instead of replaying a turn without it)."""
         if not request.session_id:
             raise InvalidArgument("session_id", "required")
-        for i, call in enumerate(request.tool_calls):
-            if not call.name:
-                raise InvalidArgument(f"tool_calls[{i}].name", "required")
+        params = step_params(request)
         session_id_var.set(request.session_id)
-        if request.request_id and (response := await self._step_in_one_write(request)) is not None:
-            return response
-        return await self.idempotency.run(f"step:{request.session_id}", request.request_id, deadline,
-                                          orchestrator_pb2.StepResponse,
-                                          lambda prior: self._step(request, prior))
+        return await self.ledger.run(
+            scope("step", caller),
+            request.request_id,
+            params,
+            deadline,
+            orchestrator_pb2.StepResponse,
+            lambda claim: self._turn(request, claim),
+            lazy=True,
+        )
 
-    async def _step_in_one_write(self, request: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse | None:
-        """The common turn (a new request_id, an active episode it does not end) as one read and one write:
-        the turn and its request record DONE with the response, committed together only if the request_id
-        is new (`commit(new_request=True)`). None sends the Step down the general path (claim, then
-        work), which answers everything else: a repeat (replay or wait), a lost race, an ending turn
-        (scored after the write), a session that cannot take a turn."""
-        remembered = self._last_written.pop(request.session_id, None)
-        session = remembered or await self._get(request.session_id)
-        if session.status != SessionStatus.ACTIVE:
-            return None
-        _count_turn(session, request)
-        if session.status == SessionStatus.DONE:
-            return None
-        response = self._step_response(session)
-        record = self.idempotency.completion(f"step:{session.session_id}", request.request_id, response)
-        try:
-            written = await self.store.commit(session=session, request=record, new_request=True)
-        except RequestExists:
-            return None
-        except ConflictError:
-            # Changed since: from a remembered copy, try once more from the store; else the general path.
-            return await self._step_in_one_write(request) if remembered is not None else None
-        assert written is not None
-        self._remember(written)
-        self._log_turn(session, request)
-        return response
-
-    def _remember(self, session: Session) -> None:
-        if len(self._last_written) >= MAX_REMEMBERED:
-            del self._last_written[next(iter(self._last_written))]  # the oldest entry
-        self._last_written[session.session_id] = session
-
-    async def _step(self, request: orchestrator_pb2.StepRequest,
-                    prior: RequestRecord | None = None) -> orchestrator_pb2.StepResponse:
-        has_answer = request.HasField("final_answer")
-        if prior is not None:
+    async def _turn(self, request: orchestrator_pb2.StepRequest, claim: Claim) -> orchestrator_pb2.StepResponse:
+        final_answer = request.final_answer if request.HasField("final_answer") else None
+        if claim.prior is not None:
             current = await self._get(request.session_id)
-            if current.status == SessionStatus.DONE and current.updated_at >= prior.created_at:
+            if current.status == SessionStatus.DONE and current.updated_at >= claim.prior.created_at:
                 # The dead attempt ended the episode (or was ending it): answer with that ending and
                 # finish its verification if it never ran, instead of FAILED_PRECONDITION.
-                log.warning("step %s taken over after its owner died: returning the episode's ending",
-                            request.request_id)
+                log.warning(
+                    "step %s taken over after its owner died: returning the episode's ending", clip(request.request_id)
+                )
                 if not current.verification:
-                    current = await self._score(current, request.final_answer if has_answer else None)
+                    current = await self._score(current, final_answer)
                 return self._step_response(current)
 
         def count(s: Session) -> bool:
             if s.status == SessionStatus.DONE:
-                raise FailedPrecondition("the episode is already done; Reset with session_id starts the next",
-                                         reason="EPISODE_DONE")
+                raise FailedPrecondition(
+                    "the episode is already done; Reset with session_id starts the next", reason="EPISODE_DONE"
+                )
             if s.status != SessionStatus.ACTIVE:
                 raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_NOT_ACTIVE")
             _count_turn(s, request)
             return True
 
-        def respond(s: Session) -> tuple[str, str, str] | None:
-            # A Step that ends the episode answers with the verifier's outcome: recorded after scoring.
-            if not request.request_id or s.status == SessionStatus.DONE:
-                return None
-            return self.idempotency.completion(f"step:{s.session_id}", request.request_id, self._step_response(s))
+        async def write(s: Session) -> Session | None:
+            if s.status == SessionStatus.DONE:
+                await claim.hold()  # scored after this write: repeats wait for the outcome
+                return await self.store.update_session(s)
+            return await claim.commit(session=s, response=self._step_response(s))
 
-        session, _ = await self._mutate(request.session_id, count, respond)
+        session, _ = await self._mutate(request.session_id, count, write=write)
         self._log_turn(session, request)
-        if session.status == SessionStatus.DONE:
-            session = await self._score(session, request.final_answer if has_answer else None)
-        return self._step_response(session)
+        if session.status != SessionStatus.DONE:
+            return self._step_response(session)
+        # The episode has ended: its verification and the request's record finish even if this caller goes
+        # away now (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode).
+        claim.keep()
+        ending = asyncio.create_task(self._end_episode(session, final_answer, claim))
+        self._background.add(ending)
+        ending.add_done_callback(self._background.discard)
+        return await asyncio.shield(ending)
+
+    async def _end_episode(
+        self, session: Session, final_answer: str | None, claim: Claim
+    ) -> orchestrator_pb2.StepResponse:
+        """Score the episode this turn ended and record the request's response (the claim is held)."""
+        try:
+            response = self._step_response(await self._score(session, final_answer))
+            if claim.request_id:
+                await claim.commit(response=response)
+        except BaseException:
+            if claim.request_id:  # not recorded: a retry runs again rather than waiting on a live owner
+                await asyncio.shield(self.store.release_request(claim.scope, claim.request_id))
+            raise
+        return response
 
     @staticmethod
     def _log_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
         if log.isEnabledFor(logging.INFO):
-            log.info("turn %d: %d tool call(s)%s%s", session.turn, len(request.tool_calls),
-                     ", final answer" if request.HasField("final_answer") else "",
-                     f", done ({session.done_reason})" if session.done_reason else "")
+            log.info(
+                "turn %d: %d tool call(s)%s%s",
+                session.turn,
+                len(request.tool_calls),
+                ", final answer" if request.HasField("final_answer") else "",
+                f", done ({session.done_reason})" if session.done_reason else "",
+            )
 
     @staticmethod
     def _step_response(session: Session) -> orchestrator_pb2.StepResponse:
         response = orchestrator_pb2.StepResponse(
-            turn=session.turn, done=session.status == SessionStatus.DONE,
+            turn=session.turn,
+            done=session.status == SessionStatus.DONE,
             truncated=session.done_reason == "max_turns",
             done_reason=orchestrator_pb2.DoneReason.Value(f"DONE_REASON_{session.done_reason.upper()}")
-            if session.done_reason else 0,
-            verification=verification(session.verification), status=_status_value(session.status),
+            if session.done_reason
+            else 0,
+            verification=verification(session.verification),
+            status=_status_value(session.status),
         )
         if session.reward is not None:
             response.reward = session.reward
@@ -533,8 +669,11 @@ class EpisodeManager:
     async def _score(self, session: Session, final_answer: str | None) -> Session:
         """Run the verifier for the episode that just ended and record its outcome."""
         task = self.task_of(session)
-        handle = InstanceHandle.from_record(session.instance) if session.instance else InstanceHandle(
-            instance_id=session.instance_id, env_key=session.env_key)
+        handle = (
+            InstanceHandle.from_record(session.instance)
+            if session.instance
+            else InstanceHandle(instance_id=session.instance_id, env_key=session.env_key)
+        )
         outcome = await self.verifier.run(task, handle, final_answer)
         episode = session.episode
 
@@ -545,15 +684,14 @@ class EpisodeManager:
             s.reward = outcome.score if outcome.status == "ok" else None
             return True
 
-        updated, _ = await self._mutate(session.session_id, record)
+        updated, _ = await self._mutate(session.session_id, record, start=session)
         return updated
 
     # -- State ------------------------------------------------------------------------------------------
     async def state(self, session_id: str, include_tool_calls: bool) -> orchestrator_pb2.StateResponse:
         session = await self._get(session_id)
         entries = await self.store.list_tool_calls(session_id, session.episode)
-        response = orchestrator_pb2.StateResponse(
-            session=session_info(session, self.task_of(session), len(entries)))
+        response = orchestrator_pb2.StateResponse(session=session_info(session, self.task_of(session), len(entries)))
         if include_tool_calls:
             response.tool_calls.extend(tool_call_entry(e) for e in entries)
         return response
@@ -563,8 +701,9 @@ class EpisodeManager:
         session, closed = await self._finish(session_id, SessionStatus.CLOSED, "closed by the caller")
         return orchestrator_pb2.CloseResponse(already_closed=not closed, status=_status_value(session.status))
 
-    async def _finish(self, session_id: str, status: str, reason: str,
-                      only_if: Callable[[Session], bool] | None = None) -> tuple[Session, bool]:
+    async def _finish(
+        self, session_id: str, status: str, reason: str, only_if: Callable[[Session], bool] | None = None
+    ) -> tuple[Session, bool]:
         """Move an open session to CLOSED/EXPIRED/FAILED (exactly one caller wins), revoke its token and
         release its instance. Returns (session, whether this call closed it)."""
         previous: dict[str, str] = {}
@@ -581,8 +720,12 @@ class EpisodeManager:
         session, changed = await self._mutate(session_id, end)
         if changed:
             log.info("session %s %s (%s)", session_id, status, reason)
-            await asyncio.shield(self._release_instance(session, pool_ok=status == SessionStatus.CLOSED
-                                                        and previous.get("status") != SessionStatus.PROVISIONING))
+            await asyncio.shield(
+                self._release_instance(
+                    session,
+                    pool_ok=status == SessionStatus.CLOSED and previous.get("status") != SessionStatus.PROVISIONING,
+                )
+            )
         return session, changed
 
     async def _release_instance(self, session: Session, *, pool_ok: bool) -> None:
@@ -590,8 +733,12 @@ class EpisodeManager:
             return
         handle = InstanceHandle.from_record(session.instance)
         if pool_ok and self.config.pool_on_close and session.env_key in self.pool.targets:
-            intent = Intent(intent_id=session.intent_id, run_id=self.config.run_id, env_key=session.env_key,
-                            instance_id=session.instance_id)
+            intent = Intent(
+                intent_id=session.intent_id,
+                run_id=self.config.run_id,
+                env_key=session.env_key,
+                instance_id=session.instance_id,
+            )
             self.pool.claim(intent.intent_id)
             try:
                 await self.provisioner.set_intent(intent.intent_id, IntentState.POOLED)
@@ -605,8 +752,7 @@ class EpisodeManager:
                 self.pool.settled(intent.intent_id)
         await self.provisioner.release(session.instance_id, session.intent_id)
 
-    async def expire(self, session_id: str, reason: str,
-                     only_if: Callable[[Session], bool] | None = None) -> bool:
+    async def expire(self, session_id: str, reason: str, only_if: Callable[[Session], bool] | None = None) -> bool:
         try:
             _, changed = await self._finish(session_id, SessionStatus.EXPIRED, reason, only_if=only_if)
         except NotFound:
@@ -630,14 +776,16 @@ class EpisodeManager:
         results = await asyncio.gather(*(one(s) for s in targets))
         return [r for r in results if r]
 
-    async def open_sessions(self, *, labels: Mapping[str, str] | None = None, run_id: str = "",
-                            orchestrator_run: str = "") -> list[Session]:
+    async def open_sessions(
+        self, *, labels: Mapping[str, str] | None = None, run_id: str = "", orchestrator_run: str = ""
+    ) -> list[Session]:
         """Every open session matching the filters (all pages)."""
         out: list[Session] = []
         cursor = ""
         while True:
-            page, cursor = await self.store.list_sessions(statuses=OPEN_STATUSES, labels=labels, run_id=run_id,
-                                                          limit=500, cursor=cursor)
+            page, cursor = await self.store.list_sessions(
+                statuses=OPEN_STATUSES, labels=labels, run_id=run_id, limit=500, cursor=cursor
+            )
             out.extend(s for s in page if not orchestrator_run or s.orchestrator_run == orchestrator_run)
             if not cursor:
                 return out
@@ -650,8 +798,9 @@ class EpisodeManager:
         statuses = frozenset({status_name(request.status)}) if request.status else None
         scope = f"sessions:{request.status}:{sorted(request.labels.items())}:{request.run_id}"
         cursor = decode_token(request.page_token, scope=scope) if request.page_token else ""
-        page, next_cursor = await self.store.list_sessions(statuses=statuses, labels=dict(request.labels),
-                                                           run_id=request.run_id, limit=size, cursor=cursor)
+        page, next_cursor = await self.store.list_sessions(
+            statuses=statuses, labels=dict(request.labels), run_id=request.run_id, limit=size, cursor=cursor
+        )
         return orchestrator_pb2.ListSessionsResponse(
             sessions=[session_info(s, self.task_of(s)) for s in page],
             next_page_token=encode_token(next_cursor, scope=scope) if next_cursor else "",
@@ -661,8 +810,37 @@ class EpisodeManager:
     def list_tasks(self, request: orchestrator_pb2.ListTasksRequest) -> orchestrator_pb2.ListTasksResponse:
         tasks, next_token, total = self.catalog.page(request.env_key, request.page_size, request.page_token)
         return orchestrator_pb2.ListTasksResponse(
-            tasks=[task_info(t, default_max_turns=self.config.default_max_turns) for t in tasks],
-            next_page_token=next_token, total=total)
+            tasks=[
+                task_info(
+                    t,
+                    default_max_turns=self.config.default_max_turns,
+                    reference_solution=request.include_reference_solution,
+                )
+                for t in tasks
+            ],
+            next_page_token=next_token,
+            total=total,
+        )
+
+
+def _check_registered(session: Session, params: ResetParams, env_key: str, max_turns: int) -> None:
+    """A retried Reset found the session a dead attempt of its request_id registered. That attempt's
+    parameters are unrecorded (the ledger records them with the response), so the session is checked against
+    this request's: another task, env, max_turns, labels or run_id is INVALID_ARGUMENT naming the field."""
+    seen = {
+        "task_key": (session.task_key, params.task_key),
+        "env_key": (session.env_key, env_key),
+        "max_turns": (session.max_turns, max_turns),
+        "labels": (session.labels, params.labels),
+        "run_id": (session.run_id, params.run_id),
+    }
+    for name, (first, now) in seen.items():
+        if first != now:
+            raise InvalidArgument(
+                name,
+                f"differs from the first request with request_id {clip(params.request_id)!r}"
+                "; a request_id names one request: use a new one for another request",
+            )
 
 
 def _without_token(response: orchestrator_pb2.ResetResponse) -> orchestrator_pb2.ResetResponse:

@@ -35,8 +35,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
 # RPCs that need the task catalog (task lookups, verification, task info in answers). Close and
 # CloseSessions do not: releasing instances must work whatever state the catalog is in.
-TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "StepStream", "State",
-                                                                 "ListTasks", "ListSessions"))
+TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "State", "ListTasks", "ListSessions"))
 
 
 class InsecureListenError(ValueError):
@@ -47,7 +46,8 @@ def check_listen(config: OrchestratorConfig) -> None:
     host, _ = split_host_port(config.listen)
     if not is_loopback(host) and not config.api_keys and not config.insecure:
         raise InsecureListenError(
-            f"refusing to listen on {config.listen} without API keys; set --api-keys or pass --insecure")
+            f"refusing to listen on {config.listen} without API keys; set --api-keys or pass --insecure"
+        )
 
 
 class ReadinessInterceptor(grpc.aio.ServerInterceptor):
@@ -57,7 +57,8 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
         self._ready = ready
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
@@ -65,8 +66,11 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
             return handler
 
         async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort_with_status(Unavailable(
-                "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0).to_grpc_status())
+            await context.abort_with_status(
+                Unavailable(
+                    "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0
+                ).to_grpc_status()
+            )
 
         return wrap_behaviour(handler, lambda _inner: refuse)  # type: ignore[return-value]
 
@@ -115,10 +119,15 @@ class OrchestratorHandle:
             await self.orchestrator.stop()
 
 
-def interceptors(config: OrchestratorConfig,
-                 ready: Callable[[], bool] = lambda: True) -> Sequence[grpc.aio.ServerInterceptor]:
-    return [ContextInterceptor(), MetricsInterceptor("orchestrator"), ApiKeyInterceptor(config.api_keys),
-            ReadinessInterceptor(ready)]
+def interceptors(
+    config: OrchestratorConfig, ready: Callable[[], bool] = lambda: True
+) -> Sequence[grpc.aio.ServerInterceptor]:
+    return [
+        ContextInterceptor(),
+        MetricsInterceptor("orchestrator"),
+        ApiKeyInterceptor(config.api_keys),
+        ReadinessInterceptor(ready),
+    ]
 
 
 async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | None = None) -> OrchestratorHandle:
@@ -131,13 +140,18 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
 
         def register(server: grpc.aio.Server) -> list[str]:
             orchestrator_pb2_grpc.add_OrchestratorServiceServicer_to_server(
-                OrchestratorServicer(config, orchestrator.episodes), server)
+                OrchestratorServicer(config, orchestrator.episodes), server
+            )
             return [SERVICE_NAME]
 
-        running = await start_server(config.listen, register,
-                                     interceptors=interceptors(config, lambda: orchestrator.tasks_loaded),
-                                     tls_cert=config.tls_cert, tls_key=config.tls_key,
-                                     serving=orchestrator.tasks_loaded)
+        running = await start_server(
+            config.listen,
+            register,
+            interceptors=interceptors(config, lambda: orchestrator.tasks_loaded),
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+            serving=orchestrator.tasks_loaded,
+        )
     except BaseException:
         await orchestrator.stop()
         raise

@@ -5,7 +5,8 @@
 - `ApiKeyInterceptor`: `authorization: Bearer <key>` checked against configured keys (constant-time, by hash).
 - `MetricsInterceptor`: RPC counts by method and status code, latency histograms (Prometheus).
 
-Health and reflection are exempt from auth so probes and grpcurl `list` work.
+rlgate's services are unary only; what these wrap is a unary-unary handler. Health and reflection (whose
+streams pass through untouched) are exempt from auth so probes and grpcurl `list` work.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
@@ -25,7 +26,6 @@ from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
 log = logging.getLogger(__name__)
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
-OWN_PREFIX = "/rlgate."  # rlgate's services; their stream handlers are coroutines that write (not generators)
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
@@ -33,22 +33,16 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 def wrap_behaviour(
     handler: grpc.RpcMethodHandler | None, wrap: Callable[[Handler], Handler]
 ) -> grpc.RpcMethodHandler | None:
-    """Wrap the behaviour of a unary-unary or stream-stream handler (the kinds rlgate serves)."""
-    if handler is None:
-        return handler
-    if _unary(handler):
-        return grpc.unary_unary_rpc_method_handler(
-            wrap(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    if _bidi(handler):
-        return grpc.stream_stream_rpc_method_handler(
-            wrap(handler.stream_stream),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return handler
+    """Wrap the behaviour of a unary-unary handler (the only kind rlgate serves). Any other kind is refused
+    (None: UNIMPLEMENTED): returned unwrapped, it would skip whatever check the wrapper adds."""
+    if not _unary(handler):
+        return None
+    assert handler is not None
+    return grpc.unary_unary_rpc_method_handler(
+        wrap(handler.unary_unary),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 class _PerMethodCache:
@@ -58,8 +52,9 @@ class _PerMethodCache:
     def __init__(self) -> None:
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    def get(self, method: str, inner: grpc.RpcMethodHandler,
-            build: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]) -> grpc.RpcMethodHandler:
+    def get(
+        self, method: str, inner: grpc.RpcMethodHandler, build: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
+    ) -> grpc.RpcMethodHandler:
         hit = self._wrapped.get(method)
         if hit is not None and hit[0] is inner:
             return hit[1]
@@ -69,12 +64,12 @@ class _PerMethodCache:
 
 
 def _unary(handler: grpc.RpcMethodHandler | None) -> bool:
-    return bool(handler is not None and handler.unary_unary is not None and not handler.request_streaming
-                and not handler.response_streaming)
-
-
-def _bidi(handler: grpc.RpcMethodHandler | None) -> bool:
-    return bool(handler is not None and handler.stream_stream is not None)
+    return bool(
+        handler is not None
+        and handler.unary_unary is not None
+        and not handler.request_streaming
+        and not handler.response_streaming
+    )
 
 
 def _trace_id(context: grpc.aio.ServicerContext) -> str:
@@ -90,46 +85,21 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
     Must be the first (outermost) interceptor: it takes over request parsing, so that bytes that are not a
     valid message (corrupt, another RPC's message, nested past protobuf's depth limit) are the caller's
-    INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request". On a stream it parses
-    each message (a bad one ends the stream with INVALID_ARGUMENT); the calls a stream carries get their own
-    trace ids and INTERNAL answers from `runtime.multiplex`."""
+    INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request". Unary RPCs only:
+    health's and reflection's streams pass through as they are."""
 
     def __init__(self) -> None:
         self._cache = _PerMethodCache()
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if _bidi(handler) and details.method.startswith(OWN_PREFIX):  # rlgate's streams, not reflection's
-            return self._cache.get(details.method, handler, lambda h: self._build_stream(details.method, h))
         if not _unary(handler):
             return handler
         return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
-
-    @staticmethod
-    def _build_stream(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        inner = handler.stream_stream
-        parse = handler.request_deserializer
-
-        async def behaviour(raw_requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
-            trace = _enter(context)
-
-            async def parsed() -> AsyncIterator[Any]:
-                async for raw in raw_requests:
-                    yield await _parse(parse, raw, context, f"a request is not a valid message for {method}")
-
-            try:
-                await inner(parsed(), context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception:
-                await _internal(method, trace, context)
-
-        return grpc.stream_stream_rpc_method_handler(
-            behaviour, request_deserializer=None, response_serializer=handler.response_serializer
-        )
 
     @staticmethod
     def _build(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -137,42 +107,27 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
         parse = handler.request_deserializer
 
         async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-            trace = _enter(context)
-            request = await _parse(parse, raw, context, f"request is not a valid message for {method}")
+            trace = _trace_id(context)
+            trace_id_var.set(trace)
+            session_id_var.set("-")
+            try:
+                request = parse(raw) if parse is not None else raw
+            except Exception as exc:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"request is not a valid message for {method} ({type(exc).__name__})",
+                )
             try:
                 return await inner(request, context)
             except grpc.aio.AbortError:
                 raise
             except Exception:
-                await _internal(method, trace, context)
+                log.exception("unhandled error in %s", method)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
 
         return grpc.unary_unary_rpc_method_handler(
             behaviour, request_deserializer=None, response_serializer=handler.response_serializer
         )
-
-
-def _enter(context: grpc.aio.ServicerContext) -> str:
-    """Start an RPC's log context: its trace id (returned) and no session yet."""
-    trace = _trace_id(context)
-    trace_id_var.set(trace)
-    session_id_var.set("-")
-    return trace
-
-
-async def _parse(parse: Callable[[bytes], Any] | None, raw: Any, context: grpc.aio.ServicerContext,
-                 what: str) -> Any:
-    """A request message from its bytes, or the RPC ends INVALID_ARGUMENT ("<what> (<error type>)")."""
-    try:
-        return parse(raw) if parse is not None else raw
-    except Exception as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what} ({type(exc).__name__})")
-
-
-async def _internal(method: str, trace: str, context: grpc.aio.ServicerContext) -> None:
-    """A handler's unexpected exception (being handled): logged, and the RPC ends INTERNAL with the trace id
-    (`abort` raises)."""
-    log.exception("unhandled error in %s", method)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -186,7 +141,8 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         return bool(self._hashes)
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
@@ -208,17 +164,13 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
 
 class RpcMetrics:
-    """RPC counts by method and status code and latency histograms of one service (Prometheus). Used by
-    `MetricsInterceptor` per unary RPC and by `runtime.multiplex` per call a stream carries, so a call is
-    counted under its method ("CallTool", "Step") whichever way it came."""
+    """RPC counts by method and status code and latency histograms of one service (Prometheus)."""
 
     def __init__(self, service: str) -> None:
         from rlgate.runtime import metrics
 
         self._calls = metrics.counter("rlgate_grpc_requests_total", "gRPC requests", ["service", "method", "code"])
-        self._latency = metrics.histogram(
-            "rlgate_grpc_request_seconds", "gRPC request latency", ["service", "method"]
-        )
+        self._latency = metrics.histogram("rlgate_grpc_request_seconds", "gRPC request latency", ["service", "method"])
         self._service = service
 
     def method(self, method: str) -> Callable[[str, float], None]:
@@ -244,7 +196,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         self._cache = _PerMethodCache()
 
     async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)

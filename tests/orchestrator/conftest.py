@@ -17,11 +17,14 @@ import grpc
 import httpx
 import pytest
 
+from rlgate.convert import json_text
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.server import OrchestratorHandle, start_orchestrator
 from rlgate.store import SessionStore
 from rlgate.store.sqlite import SqliteStore
-from rlgate.v1 import orchestrator_pb2_grpc
+from rlgate.toolgateway.config import GatewayConfig
+from rlgate.toolgateway.server import GatewayHandle, start_gateway
+from rlgate.v1 import common_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.localfleet import LocalfleetProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,11 +42,26 @@ def bundled_tasks() -> list[dict[str, Any]]:
 def fast_config(localfleet: LocalfleetProcess, **overrides: Any) -> OrchestratorConfig:
     """Short timeouts and intervals so lifecycle behaviour shows within seconds."""
     base = OrchestratorConfig(
-        listen="127.0.0.1:0", provider="fleet", fleet_base_url=localfleet.base_url, fleet_api_key="test",
-        run_id=f"test-{uuid.uuid4().hex[:10]}", gateway_address="127.0.0.1:1", default_max_turns=10,
-        provision_timeout_s=30.0, reset_timeout_s=3.0, verify_timeout_s=20.0, verify_retries=1,
-        reconcile_interval_s=2.0, reap_interval_s=0.5, heartbeat_interval_s=60, instance_ttl_s=600,
-        owner_ttl_s=3.0, drain_s=20.0, capacity_wait_s=5.0, provider_timeout_s=10.0, tools_timeout_s=15.0,
+        listen="127.0.0.1:0",
+        provider="fleet",
+        fleet_base_url=localfleet.base_url,
+        fleet_api_key="test",
+        run_id=f"test-{uuid.uuid4().hex[:10]}",
+        gateway_address="127.0.0.1:1",
+        default_max_turns=10,
+        provision_timeout_s=30.0,
+        reset_timeout_s=3.0,
+        verify_timeout_s=20.0,
+        verify_retries=1,
+        reconcile_interval_s=2.0,
+        reap_interval_s=0.5,
+        heartbeat_interval_s=60,
+        instance_ttl_s=600,
+        owner_ttl_s=3.0,
+        drain_s=20.0,
+        capacity_wait_s=5.0,
+        provider_timeout_s=10.0,
+        tools_timeout_s=15.0,
     )
     return replace(base, **overrides)
 
@@ -109,7 +127,49 @@ async def orch(orchestrator_factory: Callable[[OrchestratorConfig], Any], lf: Lo
 
 def instances_of(lf: LocalfleetProcess, run_id: str) -> list[dict[str, Any]]:
     """Live instances localfleet holds for a run (through its control plane, as Fleet would answer)."""
-    r = httpx.get(f"{lf.base_url}/v1/env/instances", params={"run_id": run_id},
-                  headers={"Authorization": "Bearer test"}, timeout=10)
+    r = httpx.get(
+        f"{lf.base_url}/v1/env/instances",
+        params={"run_id": run_id},
+        headers={"Authorization": "Bearer test"},
+        timeout=10,
+    )
     r.raise_for_status()
     return [i for i in r.json() if i.get("status") in ("pending", "running") and i.get("run_id") == run_id]
+
+
+@pytest.fixture
+async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
+    """The real toolgateway on the test's store (agent tokens minted by the orchestrator work there)."""
+    handle = await start_gateway(GatewayConfig(listen="127.0.0.1:0"), store)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+async def call_tool(address: str, token: str, name: str, arguments: dict[str, Any]) -> common_pb2.ToolResult:
+    """CallTool with `arguments` as exact JSON text (integers stay integers)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+        response = await stub.CallTool(
+            toolgateway_pb2.CallToolRequest(name=name, arguments_json=json_text(arguments)),
+            metadata=[("authorization", f"Bearer {token}")],
+            timeout=30,
+        )
+        return response.result
+
+
+def result_text(result: common_pb2.ToolResult) -> str:
+    return "".join(block.text.text for block in result.content if block.HasField("text"))
+
+
+async def list_tools_code(gateway: GatewayHandle, token: str) -> grpc.StatusCode:
+    """How ListTools answers an agent token (OK when it works)."""
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        try:
+            await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
+                toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=30
+            )
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+    return grpc.StatusCode.OK

@@ -4,10 +4,9 @@ toolgateway in-process, the orchestrator over gRPC."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,21 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
-from rlgate.convert import dict_from_struct, struct_from_dict
+from rlgate.convert import parse_json_object, parse_json_text, struct_from_dict
 from rlgate.runtime.auth import token_hash
+from rlgate.runtime.ledger import decode_result, scope
 from rlgate.store import SessionStore
-from rlgate.toolgateway.config import GatewayConfig
-from rlgate.toolgateway.server import GatewayHandle, start_gateway
+from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc
-from tests.orchestrator.conftest import Running, bundled_tasks, fast_config, instances_of
+from tests.orchestrator.conftest import (
+    Running,
+    bundled_tasks,
+    call_tool,
+    fast_config,
+    instances_of,
+    list_tools_code,
+    result_text,
+)
 from tests.support.localfleet import LocalfleetProcess
 
 # One task per environment whose reference solution needs nothing from earlier results.
@@ -39,57 +46,46 @@ def _reference_tasks() -> list[dict[str, Any]]:
     return list(chosen.values())
 
 
-@pytest.fixture
-async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
-    handle = await start_gateway(GatewayConfig(listen="127.0.0.1:0"), store)
-    try:
-        yield handle
-    finally:
-        await handle.stop()
-
-
-async def call_tool(address: str, token: str, name: str, arguments: dict[str, Any]) -> common_pb2.ToolResult:
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
-        response = await stub.CallTool(
-            toolgateway_pb2.CallToolRequest(name=name, arguments=struct_from_dict(arguments)),
-            metadata=[("authorization", f"Bearer {token}")], timeout=30)
-        return response.result
-
-
-def result_text(result: common_pb2.ToolResult) -> str:
-    return "".join(block.text.text for block in result.content if block.HasField("text"))
-
-
 @pytest.mark.parametrize("task", _reference_tasks(), ids=lambda t: t["env_id"])
 async def test_full_episode_with_reference_solution_scores_1(
-    task: dict[str, Any], lf: LocalfleetProcess, gateway: GatewayHandle,
+    task: dict[str, Any],
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
     orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
-    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=task["key"], request_id="ep-1"),
-                                  timeout=60)
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=task["key"], request_id="ep-1"), timeout=60)
     assert reset.episode == 1 and reset.agent_token and reset.gateway_address == gateway.address
     assert reset.prompt == task["prompt"] and reset.messages[0].content == task["prompt"]
-    assert reset.task.metadata["reference_solution"]  # the metadata travels (reference solution included)
+    assert reset.task.reference_solution_json == ""  # an answer key: never in Reset
+    metadata = parse_json_object(reset.task.metadata_json)
+    assert "reference_solution" not in metadata and metadata == {
+        k: v for k, v in task["metadata"].items() if k != "reference_solution"
+    }
     names = {t.name for t in reset.tools}
     assert "computer" not in names  # tool_use modality filter
     # The gateway serves exactly the tools Reset announced.
     async with grpc.aio.insecure_channel(gateway.address) as channel:
         listed = await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
-            toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {reset.agent_token}")],
-            timeout=30)
+            toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {reset.agent_token}")], timeout=30
+        )
     assert [t.name for t in listed.tools] == [t.name for t in reset.tools]
 
     solution = task["metadata"]["reference_solution"]
     for i, call in enumerate(solution["tool_calls"]):
         result = await call_tool(gateway.address, reset.agent_token, call["name"], call["arguments"])
         assert not result.is_error, result_text(result)
-        step = await orch.stub.Step(orchestrator_pb2.StepRequest(
-            session_id=reset.session_id, request_id=f"turn-{i}", assistant_text=f"calling {call['name']}",
-            tool_calls=[orchestrator_pb2.ToolCallSummary(name=call["name"],
-                                                         arguments=struct_from_dict(call["arguments"]))]),
-            timeout=60)
+        step = await orch.stub.Step(
+            orchestrator_pb2.StepRequest(
+                session_id=reset.session_id,
+                request_id=f"turn-{i}",
+                assistant_text=f"calling {call['name']}",
+                tool_calls=[
+                    orchestrator_pb2.ToolCallSummary(name=call["name"], arguments=struct_from_dict(call["arguments"]))
+                ],
+            ),
+            timeout=60,
+        )
         assert not step.done and step.turn == i + 1
     final: dict[str, Any] = {}
     if solution.get("final_answer") is not None:
@@ -100,8 +96,9 @@ async def test_full_episode_with_reference_solution_scores_1(
     assert step.done and not step.truncated
     assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK, step.verification.message
     assert step.HasField("reward") and step.reward == 1.0
-    state = await orch.stub.State(orchestrator_pb2.StateRequest(session_id=reset.session_id,
-                                                                include_tool_calls=True), timeout=30)
+    state = await orch.stub.State(
+        orchestrator_pb2.StateRequest(session_id=reset.session_id, include_tool_calls=True), timeout=30
+    )
     assert state.session.status == common_pb2.SESSION_STATUS_DONE and state.session.reward == 1.0
     assert [c.tool for c in state.tool_calls] == [c["name"] for c in solution["tool_calls"]]
     closed = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
@@ -114,10 +111,10 @@ async def test_full_episode_with_reference_solution_scores_1(
 
 
 async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
-    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
-                                  timeout=60)
-    step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="9999"),
-                                timeout=60)
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
+    step = await orch.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="9999"), timeout=60
+    )
     assert step.done and step.done_reason == orchestrator_pb2.DONE_REASON_FINAL_ANSWER
     assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK
     assert step.HasField("reward") and step.reward == 0.0
@@ -129,33 +126,43 @@ async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
 def _broken_tasks(path: Path) -> str:
     tasks = [t for t in bundled_tasks() if t["key"] == "mailbox-count-unread-from-kenji"]
     base = dict(tasks[0])
-    raising = dict(base, key="broken-raises",
-                   verifier_code="def verify(env, final_answer=None):\n    raise RuntimeError('verifier bug 42')\n")
-    hanging = dict(base, key="broken-hangs",
-                   verifier_code="def verify(env, final_answer=None):\n    import time\n    time.sleep(120)\n"
-                                 "    return 1.0\n")
+    raising = dict(
+        base,
+        key="broken-raises",
+        verifier_code="def verify(env, final_answer=None):\n    raise RuntimeError('verifier bug 42')\n",
+    )
+    hanging = dict(
+        base,
+        key="broken-hangs",
+        verifier_code="def verify(env, final_answer=None):\n    import time\n    time.sleep(120)\n    return 1.0\n",
+    )
     none = dict(base, key="broken-none", verifier_code="def verify(env, final_answer=None):\n    return None\n")
     path.write_text(json.dumps({"tasks": [base, raising, hanging, none]}))
     return str(path)
 
 
 async def test_verifier_failures_are_never_reward_zero(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], tmp_path: Path,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
-    orch: Running = await orchestrator_factory(fast_config(lf, tasks_file=_broken_tasks(tmp_path / "t.json"),
-                                                           verify_timeout_s=3.0))
+    orch: Running = await orchestrator_factory(
+        fast_config(lf, tasks_file=_broken_tasks(tmp_path / "t.json"), verify_timeout_s=3.0)
+    )
     listed = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)
     assert {t.key for t in listed.tasks} >= {"broken-raises", "broken-hangs", "broken-none"}
 
     async def finish(key: str) -> tuple[orchestrator_pb2.StepResponse, float]:
         reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=key), timeout=60)
         start = time.monotonic()
-        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
-                                    timeout=60)
+        step = await orch.stub.Step(
+            orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"), timeout=60
+        )
         return step, time.monotonic() - start
 
     (raised, _), (hung, hung_s), (none, _) = await asyncio.gather(
-        finish("broken-raises"), finish("broken-hangs"), finish("broken-none"))
+        finish("broken-raises"), finish("broken-hangs"), finish("broken-none")
+    )
     assert raised.verification.status == common_pb2.VERIFICATION_STATUS_ERROR
     assert "verifier bug 42" in raised.verification.message
     assert not raised.HasField("reward")
@@ -174,21 +181,21 @@ async def test_env_only_session_is_skipped(orch: Running) -> None:
 
 
 async def test_reset_with_session_id_restores_seed_and_rotates_token(
-    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
-    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
-                                  timeout=60)
+    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
     made = await call_tool(gateway.address, first.agent_token, "create_folder", {"name": "Scratch-42"})
     assert not made.is_error, result_text(made)
     folders = await call_tool(gateway.address, first.agent_token, "list_folders", {})
     assert "Scratch-42" in result_text(folders)
 
-    second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id, max_turns=4),
-                                   timeout=60)
+    second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id, max_turns=4), timeout=60)
     assert second.session_id == first.session_id and second.episode == 2 and second.max_turns == 4
     assert second.agent_token != first.agent_token
-    assert dict_from_struct(second.info)["instance_id"] == dict_from_struct(first.info)["instance_id"]
+    assert second.instance == first.instance and second.instance.instance_id
     folders = await call_tool(gateway.address, second.agent_token, "list_folders", {})
     assert "Scratch-42" not in result_text(folders)  # seed state restored
     with pytest.raises(grpc.aio.AioRpcError) as err:  # the old episode's token is dead
@@ -197,20 +204,20 @@ async def test_reset_with_session_id_restores_seed_and_rotates_token(
 
 
 async def test_hung_reset_on_reused_instance_replaces_it(
-    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
-    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address,
-                                                           reset_timeout_s=2.0))
-    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
-                                  timeout=60)
-    old_id = dict_from_struct(first.info)["instance_id"]
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address, reset_timeout_s=2.0))
+    first = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
+    old_id = first.instance.instance_id
     assert not (await call_tool(gateway.address, first.agent_token, "create_folder", {"name": "Dirty"})).is_error
     lf.set_faults({"environments": {"mailbox": {"reset_hang": True}}})
     start = time.monotonic()
     second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=first.session_id), timeout=60)
     elapsed = time.monotonic() - start
     lf.set_faults({})
-    new_id = dict_from_struct(second.info)["instance_id"]
+    new_id = second.instance.instance_id
     assert new_id != old_id and second.episode == 2
     assert elapsed < 2.0 + 30.0  # the reset timeout, then a fresh create; never the SDK's 300 s
     live = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
@@ -219,23 +226,25 @@ async def test_hung_reset_on_reused_instance_replaces_it(
     assert "Dirty" not in result_text(folders)
 
 
-async def test_hung_reset_on_fresh_instance_is_not_fatal(lf: LocalfleetProcess,
-                                                         orchestrator_factory: Callable[..., Any]) -> None:
+async def test_hung_reset_on_fresh_instance_is_not_fatal(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, reset_timeout_s=1.5))
     lf.set_faults({"environments": {"mailbox": {"reset_hang": True}}})
     start = time.monotonic()
-    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
-                                  timeout=60)
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
     assert reset.session_id and time.monotonic() - start < 1.5 + 20
     assert lf.counters()["reset_hangs"] >= 1
 
 
 async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Running) -> None:
-    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji",
-                                                                max_turns=2), timeout=60)
+    reset = await orch.stub.Reset(
+        orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", max_turns=2), timeout=60
+    )
     assert reset.max_turns == 2
-    one = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, assistant_text="hm"),
-                               timeout=30)
+    one = await orch.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=reset.session_id, assistant_text="hm"), timeout=30
+    )
     assert (one.turn, one.done, one.status) == (1, False, common_pb2.SESSION_STATUS_ACTIVE)
     assert one.verification.status == common_pb2.VERIFICATION_STATUS_UNSPECIFIED
     two = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=60)
@@ -243,19 +252,8 @@ async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Runni
     assert two.done_reason == orchestrator_pb2.DONE_REASON_MAX_TURNS
     assert two.verification.status == common_pb2.VERIFICATION_STATUS_OK and two.reward == 0.0  # verified
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
-                             timeout=30)
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"), timeout=30)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-
-
-async def list_tools_code(gateway: GatewayHandle, token: str) -> grpc.StatusCode:
-    async with grpc.aio.insecure_channel(gateway.address) as channel:
-        try:
-            await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
-                toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=30)
-        except grpc.aio.AioRpcError as err:
-            return err.code()
-    return grpc.StatusCode.OK
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
@@ -266,8 +264,9 @@ def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
     return info
 
 
-async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, orch: Running,
-                                                      gateway: GatewayHandle) -> None:
+async def test_duplicate_request_ids_on_reset_and_step(
+    lf: LocalfleetProcess, orch: Running, gateway: GatewayHandle
+) -> None:
     created_before = lf.counters()["instances_created"]
     req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="dup-reset")
     a, b = await asyncio.gather(orch.stub.Reset(req, timeout=60), orch.stub.Reset(req, timeout=60))
@@ -276,7 +275,10 @@ async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, or
     # Each reply carries its own token (the record keeps none); only the latest one works.
     assert len({a.agent_token, b.agent_token, c.agent_token}) == 3
     assert [await list_tools_code(gateway, r.agent_token) for r in (a, b, c)] == [
-        grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OK]
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.OK,
+    ]
     assert lf.counters()["instances_created"] - created_before == 1
     assert len(instances_of(lf, orch.config.run_id)) == 1
 
@@ -284,22 +286,23 @@ async def test_duplicate_request_ids_on_reset_and_step(lf: LocalfleetProcess, or
     s1, s2 = await asyncio.gather(orch.stub.Step(step, timeout=30), orch.stub.Step(step, timeout=30))
     s3 = await orch.stub.Step(step, timeout=30)
     assert s1.turn == s2.turn == s3.turn == 1
-    other = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=a.session_id, request_id="step-2"),
-                                 timeout=30)
+    other = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=a.session_id, request_id="step-2"), timeout=30)
     assert other.turn == 2
 
 
 async def test_reset_replay_mints_a_new_token_and_the_record_keeps_none(
-    orch: Running, store: SessionStore, gateway: GatewayHandle,
+    orch: Running,
+    store: SessionStore,
+    gateway: GatewayHandle,
 ) -> None:
     """Tokens are stored only as hashes: Reset's request record has no token, a repeat of the request_id
     gets a fresh one (revoking the earlier reply's), concurrent repeats converge on one valid token, and a
     repeat after the episode is over is FAILED_PRECONDITION naming the session."""
     req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="replay-1")
     first = await orch.stub.Reset(req, timeout=60)
-    record = await store.get_request("reset", "replay-1")
+    record = await store.get_request(scope("reset", ""), "replay-1")
     assert record is not None
-    kept = orchestrator_pb2.ResetResponse.FromString(base64.b64decode(record.result))
+    kept = orchestrator_pb2.ResetResponse.FromString(decode_result(record.result)[1])
     assert kept.session_id == first.session_id and kept.tools and kept.agent_token == ""
 
     again = await orch.stub.Reset(req, timeout=60)
@@ -338,8 +341,9 @@ async def test_reset_replay_mints_a_new_token_and_the_record_keeps_none(
             await orch.stub.Reset(moved_on, timeout=60)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert await list_tools_code(gateway, repeat.agent_token) == grpc.StatusCode.UNAUTHENTICATED
-    record = await store.get_request("reset", "replay-next")
-    assert record is not None and repeat.agent_token.encode() not in base64.b64decode(record.result)
+    record = await store.get_request(scope("reset", ""), "replay-next")
+    assert record is not None and repeat.agent_token.encode() not in record.result.encode()
+    assert repeat.agent_token.encode() not in decode_result(record.result)[1]
 
 
 async def test_errors_are_precise_statuses(orch: Running) -> None:
@@ -349,58 +353,68 @@ async def test_errors_are_precise_statuses(orch: Running) -> None:
         return err.value.code(), err.value.details() or ""
 
     stub = orch.stub
-    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)))[0] \
-        == grpc.StatusCode.NOT_FOUND
-    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(env_key="no-such-env:v9"), timeout=30)))[0] \
-        == grpc.StatusCode.NOT_FOUND
-    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(session_id="s-missing"), timeout=10)))[0] \
-        == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(env_key="no-such-env:v9"), timeout=30)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Reset(orchestrator_pb2.ResetRequest(session_id="s-missing"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
     c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(), timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and "task_key" in msg
     c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(session_id="x", task_key="y"), timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and "session_id" in msg
     c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="x", request_id="r" * 200), timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in msg
-    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="x", labels={"k": "v" * 64}),
-                                   timeout=10))
+    c, msg = await code(stub.Reset(orchestrator_pb2.ResetRequest(task_key="x", labels={"k": "v" * 64}), timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and "labels" in msg
-    assert (await code(stub.Step(orchestrator_pb2.StepRequest(session_id="s-missing"), timeout=10)))[0] \
-        == grpc.StatusCode.NOT_FOUND
-    assert (await code(stub.Step(orchestrator_pb2.StepRequest(), timeout=10)))[0] \
-        == grpc.StatusCode.INVALID_ARGUMENT
-    assert (await code(stub.State(orchestrator_pb2.StateRequest(session_id="s-missing"), timeout=10)))[0] \
-        == grpc.StatusCode.NOT_FOUND
-    assert (await code(stub.Close(orchestrator_pb2.CloseRequest(session_id="s-missing"), timeout=10)))[0] \
-        == grpc.StatusCode.NOT_FOUND
-    assert (await code(stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(), timeout=10)))[0] \
-        == grpc.StatusCode.INVALID_ARGUMENT
-    for bad in (orchestrator_pb2.ListTasksRequest(page_token="garbage!!"),
-                orchestrator_pb2.ListTasksRequest(page_size=5000)):
+    assert (await code(stub.Step(orchestrator_pb2.StepRequest(session_id="s-missing"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Step(orchestrator_pb2.StepRequest(), timeout=10)))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await code(stub.State(orchestrator_pb2.StateRequest(session_id="s-missing"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.Close(orchestrator_pb2.CloseRequest(session_id="s-missing"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.NOT_FOUND
+    assert (await code(stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(), timeout=10)))[
+        0
+    ] == grpc.StatusCode.INVALID_ARGUMENT
+    for bad in (
+        orchestrator_pb2.ListTasksRequest(page_token="garbage!!"),
+        orchestrator_pb2.ListTasksRequest(page_size=5000),
+    ):
         assert (await code(stub.ListTasks(bad, timeout=10)))[0] == grpc.StatusCode.INVALID_ARGUMENT
-    assert (await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(page_token="%%%"), timeout=10)))[0] \
-        == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(page_token="%%%"), timeout=10)))[
+        0
+    ] == grpc.StatusCode.INVALID_ARGUMENT
     # An enum number the proto does not define (proto3 enums are open) is the caller's mistake.
     c, msg = await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(status=99), timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("status:")
     # Ids past their limits: named INVALID_ARGUMENT, or NOT_FOUND for names; never echoed whole.
     huge = "s-" + "x" * 20_000
-    for call in (stub.State(orchestrator_pb2.StateRequest(session_id=huge), timeout=10),
-                 stub.Close(orchestrator_pb2.CloseRequest(session_id=huge), timeout=10),
-                 stub.Step(orchestrator_pb2.StepRequest(session_id=huge, request_id="huge-1"), timeout=10),
-                 stub.Reset(orchestrator_pb2.ResetRequest(session_id=huge, request_id="huge-2"), timeout=10),
-                 stub.Reset(orchestrator_pb2.ResetRequest(task_key=huge), timeout=10)):
+    for call in (
+        stub.State(orchestrator_pb2.StateRequest(session_id=huge), timeout=10),
+        stub.Close(orchestrator_pb2.CloseRequest(session_id=huge), timeout=10),
+        stub.Step(orchestrator_pb2.StepRequest(session_id=huge, request_id="huge-1"), timeout=10),
+        stub.Reset(orchestrator_pb2.ResetRequest(session_id=huge, request_id="huge-2"), timeout=10),
+        stub.Reset(orchestrator_pb2.ResetRequest(task_key=huge), timeout=10),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call
         status = rpc_status.from_call(err.value)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND and status is not None
         assert len(err.value.details() or "") < 256 and status.ByteSize() < 1024
-    for call, field in ((stub.ListSessions(orchestrator_pb2.ListSessionsRequest(run_id=huge), timeout=10), "run_id"),
-                        (stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(run_id=huge), timeout=10),
-                         "run_id"),
-                        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key=huge), timeout=10), "env_key"),
-                        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_token=huge), timeout=10),
-                         "page_token"),
-                        (stub.Reset(orchestrator_pb2.ResetRequest(env_key=huge), timeout=10), "env_key")):
+    for call, field in (
+        (stub.ListSessions(orchestrator_pb2.ListSessionsRequest(run_id=huge), timeout=10), "run_id"),
+        (stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(run_id=huge), timeout=10), "run_id"),
+        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key=huge), timeout=10), "env_key"),
+        (stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_token=huge), timeout=10), "page_token"),
+        (stub.Reset(orchestrator_pb2.ResetRequest(env_key=huge), timeout=10), "env_key"),
+    ):
         c, msg = await code(call)
         assert c == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith(f"{field}:") and len(msg) < 256
     # Details ride in google.rpc.Status.
@@ -416,8 +430,7 @@ async def test_list_tasks_and_sessions_page(orch: Running) -> None:
     keys = [t.key for t in first.tasks]
     token = first.next_page_token
     while token:
-        page = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=3, page_token=token),
-                                         timeout=10)
+        page = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=3, page_token=token), timeout=10)
         keys += [t.key for t in page.tasks]
         token = page.next_page_token
     assert keys == sorted(keys) and len(keys) == first.total == len(set(keys))
@@ -426,18 +439,26 @@ async def test_list_tasks_and_sessions_page(orch: Running) -> None:
     # A token from one filter is refused for another.
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await orch.stub.ListTasks(
-            orchestrator_pb2.ListTasksRequest(env_key="tracker", page_token=first.next_page_token), timeout=10)
+            orchestrator_pb2.ListTasksRequest(env_key="tracker", page_token=first.next_page_token), timeout=10
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
     ids = []
     for i in range(3):
-        r = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1", labels={"batch": "b1"},
-                                                                run_id="trainer-7", request_id=f"ls-{i}"), timeout=60)
+        r = await orch.stub.Reset(
+            orchestrator_pb2.ResetRequest(
+                env_key="mailbox:v1", labels={"batch": "b1"}, run_id="trainer-7", request_id=f"ls-{i}"
+            ),
+            timeout=60,
+        )
         ids.append(r.session_id)
-    page1 = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(labels={"batch": "b1"}, page_size=2),
-                                         timeout=10)
-    page2 = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(
-        labels={"batch": "b1"}, page_size=2, page_token=page1.next_page_token), timeout=10)
+    page1 = await orch.stub.ListSessions(
+        orchestrator_pb2.ListSessionsRequest(labels={"batch": "b1"}, page_size=2), timeout=10
+    )
+    page2 = await orch.stub.ListSessions(
+        orchestrator_pb2.ListSessionsRequest(labels={"batch": "b1"}, page_size=2, page_token=page1.next_page_token),
+        timeout=10,
+    )
     got = [s.session_id for s in page1.sessions] + [s.session_id for s in page2.sessions]
     assert sorted(got) == sorted(ids) and not page2.next_page_token
     assert got == list(reversed(ids))  # newest first
@@ -446,15 +467,18 @@ async def test_list_tasks_and_sessions_page(orch: Running) -> None:
     assert sorted(closed.session_ids) == sorted(ids)
     again = await orch.stub.CloseSessions(orchestrator_pb2.CloseSessionsRequest(run_id="trainer-7"), timeout=60)
     assert list(again.session_ids) == []
-    active = await orch.stub.ListSessions(orchestrator_pb2.ListSessionsRequest(
-        status=common_pb2.SESSION_STATUS_ACTIVE, run_id="trainer-7"), timeout=10)
+    active = await orch.stub.ListSessions(
+        orchestrator_pb2.ListSessionsRequest(status=common_pb2.SESSION_STATUS_ACTIVE, run_id="trainer-7"), timeout=10
+    )
     assert list(active.sessions) == []
     c = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=ids[0]), timeout=10)
     assert c.already_closed and c.status == common_pb2.SESSION_STATUS_CLOSED
 
 
 async def test_retry_after_the_request_record_is_gone_converges_on_the_session(
-    lf: LocalfleetProcess, orch: Running, store: SessionStore,
+    lf: LocalfleetProcess,
+    orch: Running,
+    store: SessionStore,
 ) -> None:
     req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="pruned-1")
     first = await orch.stub.Reset(req, timeout=60)
@@ -468,18 +492,68 @@ async def test_retry_after_the_request_record_is_gone_converges_on_the_session(
 async def test_retries_taken_over_from_a_dead_owner_converge(orch: Running, store: SessionStore) -> None:
     """A replica died after applying a Step/Reset but before recording the answer: the retry (on another
     replica, after the owner's TTL) returns what happened instead of FAILED_PRECONDITION or a 2nd episode."""
-    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"),
-                                  timeout=60)
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
     sid = reset.session_id
-    await store.claim_request(f"step:{sid}", "final-1", "dead-replica")  # claimed, then its owner died
+    await store.claim_request(scope("step", ""), "final-1", "dead-replica")  # claimed, then its owner died
     applied = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, final_answer="3"), timeout=60)
     assert applied.reward == 1.0
-    retried = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, final_answer="3",
-                                                                request_id="final-1"), timeout=60)
+    retried = await orch.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=sid, final_answer="3", request_id="final-1"), timeout=60
+    )
     assert (retried.done, retried.turn, retried.reward) == (True, 1, 1.0)
 
-    await store.claim_request("reset", "next-1", "dead-replica")
+    await store.claim_request(scope("reset", ""), "next-1", "dead-replica")
     started = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid), timeout=60)
     assert started.episode == 2
     again = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid, request_id="next-1"), timeout=60)
     assert again.episode == 2 and again.agent_token != started.agent_token  # same episode, fresh token
+
+
+async def test_reference_solutions_only_on_request(orch: Running) -> None:
+    key = "mailbox-count-unread-from-kenji"
+    expected = next(t for t in bundled_tasks() if t["key"] == key)["metadata"]["reference_solution"]
+    plain = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key="mailbox"), timeout=10)
+    asked = await orch.stub.ListTasks(
+        orchestrator_pb2.ListTasksRequest(env_key="mailbox", include_reference_solution=True), timeout=10
+    )
+    assert plain.tasks and [t.key for t in plain.tasks] == [t.key for t in asked.tasks]
+    for without, with_solution in zip(plain.tasks, asked.tasks, strict=True):
+        assert without.reference_solution_json == ""
+        assert "reference_solution" not in parse_json_object(without.metadata_json)
+        assert with_solution.metadata_json == without.metadata_json  # the answer key rides only in its field
+    by_key = {t.key: t for t in asked.tasks}
+    assert parse_json_text(by_key[key].reference_solution_json) == expected
+
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=key), timeout=60)
+    state = await orch.stub.State(orchestrator_pb2.StateRequest(session_id=reset.session_id), timeout=10)
+    for task in (reset.task, state.session.task):
+        assert task.key == key and task.reference_solution_json == ""
+        assert "reference_solution" not in parse_json_object(task.metadata_json)
+
+
+async def test_state_shows_tool_call_arguments_exactly(
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
+    orchestrator_factory: Callable[..., Any],
+) -> None:
+    """The gateway's log as it recorded the calls: a whole number stays an integer (`"limit":1`), whether the
+    agent sent JSON text or a Struct (which carries every number as a double)."""
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
+    arguments = {"sender": "Kenji Brown", "limit": 1}
+    assert not (await call_tool(gateway.address, reset.agent_token, "search_messages", arguments)).is_error
+    async with grpc.aio.insecure_channel(gateway.address) as channel:
+        response = await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).CallTool(
+            toolgateway_pb2.CallToolRequest(name="search_messages", arguments=struct_from_dict(arguments)),
+            metadata=[("authorization", f"Bearer {reset.agent_token}")],
+            timeout=30,
+        )
+    assert not response.result.is_error, result_text(response.result)
+    state = await orch.stub.State(
+        orchestrator_pb2.StateRequest(session_id=reset.session_id, include_tool_calls=True), timeout=10
+    )
+    assert [c.tool for c in state.tool_calls] == ["search_messages", "search_messages"]
+    for entry in state.tool_calls:
+        logged = parse_json_object(entry.arguments_json)
+        assert logged == arguments and type(logged["limit"]) is int, entry.arguments_json
+        assert '"limit":1' in entry.arguments_json.replace(" ", "")

@@ -1,12 +1,11 @@
-"""How a Step reaches the store, without a server: the common turn is one read (or none, from the session
-this process last wrote) and one write that records the turn and its request together; anything unusual
-takes the general path. Real SQLite; the orchestrator's parts wired as in production (`Orchestrator`)."""
+"""How a Step reaches the store, without a server: one path for every turn. An ordinary turn is one read and
+one write that records the turn and its request together; a turn that ends the episode claims its request_id
+first (it is scored after its write). Real SQLite; the orchestrator's parts wired as in production
+(`Orchestrator`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import sqlite3
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,19 +17,23 @@ from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import EpisodeManager
 from rlgate.orchestrator.service import Orchestrator, make_provider
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition
+from rlgate.runtime.errors import FailedPrecondition, InvalidArgument
+from rlgate.runtime.ledger import decode_result, scope
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, open_store
 from rlgate.v1 import orchestrator_pb2
 
 SID = "s-step-writes"
+STEPS = scope("step", "")  # the anonymous caller's Step records
 
 
 class CountingStore:
-    """Counts the store calls a Step makes (delegates everything)."""
+    """Counts the store calls a Step makes (delegates everything); `before[name]` runs once before the next
+    call of that name (another writer stepping in)."""
 
     def __init__(self, inner: SessionStore) -> None:
         self.inner = inner
         self.calls: list[str] = []
+        self.before: dict[str, Any] = {}
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.inner, name)
@@ -39,6 +42,8 @@ class CountingStore:
 
         async def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls.append(name)
+            if (hook := self.before.pop(name, None)) is not None:
+                await hook()
             return await attr(*args, **kwargs)
 
         return counted
@@ -50,8 +55,16 @@ async def parts(tmp_path: Path) -> AsyncIterator[tuple[EpisodeManager, CountingS
     counting = CountingStore(store)
     config = OrchestratorConfig(provider="mcp", mcp_envs="")
     orch = Orchestrator(config, counting, make_provider(config), owns_store=False)  # type: ignore[arg-type]
-    await store.create_session(Session(session_id=SID, env_key="mailbox:v1", status=SessionStatus.ACTIVE,
-                                       max_turns=5, endpoints=["http://127.0.0.1:1/mcp"], token_hash="ab" * 32))
+    await store.create_session(
+        Session(
+            session_id=SID,
+            env_key="mailbox:v1",
+            status=SessionStatus.ACTIVE,
+            max_turns=5,
+            endpoints=["http://127.0.0.1:1/mcp"],
+            token_hash="ab" * 32,
+        )
+    )
     try:
         yield orch.episodes, counting, store
     finally:
@@ -59,25 +72,28 @@ async def parts(tmp_path: Path) -> AsyncIterator[tuple[EpisodeManager, CountingS
 
 
 def step(request_id: str = "", **fields: Any) -> orchestrator_pb2.StepRequest:
-    return orchestrator_pb2.StepRequest(session_id=SID, request_id=request_id or uuid.uuid4().hex,
-                                        assistant_text="thinking", **fields)
+    return orchestrator_pb2.StepRequest(
+        session_id=SID, request_id=request_id or uuid.uuid4().hex, assistant_text="thinking", **fields
+    )
 
 
 def deadline() -> Deadline:
     return Deadline.from_grpc(None, 30.0)
 
 
-async def test_a_turn_is_one_read_and_one_write_then_one_write(parts: Any) -> None:
+async def test_a_turn_is_one_read_and_one_write(parts: Any) -> None:
     episodes, counting, store = parts
     first = await episodes.step(step("r1"), deadline())
     assert counting.calls == ["get_session", "commit"]
     counting.calls.clear()
     second = await episodes.step(step("r2"), deadline())
-    assert counting.calls == ["commit"]  # from the session this process wrote last
+    assert counting.calls == ["get_session", "commit"]
     assert (first.turn, second.turn) == (1, 2)
-    record = await store.get_request(f"step:{SID}", "r2")
+    record = await store.get_request(STEPS, "r2")
     assert record is not None and record.state == RequestState.DONE
-    assert orchestrator_pb2.StepResponse.FromString(base64.b64decode(record.result)) == second
+    params, response = decode_result(record.result)
+    assert orchestrator_pb2.StepResponse.FromString(response) == second
+    assert params is not None and set(params) == {"session_id", "assistant_text", "tool_calls", "final_answer", "done"}
 
 
 async def test_a_repeat_replays_the_recorded_response(parts: Any) -> None:
@@ -88,20 +104,45 @@ async def test_a_repeat_replays_the_recorded_response(parts: Any) -> None:
     assert (await store.get_session(SID)).turn == 1  # counted once
 
 
+async def test_a_repeat_with_other_contents_is_invalid_argument(parts: Any) -> None:
+    episodes, _, store = parts
+    await episodes.step(step("bound"), deadline())
+    for changed, field in (
+        (step("bound", final_answer="3"), "final_answer"),
+        (orchestrator_pb2.StepRequest(session_id=SID, request_id="bound", assistant_text="other"), "assistant_text"),
+        (step("bound", done=True), "done"),
+    ):
+        with pytest.raises(InvalidArgument) as err:
+            await episodes.step(changed, deadline())
+        assert err.value.field == field
+    assert (await store.get_session(SID)).turn == 1
+
+
+async def test_concurrent_repeats_count_once(parts: Any) -> None:
+    episodes, _, store = parts
+    replies = await asyncio.gather(*(episodes.step(step("together"), deadline()) for _ in range(5)))
+    assert {r.turn for r in replies} == {1}
+    assert (await store.get_session(SID)).turn == 1
+
+
 async def test_a_write_by_someone_else_is_seen_not_overwritten(parts: Any) -> None:
     episodes, counting, store = parts
     await episodes.step(step(), deadline())
-    other = await store.get_session(SID)  # another replica takes a turn meanwhile
-    other.turn += 1
-    await store.update_session(other)
+
+    async def another_replica_takes_a_turn() -> None:
+        other = await store.get_session(SID)
+        other.turn += 1
+        await store.update_session(other)
+
+    counting.before["commit"] = another_replica_takes_a_turn  # between this Step's read and its write
     counting.calls.clear()
     reply = await episodes.step(step(), deadline())
     assert reply.turn == 3
-    assert counting.calls == ["commit", "get_session", "commit"]  # the stale copy lost; read, write again
+    assert counting.calls == ["get_session", "commit", "get_session", "commit"]  # lost; read, write again
     assert (await store.get_session(SID)).turn == 3
 
 
-async def test_the_ending_turn_and_a_done_episode_take_the_general_path(parts: Any) -> None:
+async def test_the_ending_turn_claims_first_and_a_repeat_replays_its_score(parts: Any) -> None:
     episodes, counting, store = parts
     for _ in range(4):
         await episodes.step(step(), deadline())
@@ -114,24 +155,29 @@ async def test_the_ending_turn_and_a_done_episode_take_the_general_path(parts: A
     assert (await store.get_session(SID)).turn == 5
 
 
-async def test_a_claim_whose_caller_was_cancelled_is_released(parts: Any, tmp_path: Path) -> None:
-    # A store write that has started is not undone by cancelling its caller: a claim that lands after the
-    # caller gave up must not stay PENDING under this live process (every retry would wait on it).
+async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_away(parts: Any) -> None:
+    # The turn is written before the verifier runs: a caller that gives up then must neither leave the
+    # episode unscored nor its request_id unanswerable (a retry would get FAILED_PRECONDITION, or wait).
     episodes, _, store = parts
-    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock for a moment
-    try:
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(episodes.idempotency.run(
-                f"step:{SID}", "held", deadline(), orchestrator_pb2.StepResponse,
-                lambda prior: episodes._step(step("held"), prior)), 0.3)
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-    for _ in range(100):  # the claim commits once the lock is gone, then is released
-        await asyncio.sleep(0.05)
-        if await store.get_request(f"step:{SID}", "held") is None:
-            break
-    assert await store.get_request(f"step:{SID}", "held") is None
-    reply = await episodes.step(step("held", done=True), deadline())  # a retry runs at once
-    assert reply.turn == 1
+    scoring, release = asyncio.Event(), asyncio.Event()
+    run = episodes.verifier.run
+
+    async def held(*args: Any) -> Any:
+        scoring.set()
+        await release.wait()
+        return await run(*args)
+
+    episodes.verifier.run = held
+    caller = asyncio.create_task(episodes.step(step("held", done=True), deadline()))
+    await asyncio.wait_for(scoring.wait(), 10)
+    record = await store.get_request(STEPS, "held")
+    assert record is not None and record.state == RequestState.PENDING
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    release.set()
+    retry = await asyncio.wait_for(episodes.step(step("held", done=True), deadline()), 10)  # waits, then replays
+    assert (retry.turn, retry.done, retry.done_reason) == (1, True, orchestrator_pb2.DONE_REASON_AGENT_DONE)
+    assert retry.verification.status  # scored (SKIPPED: the mcp provider has no verifier for this session)
+    record = await store.get_request(STEPS, "held")
+    assert record is not None and record.state == RequestState.DONE

@@ -1,13 +1,15 @@
-"""The contract: generated code matches the protos, buf lint is clean and enforces comments, and the
-agent plane has exactly two RPCs."""
+"""The contract: generated code matches the protos, buf lint is clean and enforces comments, each service
+has exactly the unary RPCs its proto names (the agent plane two), and JSON passed on travels as text."""
 
 from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,30 +61,61 @@ def test_buf_lint_rejects_an_uncommented_field(tmp_path: Path) -> None:
     assert "COMMENT_FIELD" in result.stdout + result.stderr or "comment" in (result.stdout + result.stderr).lower()
 
 
-def test_gateway_service_can_only_list_and_call_tools() -> None:
-    """The agent plane (RFC 001): listing tools and calling them, nothing else. CallToolStream is CallTool
-    over a stream: its requests carry one CallToolRequest (or a cancel of one) and nothing that could reach
-    another operation."""
-    from rlgate.v1 import toolgateway_pb2
-
-    service = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"]
-    assert sorted(m.name for m in service.methods) == ["CallTool", "CallToolStream", "ListTools"]
-    stream = service.methods_by_name["CallToolStream"]
-    assert stream.client_streaming and stream.server_streaming
-    fields = {f.name: f for f in stream.input_type.fields}
-    assert sorted(fields) == ["call", "call_id", "cancel", "timeout", "token", "trace_id"]
-    assert fields["call"].message_type.full_name == "rlgate.v1.CallToolRequest"
-    answer = {f.name: f for f in stream.output_type.fields}
-    assert answer["reply"].message_type.full_name == "rlgate.v1.CallToolResponse"
+def _rpcs_named_in(proto: str) -> list[str]:
+    """The RPCs a .proto file declares, read from its text (the contract as written, not as generated)."""
+    return re.findall(r"^\s*rpc\s+(\w+)\s*\(", (ROOT / "proto" / "rlgate" / "v1" / proto).read_text(), re.M)
 
 
-def test_orchestrator_service_methods() -> None:
-    from rlgate.v1 import orchestrator_pb2
+@pytest.mark.parametrize(
+    ("proto", "service", "methods"),
+    [
+        ("toolgateway.proto", "ToolGatewayService", ["ListTools", "CallTool"]),
+        (
+            "orchestrator.proto",
+            "OrchestratorService",
+            ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"],
+        ),
+    ],
+)
+def test_each_service_has_exactly_the_rpcs_the_proto_names_all_unary(
+    proto: str, service: str, methods: list[str]
+) -> None:
+    """The agent plane (RFC 001) lists and calls tools and nothing else; neither service has a streaming
+    twin of an RPC. The generated descriptors agree with the .proto text."""
+    from rlgate.v1 import orchestrator_pb2, toolgateway_pb2
 
-    service = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"]
-    assert sorted(m.name for m in service.methods) == sorted(
-        ["Reset", "Step", "StepStream", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"]
-    )
+    module = toolgateway_pb2 if proto == "toolgateway.proto" else orchestrator_pb2
+    descriptor = module.DESCRIPTOR.services_by_name[service]
+    assert [m.name for m in descriptor.methods] == _rpcs_named_in(proto) == methods
+    for method in descriptor.methods:
+        assert not method.client_streaming and not method.server_streaming, method.full_name
+
+
+def test_no_stream_messages_remain() -> None:
+    from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
+
+    names = [n for m in (common_pb2, orchestrator_pb2, toolgateway_pb2) for n in m.DESCRIPTOR.message_types_by_name]
+    assert not [n for n in names if "Stream" in n or n == "CallStatus"], names
+
+
+def test_json_the_services_pass_on_travels_as_text() -> None:
+    """Struct carries every number as a double; what rlgate passes on is JSON text, kept exactly."""
+    from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
+
+    def fields(message: Any) -> dict[str, Any]:
+        return {f.name: f for f in message.DESCRIPTOR.fields}
+
+    reset = fields(orchestrator_pb2.ResetResponse)
+    assert "info" not in reset and reset["instance"].message_type.full_name == "rlgate.v1.InstanceInfo"
+    task = fields(common_pb2.TaskInfo)
+    assert "metadata" not in task
+    assert {"metadata_json", "reference_solution_json"} <= set(task)
+    log = fields(orchestrator_pb2.ToolCallLogEntry)
+    assert "arguments" not in log and log["arguments_json"].type == log["arguments_json"].TYPE_STRING
+    for message in (toolgateway_pb2.CallToolRequest, orchestrator_pb2.ToolCallSummary):
+        args = message.DESCRIPTOR.oneofs_by_name["args"]
+        assert sorted(f.name for f in args.fields) == ["arguments", "arguments_json"], message
+    assert "include_reference_solution" in fields(orchestrator_pb2.ListTasksRequest)
 
 
 def test_reward_has_presence() -> None:

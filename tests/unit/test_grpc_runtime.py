@@ -1,9 +1,11 @@
-"""The shared gRPC bootstrap: health, reflection, API keys, trace ids, graceful shutdown."""
+"""The shared gRPC bootstrap: health, reflection, API keys, trace ids, request parsing, metrics, graceful
+shutdown. rlgate's RPCs are unary; health's and reflection's streams pass the interceptors untouched."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 
 import grpc
 import pytest
@@ -11,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rlgate.runtime.grpc_server import start_server
-from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor
+from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
 from rlgate.runtime.logs import trace_id_var
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 
@@ -52,7 +54,10 @@ async def test_health_serving_then_not_serving_during_drain() -> None:
 
 
 async def test_reflection_lists_services() -> None:
-    running = await start_server("127.0.0.1:0", _register)
+    # Through the interceptors a server runs with: reflection's stream passes them, and needs no API key.
+    running = await start_server(
+        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(["k-123"])]
+    )
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
@@ -79,19 +84,24 @@ async def test_api_keys_and_trace_ids(caplog: pytest.LogCaptureFixture) -> None:
                 await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5)
             assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
             with pytest.raises(grpc.aio.AioRpcError) as wrong:
-                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5,
-                                     metadata=[("authorization", "Bearer nope")])
+                await stub.ListTools(
+                    toolgateway_pb2.ListToolsRequest(), timeout=5, metadata=[("authorization", "Bearer nope")]
+                )
             assert wrong.value.code() == grpc.StatusCode.UNAUTHENTICATED
             assert "nope" not in (wrong.value.details() or "")
             with caplog.at_level(logging.INFO):
-                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5, metadata=[
-                    ("authorization", "Bearer k-123"), ("x-rlgate-trace-id", "trace-abc")])
+                await stub.ListTools(
+                    toolgateway_pb2.ListToolsRequest(),
+                    timeout=5,
+                    metadata=[("authorization", "Bearer k-123"), ("x-rlgate-trace-id", "trace-abc")],
+                )
             assert any("trace-abc" in r.getMessage() for r in caplog.records)
             # health stays reachable without a key (probes)
             assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
             with pytest.raises(grpc.aio.AioRpcError) as bug:
-                await stub.CallTool(toolgateway_pb2.CallToolRequest(name="x"), timeout=5,
-                                    metadata=[("authorization", "Bearer k-123")])
+                await stub.CallTool(
+                    toolgateway_pb2.CallToolRequest(name="x"), timeout=5, metadata=[("authorization", "Bearer k-123")]
+                )
             assert bug.value.code() == grpc.StatusCode.INTERNAL
             assert "secret detail" not in (bug.value.details() or "")
     finally:
@@ -106,3 +116,70 @@ async def test_unbindable_address_is_an_error() -> None:
     finally:
         await running.shutdown(grace=0)
         await asyncio.sleep(0)
+
+
+async def test_bytes_that_are_not_a_request_are_invalid_argument() -> None:
+    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            raw = channel.unary_unary("/rlgate.v1.ToolGatewayService/ListTools")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw(b"\xff\xff\xff", timeout=5)  # not a ListToolsRequest (a truncated field)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "ListTools" in (err.value.details() or "")
+    finally:
+        await running.shutdown(grace=0)
+
+
+async def test_internal_errors_carry_the_callers_trace_id() -> None:
+    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.CallTool(
+                    toolgateway_pb2.CallToolRequest(name="x"), timeout=5, metadata=[("x-rlgate-trace-id", "trace-xyz")]
+                )
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "trace-xyz" in (err.value.details() or "")
+    finally:
+        await running.shutdown(grace=0)
+
+
+async def test_metrics_count_each_rpc_by_method_and_code() -> None:
+    from prometheus_client import REGISTRY
+
+    service = f"runtime-test-{uuid.uuid4().hex[:8]}"
+    running = await start_server(
+        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), MetricsInterceptor(service)]
+    )
+
+    def count(method: str, code: str) -> float:
+        labels = {"service": service, "method": method, "code": code}
+        return REGISTRY.get_sample_value("rlgate_grpc_requests_total", labels) or 0.0
+
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+            for _ in range(2):
+                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await stub.CallTool(toolgateway_pb2.CallToolRequest(name="x"), timeout=5)
+        assert (count("ListTools", "OK"), count("CallTool", "INTERNAL")) == (2.0, 1.0)
+    finally:
+        await running.shutdown(grace=0)
+
+
+def test_only_unary_handlers_are_wrapped() -> None:
+    """A check added by wrapping (API key, readiness) cannot be skipped by a handler of another kind: such
+    a handler is refused (None: UNIMPLEMENTED), since rlgate serves unary RPCs only."""
+
+    async def behaviour(request, context):  # type: ignore[no-untyped-def]
+        return request
+
+    unary = grpc.unary_unary_rpc_method_handler(behaviour)
+    wrapped = wrap_behaviour(unary, lambda inner: inner)
+    assert wrapped is not None and wrapped.unary_unary is behaviour
+    stream = grpc.stream_stream_rpc_method_handler(behaviour)
+    assert wrap_behaviour(stream, lambda inner: inner) is None
+    assert wrap_behaviour(None, lambda inner: inner) is None
