@@ -217,6 +217,12 @@ async def test_redis_health_fails_at_once_when_the_server_is_gone(redis_server: 
 
 
 # -- recovery, as docs/operations.md tells it -------------------------------------------------------------------
+def test_the_doc_the_error_points_to_exists() -> None:
+    doc = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+    assert sqlite_store.RECOVERY_DOC == 'docs/operations.md, "Recovering a store"'
+    assert "\n## Recovering a store\n" in doc.read_text()
+
+
 def test_the_documented_salvage_gives_back_a_store_that_opens(tmp_path: Path) -> None:
     """docs/operations.md: `.clone` the broken file into a new one with the sqlite3 shell apsw ships (the store's
     own SQLite; it copies every row it can read, values exact, and rebuilds the indexes), carry `user_version`
