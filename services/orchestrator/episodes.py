@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -34,7 +33,7 @@ from rlgate.orchestrator.views import (
     tool_call_entry,
     verification,
 )
-from rlgate.runtime.auth import token_hash
+from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import (
     FailedPrecondition,
@@ -283,7 +282,7 @@ class EpisodeManager:
     async def _rotate_token(self, session_id: str, episode: int) -> tuple[Session, str]:
         """A fresh agent token for `episode` while it is the session's running episode. Compare-and-set:
         concurrent rotations serialise and the last one's token is the valid one."""
-        token = secrets.token_urlsafe(32)
+        token = mint_agent_token(session_id)
 
         def rotate(s: Session) -> bool:
             if s.status != SessionStatus.ACTIVE or s.episode != episode:
@@ -293,6 +292,7 @@ class EpisodeManager:
                     reason="SESSION_NOT_RESUMABLE",
                     metadata={"session_id": s.session_id, "status": s.status, "episode": s.episode},
                 )
+            revoke_agent_token(s)  # the earlier reply's token: the gateway can say it was replaced
             s.token_hash = token_hash(token)
             s.last_active_at = time.time()
             return True
@@ -375,7 +375,7 @@ class EpisodeManager:
             tools = await self.tools.get(
                 env_key, handle.endpoints, tool_filter, per_instance=self.provider.manages_instances
             )
-            token = secrets.token_urlsafe(32)
+            token = mint_agent_token(session_id)
             now = time.time()
             session = Session(
                 session_id=session_id,
@@ -464,7 +464,7 @@ class EpisodeManager:
             if s.status == SessionStatus.PROVISIONING:
                 raise FailedPrecondition("a reset of this session is already in progress", reason="RESET_IN_PROGRESS")
             s.status = SessionStatus.PROVISIONING
-            s.token_hash = ""  # the previous episode's token stops working now
+            revoke_agent_token(s)  # the previous episode's token stops working now
             return True
 
         session, _ = await self._mutate(params.session_id, begin)
@@ -488,7 +488,7 @@ class EpisodeManager:
         except BaseException as exc:
             await asyncio.shield(self.fail(session.session_id, f"reset failed: {exc}"))
             raise
-        token = secrets.token_urlsafe(32)
+        token = mint_agent_token(session.session_id)
 
         def start(s: Session) -> bool:
             if s.status != SessionStatus.PROVISIONING:  # closed or reaped while we were resetting
@@ -713,7 +713,7 @@ class EpisodeManager:
                 return False
             previous["status"] = s.status
             s.status = status
-            s.token_hash = ""
+            revoke_agent_token(s)
             s.closed_at = time.time()
             return True
 

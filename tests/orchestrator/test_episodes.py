@@ -17,7 +17,7 @@ from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
 from rlgate.convert import parse_json_object, parse_json_text, struct_from_dict
-from rlgate.runtime.auth import token_hash
+from rlgate.runtime.auth import session_of_token, token_hash
 from rlgate.runtime.ledger import decode_result, scope
 from rlgate.store import SessionStore
 from rlgate.toolgateway.server import GatewayHandle
@@ -104,10 +104,10 @@ async def test_full_episode_with_reference_solution_scores_1(
     closed = await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
     assert closed.status == common_pb2.SESSION_STATUS_CLOSED and not closed.already_closed
     assert instances_of(lf, orch.config.run_id) == []
-    # The token died with the session.
+    # The token died with the session (and the gateway can say so).
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await call_tool(gateway.address, reset.agent_token, "list_folders", {})
-    assert err.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
@@ -198,9 +198,9 @@ async def test_reset_with_session_id_restores_seed_and_rotates_token(
     assert second.instance == first.instance and second.instance.instance_id
     folders = await call_tool(gateway.address, second.agent_token, "list_folders", {})
     assert "Scratch-42" not in result_text(folders)  # seed state restored
-    with pytest.raises(grpc.aio.AioRpcError) as err:  # the old episode's token is dead
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # the old episode's token is dead, and said to be
         await call_tool(gateway.address, first.agent_token, "list_folders", {})
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 async def test_hung_reset_on_reused_instance_replaces_it(
@@ -275,8 +275,8 @@ async def test_duplicate_request_ids_on_reset_and_step(
     # Each reply carries its own token (the record keeps none); only the latest one works.
     assert len({a.agent_token, b.agent_token, c.agent_token}) == 3
     assert [await list_tools_code(gateway, r.agent_token) for r in (a, b, c)] == [
-        grpc.StatusCode.UNAUTHENTICATED,
-        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,  # replaced by a later reply's token
+        grpc.StatusCode.FAILED_PRECONDITION,
         grpc.StatusCode.OK,
     ]
     assert lf.counters()["instances_created"] - created_before == 1
@@ -308,7 +308,7 @@ async def test_reset_replay_mints_a_new_token_and_the_record_keeps_none(
     again = await orch.stub.Reset(req, timeout=60)
     assert (again.session_id, again.episode, list(again.tools)) == (first.session_id, 1, list(first.tools))
     assert again.agent_token and again.agent_token != first.agent_token
-    assert await list_tools_code(gateway, first.agent_token) == grpc.StatusCode.UNAUTHENTICATED
+    assert await list_tools_code(gateway, first.agent_token) == grpc.StatusCode.FAILED_PRECONDITION
     assert await list_tools_code(gateway, again.agent_token) == grpc.StatusCode.OK
 
     # Concurrent repeats: every one answers; the session holds exactly one of their tokens.
@@ -340,7 +340,7 @@ async def test_reset_replay_mints_a_new_token_and_the_record_keeps_none(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await orch.stub.Reset(moved_on, timeout=60)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert await list_tools_code(gateway, repeat.agent_token) == grpc.StatusCode.UNAUTHENTICATED
+    assert await list_tools_code(gateway, repeat.agent_token) == grpc.StatusCode.FAILED_PRECONDITION
     record = await store.get_request(scope("reset", ""), "replay-next")
     assert record is not None and repeat.agent_token.encode() not in record.result.encode()
     assert repeat.agent_token.encode() not in decode_result(record.result)[1]
@@ -557,3 +557,39 @@ async def test_state_shows_tool_call_arguments_exactly(
         logged = parse_json_object(entry.arguments_json)
         assert logged == arguments and type(logged["limit"]) is int, entry.arguments_json
         assert '"limit":1' in entry.arguments_json.replace(" ", "")
+
+
+async def test_every_revoked_token_is_remembered_so_the_gateway_can_say_why(
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
+    store: SessionStore,
+    orchestrator_factory: Callable[..., Any],
+) -> None:
+    """Tokens name their session; wherever one is revoked or replaced (a repeated Reset, the next episode,
+    Close, expiry) its hash joins the session's revoked list, so the gateway answers FAILED_PRECONDITION
+    with the reason, while a token never issued stays UNAUTHENTICATED."""
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    req = orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji", request_id="revoke-1")
+    first = await orch.stub.Reset(req, timeout=60)
+    sid = first.session_id
+    assert session_of_token(first.agent_token) == sid
+    replaced = await orch.stub.Reset(req, timeout=60)  # a repeat: a fresh token for episode 1
+    second = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid), timeout=60)  # episode 2
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=sid), timeout=60)
+    session = await store.get_session(sid)
+    assert session is not None and session.token_hash == ""
+    assert session.revoked_tokens == {
+        token_hash(first.agent_token): 1,
+        token_hash(replaced.agent_token): 1,
+        token_hash(second.agent_token): 2,
+    }
+    for token in (first.agent_token, replaced.agent_token, second.agent_token):
+        assert await list_tools_code(gateway, token) == grpc.StatusCode.FAILED_PRECONDITION
+    forged = first.agent_token.rsplit(".", 1)[0] + ".never-issued"
+    assert await list_tools_code(gateway, forged) == grpc.StatusCode.UNAUTHENTICATED
+
+    reaped = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1"), timeout=60)
+    assert await orch.handle.orchestrator.episodes.expire(reaped.session_id, "test: idle")
+    session = await store.get_session(reaped.session_id)
+    assert session is not None and session.revoked_tokens == {token_hash(reaped.agent_token): 1}
+    assert await list_tools_code(gateway, reaped.agent_token) == grpc.StatusCode.FAILED_PRECONDITION

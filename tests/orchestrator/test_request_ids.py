@@ -120,7 +120,7 @@ async def test_request_ids_are_scoped_to_the_api_key(
     # A's retry rotates only A's token.
     a_again = await orch.stub.Reset(request, metadata=as_a, timeout=60)
     assert a_again.session_id == a.session_id
-    assert await list_tools_code(gateway, a.agent_token) == grpc.StatusCode.UNAUTHENTICATED
+    assert await list_tools_code(gateway, a.agent_token) == grpc.StatusCode.FAILED_PRECONDITION  # replaced
     assert await list_tools_code(gateway, b.agent_token) == grpc.StatusCode.OK
 
     # Step ids too: the same id on each caller's own session is two requests; one caller reusing it for
