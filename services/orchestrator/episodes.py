@@ -622,8 +622,13 @@ class EpisodeManager:
         claim.keep()
         ending = asyncio.create_task(self._end_episode(session, final_answer, claim))
         self._background.add(ending)
-        ending.add_done_callback(self._background.discard)
+        ending.add_done_callback(self._ended)
         return await asyncio.shield(ending)
+
+    def _ended(self, task: asyncio.Task[orchestrator_pb2.StepResponse]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved here: its caller may be gone
+            log.warning("scoring the episode failed: %s", task.exception())
 
     async def _end_episode(
         self, session: Session, final_answer: str | None, claim: Claim
