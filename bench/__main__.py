@@ -31,19 +31,21 @@ BENCHMARKS = (
     "reset_warm_vs_cold",
     "episodes_per_s",
     "sessions_1000",
+    "scale_sessions",
 )
-TIME_LIMIT_S = {"quick": 150.0, "full": 1800.0}  # per benchmark
+TIME_LIMIT_S = {"quick": 150.0, "full": 1800.0}  # per benchmark, unless its module sets TIME_LIMIT_S
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="small sizes (all seven in < 5 minutes; default)")
+    mode.add_argument("--quick", action="store_true", help="small sizes (default)")
     mode.add_argument("--full", action="store_true", help="full sizes")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     parser.add_argument("--results", type=Path, default=BENCH_DIR / "results.json", help="results file to merge")
-    parser.add_argument("--table", action="store_true",
-                        help="print the summary table of the results file (Markdown) and run nothing")
+    parser.add_argument(
+        "--table", action="store_true", help="print the summary table of the results file (Markdown) and run nothing"
+    )
     args = parser.parse_args(argv)
     args.names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     unknown = sorted(set(args.names) - set(BENCHMARKS))
@@ -58,6 +60,7 @@ async def run_one(name: str, ctx: BenchContext, limit_s: float) -> list[Entry]:
         prepare = getattr(module, "prepare", None)
         if prepare is not None:  # one-time setup (e.g. a virtualenv to build): outside the time limit
             await prepare(ctx)
+        limit_s = getattr(module, "TIME_LIMIT_S", {}).get("quick" if ctx.quick else "full", limit_s)
         async with asyncio.timeout(limit_s):
             return list(await module.run(ctx))
     except Exception as exc:  # recorded as the benchmark's result; the run goes on with the next one
@@ -76,8 +79,17 @@ def table_from_results(results: dict[str, Any]) -> str:
         if e.get("error") and e.get("value") is None:
             rows.append([name, None, None, None, e.get("unit", ""), e.get("goal", "-"), f"FAILED: {e['error'][:60]}"])
             continue
-        rows.append([name, e.get("value"), e.get("baseline"), e.get("ratio"), e.get("unit", ""),
-                     e.get("goal", "-"), e.get("met", "-")])
+        rows.append(
+            [
+                name,
+                e.get("value"),
+                e.get("baseline"),
+                e.get("ratio"),
+                e.get("unit", ""),
+                e.get("goal", "-"),
+                e.get("met", "-"),
+            ]
+        )
         for goal, met in e.get("other_goals", {}).items():
             metric = goal.split(" ", 1)[0]
             rows.append([f"  {name}", e.get(metric), "", "", "", goal, met])
@@ -92,8 +104,11 @@ async def main(argv: list[str]) -> int:
     mode = "full" if args.full else "quick"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     ctx = BenchContext(quick=mode == "quick", out_dir=BENCH_DIR / "out" / f"{mode}-{stamp}")
-    run_info: dict[str, object] = {"mode": mode, "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                "machine": await asyncio.to_thread(machine_info)}
+    run_info: dict[str, object] = {
+        "mode": mode,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": await asyncio.to_thread(machine_info),
+    }
     everything: list[Entry] = []
     started = time.perf_counter()
     for name in args.names:
