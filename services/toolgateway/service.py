@@ -7,10 +7,7 @@ Handlers in `servicer.py` only translate between gRPC and these methods; every c
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
-import hashlib
-import json
 import logging
 import re
 import time
@@ -31,10 +28,10 @@ from rlgate.runtime.errors import (
     Unavailable,
     clip,
 )
+from rlgate.runtime.ledger import Claim, RequestLedger
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     RequestRecord,
-    RequestState,
     Session,
     SessionStatus,
     SessionStore,
@@ -62,7 +59,6 @@ MAX_REQUEST_ID = 128
 TOOL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # MCP SEP-986, as toolgateway.proto states
 DEADLINE_MARGIN_S = 0.05  # our timeout fires just before the caller's, so we answer DEADLINE_EXCEEDED ourselves
 UNKNOWN_TOOL_REFRESH_S = 2.0  # an unknown tool name re-lists the upstreams at most this often per session
-REPLAY_POLL_S = 0.1
 UNKNOWN_LABEL = "(unknown)"  # the metrics label of a tool name no endpoint owns: a model's invention mints no series
 
 _calls = metrics.counter("rlgate_toolgateway_calls_total", "Tool calls", ["tool", "endpoint", "outcome"])
@@ -100,24 +96,9 @@ class ToolCall:
     request_id: str
     arguments: dict[str, Any]
 
-    @functools.cached_property
-    def arguments_digest(self) -> str:
-        """SHA-256 of the arguments' canonical JSON (sorted keys, numbers by value: 5 and 5.0 are one
-        number in JSON), which binds a request_id to the arguments it was first used with."""
-        canonical = json.dumps(
-            _numbers_by_value(self.arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _numbers_by_value(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _numbers_by_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_numbers_by_value(v) for v in value]
-    return value
+    def params(self) -> dict[str, Any]:
+        """What the request_id is bound to (the ledger's parameters), named as the request's fields."""
+        return {"name": self.name, "arguments": self.arguments}
 
 
 def parse_call(request: toolgateway_pb2.CallToolRequest, max_arguments_bytes: int) -> ToolCall:
@@ -139,41 +120,6 @@ def parse_call(request: toolgateway_pb2.CallToolRequest, max_arguments_bytes: in
     except InvalidJsonValue as exc:
         raise InvalidArgument(form, str(exc)) from exc
     return ToolCall(name, request.request_id, arguments)
-
-
-# -- request records ------------------------------------------------------------------------------------
-def encode_record(call: ToolCall, response: toolgateway_pb2.CallToolResponse) -> str:
-    """A DONE request record's payload: the response, and the tool name and arguments digest it is bound to."""
-    return json.dumps(
-        {
-            "tool": call.name,
-            "arguments_sha256": call.arguments_digest,
-            "response": base64.b64encode(response.SerializeToString()).decode(),
-        }
-    )
-
-
-def decode_record(raw: str) -> tuple[str, str, toolgateway_pb2.CallToolResponse]:
-    """(tool, arguments digest, response) of a DONE record's payload."""
-    data = json.loads(raw)
-    response = toolgateway_pb2.CallToolResponse.FromString(base64.b64decode(data["response"]))
-    return data["tool"], data["arguments_sha256"], response
-
-
-def _check_binding(call: ToolCall, tool: str, digest: str) -> None:
-    """INVALID_ARGUMENT when a request_id's first use had another tool name or other arguments."""
-    if tool != call.name:
-        raise InvalidArgument(
-            "request_id",
-            f"{clip(call.request_id)!r} was first used for tool {clip(tool)!r}, "
-            f"not {clip(call.name)!r}; a new call needs a new request_id",
-        )
-    if digest != call.arguments_digest:
-        raise InvalidArgument(
-            "request_id",
-            f"{clip(call.request_id)!r} was first used with other arguments for "
-            f"tool {clip(tool)!r}; a new call needs a new request_id",
-        )
 
 
 # -- sessions -----------------------------------------------------------------------------------------------
@@ -245,6 +191,11 @@ class _CallState:
     endpoint: str = ""
 
 
+async def _replayed(recorded: toolgateway_pb2.CallToolResponse) -> toolgateway_pb2.CallToolResponse:
+    recorded.replayed = True
+    return recorded
+
+
 class ToolGateway:
     """ListTools / CallTool for the session an agent token selects."""
 
@@ -255,6 +206,7 @@ class ToolGateway:
         self.pool = pool
         self.owner = owner
         self.settings = settings or GatewaySettings()
+        self.ledger = RequestLedger(store, owner)
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- auth ---------------------------------------------------------------------------------------------
@@ -268,9 +220,11 @@ class ToolGateway:
             raise await self._refusal(token or "", hashed)
         return _admit(session)
 
-    async def _authorize(self, token: str | None, call: ToolCall | None) -> tuple[Session, RequestRecord | None]:
+    async def _authorize(
+        self, token: str | None, call: ToolCall | None
+    ) -> tuple[Session, tuple[RequestRecord, bool] | None]:
         """`authenticate` plus the claim of the call's request_id (if any) in one store round trip: the
-        session and, if this call claimed the request_id, None; else the earlier attempt's record."""
+        session and the claim's (record, created), or None when nothing was claimed."""
         hashed = self._token_hash(token)
         request_id = call.request_id if call is not None else ""
         try:  # a claim landing after this call was cancelled is released by the store
@@ -285,7 +239,7 @@ class ToolGateway:
             if created:  # claimed, then refused (e.g. TTL passed): free the id again
                 await self._shielded(self._release(call_scope(session.session_id), request_id))
             raise
-        return session, None if created else record
+        return session, None if record is None else (record, created)
 
     @staticmethod
     def _token_hash(token: str | None) -> str:
@@ -352,20 +306,46 @@ class ToolGateway:
         except InvalidArgument as exc:
             call, problem = None, exc
         # A malformed request claims nothing; the token is still checked first (UNAUTHENTICATED wins).
-        session, earlier = await self._authorize(token, call)
+        session, claimed = await self._authorize(token, call)
         if problem is not None:
             raise problem
         assert call is not None
-        scope = call_scope(session.session_id)
-        if earlier is not None:
-            return await self._replay(scope, call, earlier, deadline)
+        scope, request_id = call_scope(session.session_id), call.request_id
 
+        async def claim() -> tuple[RequestRecord, bool]:
+            """The ledger's claim: the one `authorize_call` made, then (a released record) a new one."""
+            nonlocal claimed
+            if claimed is not None:
+                first, claimed = claimed, None
+                return first
+            return await self.store.claim_request(scope, request_id, self.owner)
+
+        try:
+            return await self.ledger.run(
+                scope,
+                request_id,
+                call.params(),
+                deadline,
+                toolgateway_pb2.CallToolResponse,
+                functools.partial(self._run, session, call, deadline),
+                claim=claim,
+                replay=_replayed,
+                orphan=self._orphaned,
+            )
+        except StoreError as exc:
+            raise _store_down(exc) from exc
+
+    async def _run(
+        self, session: Session, call: ToolCall, deadline: Deadline, claim: Claim
+    ) -> toolgateway_pb2.CallToolResponse:
+        """The call as its request_id's first attempt. A failure raised before the tool could have run lets
+        the ledger release the request_id; once it may have run, the record is kept (`claim.keep`) and
+        completed here as OUTCOME_UNKNOWN, so a retry never runs the tool again."""
         started = time.monotonic()
         state = _CallState()
         try:
             result, endpoint = await self._execute(session, call, deadline, state)
         except CallNotSent as exc:
-            await self._shielded(self._release(scope, call.request_id))
             self._count(call.name, state.endpoint, "unavailable")
             raise Unavailable(
                 f"upstream unavailable (the tool did not run): {exc}", reason="UPSTREAM_UNAVAILABLE"
@@ -377,48 +357,41 @@ class ToolGateway:
                     f"upstream connection lost during the call: {exc}. The tool may have run; a retry with "
                     "the same request_id returns OUTCOME_UNKNOWN"
                 )
-                await self._shielded(self._finish_unknown(session, call, state.endpoint, started, msg))
-            else:
-                await self._shielded(self._release(scope, call.request_id))
+                await asyncio.shield(self._finish_unknown(claim, session, call, state.endpoint, started, msg))
             self._count(call.name, state.endpoint, "unavailable")
             raise Unavailable(msg, reason="UPSTREAM_UNAVAILABLE") from exc
         except CallTimedOut as exc:
             self._count(call.name, state.endpoint, "deadline")
             if not exc.sent:
-                await self._shielded(self._release(scope, call.request_id))
                 raise DeadlineExceeded(f"deadline exceeded: {exc}") from exc
             msg = f"deadline exceeded: {exc}; the upstream call was cancelled and may have partly run"
-            await self._shielded(self._finish_unknown(session, call, state.endpoint, started, msg))
+            await asyncio.shield(self._finish_unknown(claim, session, call, state.endpoint, started, msg))
             raise DeadlineExceeded(msg) from exc
-        except RlgateError:
-            await self._shielded(self._release(scope, call.request_id))  # raised before anything was sent
-            raise
         except StoreError as exc:
-            await self._shielded(self._settle(state, session, call, started, f"store failed: {exc}"))
+            if state.sent:
+                why = f"store failed: {exc}; the tool may have run"
+                await asyncio.shield(self._finish_unknown(claim, session, call, state.endpoint, started, why))
             raise _store_down(exc) from exc
-        except Exception as exc:  # a bug: never leave the request PENDING under a live owner
-            await self._shielded(self._settle(state, session, call, started, f"internal error: {exc}"))
+        except RlgateError:
+            raise  # raised before anything was sent
+        except Exception as exc:  # a bug: if the tool may have run, record so (else the ledger releases the id)
+            if state.sent:
+                why = f"internal error: {exc}; the tool may have run"
+                await asyncio.shield(self._finish_unknown(claim, session, call, state.endpoint, started, why))
             raise
         except asyncio.CancelledError:
             # The caller went away (cancel or deadline) while the call ran: the upstream request is cancelled
             # with us. The record and log are written by an owned task, since this one is being cancelled.
             if state.sent:
-                self._in_background(
-                    self._finish_unknown(
-                        session,
-                        call,
-                        state.endpoint,
-                        started,
-                        "the call was cancelled by the caller; the tool may have partly run",
-                    )
-                )
-            else:
-                self._in_background(self._release(scope, call.request_id))
+                why = "the call was cancelled by the caller; the tool may have partly run"
+                self._finish_unknown(claim, session, call, state.endpoint, started, why)
             raise
 
         response = toolgateway_pb2.CallToolResponse(result=result)
-        # The log entry, the session touch and the DONE record in one store round trip, before the reply.
-        await self._shielded(self._record(session, call, endpoint, response, started))
+        # The log entry, the session touch and the DONE record in one store round trip, before the reply. The
+        # tool ran: from here the record is never released, whatever happens to this task.
+        claim.keep()
+        await self._shielded(self._record(claim, session, call, endpoint, response, started))
         return response
 
     async def _execute(
@@ -476,42 +449,18 @@ class ToolGateway:
             f"Tool '{name}' {why}. Available tools: {listing or '(none)'}. Call one of those by its exact name.",
         )
 
-    async def _replay(
-        self, scope: str, call: ToolCall, record: RequestRecord, deadline: Deadline
-    ) -> toolgateway_pb2.CallToolResponse:
-        """A request_id seen before: its recorded result (if the call matches what it was bound to),
-        OUTCOME_UNKNOWN if its owner died, or wait for it."""
-        request_id = call.request_id
-        while True:
-            if record.state == RequestState.DONE:
-                tool, digest, response = decode_record(record.result)
-                _check_binding(call, tool, digest)
-                response.replayed = True
-                return response
-            if not await self.store.owner_alive(record.owner):
-                _errors.labels("OUTCOME_UNKNOWN").inc()
-                log.info("request %s: first attempt's owner %s died mid-call", request_id, record.owner)
-                return toolgateway_pb2.CallToolResponse(
-                    result=results.error_result(
-                        Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
-                        f"An earlier attempt of request {request_id!r} was in flight when its gateway process died; "
-                        "the tool may or may not have run and is not run again. Check the state before retrying "
-                        "with a new request_id.",
-                    )
-                )
-            await asyncio.sleep(min(REPLAY_POLL_S, deadline.remaining()))
-            if deadline.expired():
-                raise DeadlineExceeded(
-                    f"deadline exceeded waiting for the first attempt of request {clip(request_id)!r}"
-                )
-            found = await self.store.get_request(scope, request_id)
-            if found is None:  # released: the first attempt never reached the upstream
-                raise Unavailable(
-                    f"the first attempt of request {clip(request_id)!r} failed before the tool ran; retry",
-                    reason="RETRY",
-                    retry_after_s=0.0,
-                )
-            record = found
+    async def _orphaned(self, record: RequestRecord) -> toolgateway_pb2.CallToolResponse:
+        """A repeat whose first attempt's owner died mid-call: the tool may have run, and never runs twice."""
+        _errors.labels("OUTCOME_UNKNOWN").inc()
+        log.info("request %s: first attempt's owner %s died mid-call", clip(record.request_id), record.owner)
+        return toolgateway_pb2.CallToolResponse(
+            result=results.error_result(
+                Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
+                f"An earlier attempt of request {clip(record.request_id)!r} was in flight when its gateway process "
+                "died; the tool may or may not have run and is not run again. Check the state before retrying "
+                "with a new request_id.",
+            )
+        )
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _count(self, tool: str, endpoint: str, outcome: str) -> None:
@@ -537,6 +486,7 @@ class ToolGateway:
 
     async def _record(
         self,
+        claim: Claim,
         session: Session,
         call: ToolCall,
         endpoint: str,
@@ -549,32 +499,26 @@ class ToolGateway:
         if kind:
             _errors.labels(kind).inc()
             log.info("tool %s -> %s: %s", call.name, kind, result.error_message[:200])
-        await self._commit(call, self._entry(session, call, endpoint, started, result), response)
+        await self._commit(claim, self._entry(session, call, endpoint, started, result), response)
 
-    async def _commit(self, call: ToolCall, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
+    async def _commit(self, claim: Claim, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
         """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
-        atomic store write, so a retry never finds a DONE record whose call is missing from the log."""
-        request = (
-            (call_scope(entry.session_id), call.request_id, encode_record(call, response)) if call.request_id else None
-        )
-        await self._store_quietly(self.store.commit(request=request, tool_call=entry))
+        atomic store write, so a retry never finds a DONE record whose call is missing from the log. If it
+        fails, the ledger records the response alone once the work returns."""
+        await self._store_quietly(claim.commit(response=response, tool_call=entry))
 
-    async def _finish_unknown(
-        self, session: Session, call: ToolCall, endpoint: str, started: float, message: str
-    ) -> None:
-        """The tool may have run: log it, and make a retry of the request_id answer OUTCOME_UNKNOWN."""
+    def _finish_unknown(
+        self, claim: Claim, session: Session, call: ToolCall, endpoint: str, started: float, message: str
+    ) -> asyncio.Task[None]:
+        """The tool may have run: keep the record from now on, and log the call and make a retry of the
+        request_id answer OUTCOME_UNKNOWN in an owned task (it must finish even if the caller is gone)."""
+        claim.keep()
         _errors.labels("OUTCOME_UNKNOWN").inc()
         response = toolgateway_pb2.CallToolResponse(
             result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message)
         )
-        await self._commit(call, self._entry(session, call, endpoint, started, response.result), response)
-
-    async def _settle(self, state: _CallState, session: Session, call: ToolCall, started: float, why: str) -> None:
-        """After an unexpected failure: release the record if nothing was sent, else OUTCOME_UNKNOWN."""
-        if state.sent:
-            await self._finish_unknown(session, call, state.endpoint, started, f"{why}; the tool may have run")
-        else:
-            await self._release(call_scope(session.session_id), call.request_id)
+        entry = self._entry(session, call, endpoint, started, response.result)
+        return self._in_background(self._commit(claim, entry, response))
 
     async def _release(self, scope: str, request_id: str) -> None:
         if request_id:

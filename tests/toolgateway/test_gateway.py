@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import math
-import sqlite3
 import time
 from dataclasses import replace
 from typing import Any
@@ -21,6 +20,7 @@ from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
+from tests.store.sqlite_files import hold_write_lock
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.ports import free_port
 from tests.toolgateway.conftest import (
@@ -419,8 +419,7 @@ async def test_a_claim_whose_call_was_cancelled_does_not_block_retries(tmp_path:
     handle = await start_gateway(gateway_config(), store)
     try:
         s = await make_session(store, fleet, "gw")
-        other = sqlite3.connect(path, isolation_level=None)
-        other.execute("BEGIN IMMEDIATE")
+        other = hold_write_lock(path)
         async with grpc.aio.insecure_channel(handle.address) as channel:
             stub = Stub(channel)
             try:
