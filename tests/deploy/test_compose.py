@@ -1,6 +1,6 @@
 """docker-compose.yml and deploy/Dockerfile against the CLI: every command, flag, port and variable in them
-is one `rlgate` accepts, and `docker-compose config` validates the file (no container engine here: the
-image is not built and nothing is started; see docs/deploy.md)."""
+is one `rlgate` accepts, and `docker-compose config` validates the file, statically and in seconds; the
+image is built and the stacks are started in test_compose_up.py (see docs/deploy.md)."""
 
 from __future__ import annotations
 
