@@ -4,7 +4,7 @@ orjson is ~10x faster than the standard library on the ~3 KB records every Step 
 reads. Where it and the standard library differ, the standard library's behaviour is kept: what orjson
 refuses to encode (an int past 64 bits, a non-string key) goes through the standard encoder, and what it
 refuses to decode (NaN and Infinity, which the standard encoder writes) through the standard decoder. orjson
-reads an integer past 64 bits as a float, silently; a run of 20 or more digits (the only way to write one)
+reads an integer past 64 bits as a float, silently; a run of 20 digits, or 19 after a minus (the only ways to write one)
 sends the text to the standard decoder, so such an integer comes back exactly.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 _STD_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-_LONG_DIGITS = re.compile(rb"[0-9]{20}")
-_LONG_DIGITS_TEXT = re.compile(r"[0-9]{20}")
+_LONG_DIGITS = re.compile(rb"-[0-9]{19}|[0-9]{20}")
+_LONG_DIGITS_TEXT = re.compile(r"-[0-9]{19}|[0-9]{20}")
 
 
 def dumps_bytes(value: Any) -> bytes:
