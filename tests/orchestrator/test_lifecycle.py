@@ -14,7 +14,6 @@ import pytest
 from fleet import AsyncFleet
 from grpc_status import rpc_status
 
-from rlgate.convert import dict_from_struct
 from rlgate.orchestrator.server import InsecureListenError, check_listen
 from rlgate.store import SessionStatus, SessionStore
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
@@ -36,8 +35,9 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], within: float,
     raise AssertionError(f"not within {within}s: {what}")
 
 
-async def test_warm_pool_serves_without_create_and_refills(lf: LocalfleetProcess,
-                                                           orchestrator_factory: Callable[..., Any]) -> None:
+async def test_warm_pool_serves_without_create_and_refills(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=2"))
     pool = orch.handle.orchestrator.pool
     await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool filled")
@@ -46,7 +46,7 @@ async def test_warm_pool_serves_without_create_and_refills(lf: LocalfleetProcess
     start = time.monotonic()
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     pooled_reset_s = time.monotonic() - start
-    assert dict_from_struct(reset.info)["instance_id"] in idle  # served from the pool: no create for it
+    assert reset.instance.instance_id in idle  # served from the pool: no create for it
     assert reset.tools
     await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool refilled")
     assert lf.counters()["instances_created"] == created + 1
@@ -55,8 +55,9 @@ async def test_warm_pool_serves_without_create_and_refills(lf: LocalfleetProcess
     print(f"pooled Reset took {pooled_reset_s * 1000:.0f} ms")
 
 
-async def test_pool_on_close_returns_a_clean_instance(lf: LocalfleetProcess,
-                                                      orchestrator_factory: Callable[..., Any]) -> None:
+async def test_pool_on_close_returns_a_clean_instance(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1", pool_on_close=True))
     pool = orch.handle.orchestrator.pool
     await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
@@ -65,14 +66,15 @@ async def test_pool_on_close_returns_a_clean_instance(lf: LocalfleetProcess,
     b = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     # Pool empty now; closing a returns its instance to the pool (reset first), b's is deleted (pool full).
     await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=a.session_id), timeout=30)
-    instance_a = dict_from_struct(a.info)["instance_id"]
+    instance_a = a.instance.instance_id
     assert instance_a in pool.instance_ids() or pool.size("mailbox:v1") == 1
     await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=b.session_id), timeout=30)
     await eventually(lambda: len(instances_of(lf, orch.config.run_id)) == 1, 30, "only the pooled instance left")
 
 
-async def test_idle_session_is_reaped(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
-                                      store: SessionStore) -> None:
+async def test_idle_session_is_reaped(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, idle_timeout_s=2.0))
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     kept = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, max_turns=1000), timeout=60)
@@ -87,15 +89,16 @@ async def test_idle_session_is_reaped(lf: LocalfleetProcess, orchestrator_factor
     s = await store.get_session(reset.session_id)
     assert s is not None and s.token_hash == ""
     live = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
-    assert dict_from_struct(reset.info)["instance_id"] not in live
-    assert dict_from_struct(kept.info)["instance_id"] in live
+    assert reset.instance.instance_id not in live
+    assert kept.instance.instance_id in live
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=10)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-async def test_session_ttl_expires(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
-                                   store: SessionStore) -> None:
+async def test_session_ttl_expires(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, session_ttl_s=1.0))
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
 
@@ -120,7 +123,8 @@ async def test_max_sessions(lf: LocalfleetProcess, orchestrator_factory: Callabl
 
 
 async def test_instance_limit_waits_for_capacity_then_exhausts(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf))
     running = len([i for i in await AsyncFleet(api_key="t", base_url=lf.base_url).instances(status="running")])
@@ -149,7 +153,8 @@ async def test_instance_limit_waits_for_capacity_then_exhausts(
 
 
 async def test_slow_create_past_deadline_is_unavailable_and_leaves_nothing(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf))
     lf.set_faults({"environments": {"mailbox": {"create_delay_s": 4.0}}})
@@ -165,19 +170,21 @@ async def test_slow_create_past_deadline_is_unavailable_and_leaves_nothing(
 
 
 async def test_reconcile_deletes_orphans_and_fails_lost_sessions(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    store: SessionStore,
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf))
     fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
     orphan = await fleet.make("mailbox:v1", run_id=orch.config.run_id, ttl_seconds=300)  # no intent, no session
     live = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     lost = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
-    await fleet.delete(dict_from_struct(lost.info)["instance_id"])  # died behind our back (TTL, manual)
+    await fleet.delete(lost.instance.instance_id)  # died behind our back (TTL, manual)
 
     report = await orch.handle.orchestrator.reconciler.run_once()
     assert report.ran and report.orphans_deleted == 1 and report.sessions_failed == 1
     ids = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
-    assert ids == {dict_from_struct(live.info)["instance_id"]}
+    assert ids == {live.instance.instance_id}
     assert orphan.instance_id not in ids
     s = await store.get_session(lost.session_id)
     assert s is not None and s.status == SessionStatus.FAILED
@@ -186,7 +193,8 @@ async def test_reconcile_deletes_orphans_and_fails_lost_sessions(
 
 
 async def test_reconcile_lease_excludes_a_second_orchestrator(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     config = fast_config(lf)
     a: Running = await orchestrator_factory(config)
@@ -196,11 +204,13 @@ async def test_reconcile_lease_excludes_a_second_orchestrator(
     assert [ra.ran, rb.ran].count(True) == 1
 
 
-async def test_graceful_stop_closes_everything(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
-                                               store: SessionStore) -> None:
+async def test_graceful_stop_closes_everything(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore
+) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1"))
-    ids = [(await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)).session_id
-           for _ in range(3)]
+    ids = [
+        (await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)).session_id for _ in range(3)
+    ]
     await eventually(lambda: orch.handle.orchestrator.pool.size("mailbox:v1") == 1, 60, "pool filled")
     assert len(instances_of(lf, orch.config.run_id)) == 4
     await orch.handle.stop()
@@ -212,31 +222,51 @@ async def test_graceful_stop_closes_everything(lf: LocalfleetProcess, orchestrat
 
 
 async def test_mcp_provider_bring_your_own_endpoints(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], tmp_path: Path,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
     inst = await fleet.make("mailbox:v1", ttl_seconds=300)
     try:
         root = inst.urls.root
         tasks = tmp_path / "mcp_tasks.json"
-        tasks.write_text(json.dumps([
-            {"key": "byo-answer", "prompt": "Say 42.", "env_id": "byo", "version": "v1",
-             "mcp_endpoints": [f"{root}mcp"], "metadata": {"expected_answer": "42"}},
-            {"key": "byo-free", "prompt": "Explore.", "env_id": "byo", "version": "v1",
-             "mcp_endpoints": [f"{root}mcp"]},
-        ]))
-        orch: Running = await orchestrator_factory(fast_config(
-            lf, provider="mcp", tasks_file=str(tasks), mcp_envs=f"mailbox:v1={root}mcp|{root}api/v1/mcp"))
+        tasks.write_text(
+            json.dumps(
+                [
+                    {
+                        "key": "byo-answer",
+                        "prompt": "Say 42.",
+                        "env_id": "byo",
+                        "version": "v1",
+                        "mcp_endpoints": [f"{root}mcp"],
+                        "metadata": {"expected_answer": "42"},
+                    },
+                    {
+                        "key": "byo-free",
+                        "prompt": "Explore.",
+                        "env_id": "byo",
+                        "version": "v1",
+                        "mcp_endpoints": [f"{root}mcp"],
+                    },
+                ]
+            )
+        )
+        orch: Running = await orchestrator_factory(
+            fast_config(lf, provider="mcp", tasks_file=str(tasks), mcp_envs=f"mailbox:v1={root}mcp|{root}api/v1/mcp")
+        )
         env_only = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1"), timeout=30)
         assert {t.name for t in env_only.tools} >= {"list_folders", "search_messages"}
-        assert dict_from_struct(env_only.info)["provider"] == "mcp"
+        assert env_only.instance.provider == "mcp"
         scored = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="byo-answer"), timeout=30)
-        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=scored.session_id, final_answer="42"),
-                                    timeout=30)
+        step = await orch.stub.Step(
+            orchestrator_pb2.StepRequest(session_id=scored.session_id, final_answer="42"), timeout=30
+        )
         assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK and step.reward == 1.0
         free = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="byo-free"), timeout=30)
-        step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=free.session_id, final_answer="x"),
-                                    timeout=30)
+        step = await orch.stub.Step(
+            orchestrator_pb2.StepRequest(session_id=free.session_id, final_answer="x"), timeout=30
+        )
         assert step.verification.status == common_pb2.VERIFICATION_STATUS_SKIPPED and not step.HasField("reward")
         again = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=free.session_id), timeout=30)
         assert again.episode == 2  # Reset is a no-op on the instance, a new episode for the session
@@ -252,13 +282,15 @@ async def test_api_keys_and_listen_guard(lf: LocalfleetProcess, orchestrator_fac
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    ok = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10,
-                                   metadata=[("authorization", "Bearer secret-key")])
+    ok = await orch.stub.ListTasks(
+        orchestrator_pb2.ListTasksRequest(), timeout=10, metadata=[("authorization", "Bearer secret-key")]
+    )
     assert ok.total > 0
     async with grpc.aio.insecure_channel(orch.handle.address) as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await orchestrator_pb2_grpc.OrchestratorServiceStub(ch).ListTasks(
-                orchestrator_pb2.ListTasksRequest(), timeout=10, metadata=[("authorization", "Bearer wrong")])
+                orchestrator_pb2.ListTasksRequest(), timeout=10, metadata=[("authorization", "Bearer wrong")]
+            )
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with pytest.raises(InsecureListenError):
         check_listen(fast_config(lf, listen="0.0.0.0:0"))
@@ -267,7 +299,8 @@ async def test_api_keys_and_listen_guard(lf: LocalfleetProcess, orchestrator_fac
 
 
 async def test_instances_are_tagged_and_heartbeats_keep_them_alive(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, heartbeat_interval_s=2, instance_ttl_s=120))
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
@@ -284,12 +317,12 @@ async def test_instances_are_tagged_and_heartbeats_keep_them_alive(
 
 
 async def test_reconcile_keeps_a_pool_instance_being_handed_out(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     """Regression: between hand-out and the session's registration the instance is in neither the idle pool
     nor a session; reconciliation must not take it for an orphan."""
-    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1",
-                                                           reconcile_interval_s=3600))
+    orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1", reconcile_interval_s=3600))
     pool = orch.handle.orchestrator.pool
     await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
     entry = await pool.take("mailbox:v1")
@@ -312,16 +345,22 @@ def _self_signed(tmp_path: Path) -> tuple[str, str, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     pem = cert.public_bytes(serialization.Encoding.PEM)
     (tmp_path / "cert.pem").write_bytes(pem)
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                         serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
+    (tmp_path / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), pem
 
 
@@ -331,12 +370,15 @@ async def test_tls(lf: LocalfleetProcess, orchestrator_factory: Callable[..., An
     creds = grpc.ssl_channel_credentials(root_certificates=pem)
     async with grpc.aio.secure_channel(f"localhost:{orch.handle.port}", creds) as channel:
         listed = await orchestrator_pb2_grpc.OrchestratorServiceStub(channel).ListTasks(
-            orchestrator_pb2.ListTasksRequest(page_size=1), timeout=10)
+            orchestrator_pb2.ListTasksRequest(page_size=1), timeout=10
+        )
     assert listed.total > 0
 
 
 async def test_handoff_shutdown_leaves_sessions_to_the_next_replica(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    store: SessionStore,
 ) -> None:
     config = fast_config(lf, shutdown_mode="handoff")
     first: Running = await orchestrator_factory(config)
@@ -347,15 +389,17 @@ async def test_handoff_shutdown_leaves_sessions_to_the_next_replica(
     second: Running = await orchestrator_factory(config)
     report = await second.handle.orchestrator.reconciler.run_once()
     assert report.orphans_deleted == 0
-    step = await second.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
-                                  timeout=60)
+    step = await second.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"), timeout=60
+    )
     assert step.reward == 1.0
     await second.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
     assert instances_of(lf, config.run_id) == []
 
 
 async def test_slow_provisioning_does_not_block_other_rpcs(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any],
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf))
     ready = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, max_turns=100), timeout=60)

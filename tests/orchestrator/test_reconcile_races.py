@@ -18,7 +18,6 @@ import httpx
 import pytest
 from fleet import AsyncFleet
 
-from rlgate.convert import dict_from_struct
 from rlgate.orchestrator.providers.base import InstanceHandle
 from rlgate.orchestrator.provisioning import INTENT_SEP
 from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionStore
@@ -67,7 +66,10 @@ def deletions() -> Any:
 
 @pytest.mark.parametrize("replicas", [1, 2])
 async def test_reconcile_never_deletes_a_live_sessions_instance(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore, deletions: DeletionLog,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    store: SessionStore,
+    deletions: DeletionLog,
     replicas: int,
 ) -> None:
     """With two replicas on one store, the lease holder judges the other's hand-outs and creates too."""
@@ -78,11 +80,16 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     # Real orphans, planted after the start-up pass: one with no intent at all, one whose intent belongs to
     # a process that is gone (never heartbeated).
     bare = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300)
-    dead_intent = Intent(intent_id=f"orch-gone{INTENT_SEP}0123456789abcdef", run_id=run_id, env_key="mailbox:v1",
-                         state=IntentState.CREATING)
+    dead_intent = Intent(
+        intent_id=f"orch-gone{INTENT_SEP}0123456789abcdef",
+        run_id=run_id,
+        env_key="mailbox:v1",
+        state=IntentState.CREATING,
+    )
     await store.put_intent(dead_intent)
-    dead = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300,
-                            env_variables={"RLGATE_INTENT_ID": dead_intent.intent_id})
+    dead = await fleet.make(
+        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={"RLGATE_INTENT_ID": dead_intent.intent_id}
+    )
     orphans = {bare.instance_id, dead.instance_id}
 
     episodes: list[Episode] = []
@@ -90,15 +97,16 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
 
     async def episode(orch: Running, http: httpx.AsyncClient) -> None:
         reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=120)
-        instance_id = str(dict_from_struct(reset.info)["instance_id"])
+        instance_id = reset.instance.instance_id
         opened = time.time()
         try:
             for turn in range(TURNS):
                 await asyncio.sleep(0.15)  # let reconcile passes run while the session is live
                 r = await http.get(f"{lf.base_url}/instances/{instance_id}/api/v1/env/health", timeout=30)
                 if r.status_code != 200:
-                    failures.append(f"session {reset.session_id}: instance {instance_id} answered "
-                                    f"{r.status_code} on turn {turn}")
+                    failures.append(
+                        f"session {reset.session_id}: instance {instance_id} answered {r.status_code} on turn {turn}"
+                    )
                 await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=60)
         finally:
             episodes.append(Episode(instance_id, opened, time.time()))
@@ -116,9 +124,12 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
 
     # Let a few more passes run, then check what reconciliation deleted.
     await asyncio.sleep(2.0)
-    live_deleted = [f"{iid} deleted at +{at - ep.opened:.2f}s of its session"
-                    for at, iid in deletions.deleted for ep in episodes
-                    if iid == ep.instance_id and ep.opened <= at <= ep.closing]
+    live_deleted = [
+        f"{iid} deleted at +{at - ep.opened:.2f}s of its session"
+        for at, iid in deletions.deleted
+        for ep in episodes
+        if iid == ep.instance_id and ep.opened <= at <= ep.closing
+    ]
     assert not live_deleted, f"reconcile deleted live sessions' instances: {live_deleted[:5]}"
     assert not failures, failures[:5]
     assert len(episodes) == WORKERS * EPISODES_PER_WORKER
@@ -130,7 +141,9 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
 
 
 async def test_orphan_verdicts_use_the_current_records(
-    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any], store: SessionStore,
+    lf: LocalfleetProcess,
+    orchestrator_factory: Callable[..., Any],
+    store: SessionStore,
 ) -> None:
     """Each window between create, intent update, session registration and close, judged directly."""
     orch: Running = await orchestrator_factory(fast_config(lf, reconcile_interval_s=3600))
@@ -145,8 +158,9 @@ async def test_orphan_verdicts_use_the_current_records(
             await store.put_intent(intent)
         env = {"RLGATE_INTENT_ID": intent.intent_id} if intent else {}
         made = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables=env)
-        [handle] = [h for h in await o.provider.list_instances(run_id, timeout_s=10)
-                    if h.instance_id == made.instance_id]
+        [handle] = [
+            h for h in await o.provider.list_instances(run_id, timeout_s=10) if h.instance_id == made.instance_id
+        ]
         if intent is not None and record_id:
             intent.instance_id = handle.instance_id
             await store.put_intent(intent)
@@ -154,14 +168,28 @@ async def test_orphan_verdicts_use_the_current_records(
 
     def intent(owner: str, state: str, *, age: float = 0.0, session_id: str = "") -> Intent:
         at = time.time() - age
-        return Intent(intent_id=f"{owner}{INTENT_SEP}{uuid.uuid4().hex}", run_id=run_id, env_key="mailbox:v1",
-                      state=state, session_id=session_id, created_at=at, updated_at=at)
+        return Intent(
+            intent_id=f"{owner}{INTENT_SEP}{uuid.uuid4().hex}",
+            run_id=run_id,
+            env_key="mailbox:v1",
+            state=state,
+            session_id=session_id,
+            created_at=at,
+            updated_at=at,
+        )
 
     async def session(handle: InstanceHandle, status: str, *, closed_ago: float = 0.0) -> str:
         sid = f"s-{uuid.uuid4().hex[:24]}"
-        await store.create_session(Session(
-            session_id=sid, env_key="mailbox:v1", status=status, orchestrator_run=run_id,
-            instance_id=handle.instance_id, closed_at=time.time() - closed_ago if closed_ago else 0.0))
+        await store.create_session(
+            Session(
+                session_id=sid,
+                env_key="mailbox:v1",
+                status=status,
+                orchestrator_run=run_id,
+                instance_id=handle.instance_id,
+                closed_at=time.time() - closed_ago if closed_ago else 0.0,
+            )
+        )
         return sid
 
     async def verdict(handle: InstanceHandle, snapshot_at: float) -> str | None:
@@ -175,13 +203,17 @@ async def test_orphan_verdicts_use_the_current_records(
     # An intent written after the snapshot: a create in flight of a live process, of a dead one.
     assert await verdict(await instance(intent(o.owner, IntentState.CREATING)), before) is None
     assert await verdict(await instance(intent(other, IntentState.CREATING)), before) is None
-    assert await verdict(await instance(intent("orch-gone", IntentState.CREATING)), before) \
+    assert (
+        await verdict(await instance(intent("orch-gone", IntentState.CREATING)), before)
         == "intent creating, owner gone"
+    )
     # POOLED: another live process's pool; this process's pool entry about to be appended; a lost one.
     assert await verdict(await instance(intent(other, IntentState.POOLED, age=300)), before) is None
     assert await verdict(await instance(intent(o.owner, IntentState.POOLED)), before) is None
-    assert await verdict(await instance(intent(o.owner, IntentState.POOLED, age=300)), before) \
+    assert (
+        await verdict(await instance(intent(o.owner, IntentState.POOLED, age=300)), before)
         == "intent pooled, not in this process's pool"
+    )
     # BOUND: to a session registered after the snapshot; to one closed just now (its closer releases it);
     # to one closed long ago; to one not registered yet (a hand-out of a live process, moments ago).
     bound = await instance(intent(o.owner, IntentState.BOUND, age=300))
@@ -206,10 +238,11 @@ async def test_orphan_verdicts_use_the_current_records(
     # DELETING: a release in progress is left to the releaser; a stalled one and a failed create (its
     # intent never learnt the instance id) are orphans.
     assert await verdict(await instance(intent(o.owner, IntentState.DELETING)), before) is None
-    assert await verdict(await instance(intent(o.owner, IntentState.DELETING, age=300)), before) \
+    assert await verdict(await instance(intent(o.owner, IntentState.DELETING, age=300)), before) == "intent deleting"
+    assert (
+        await verdict(await instance(intent(o.owner, IntentState.DELETING), record_id=False), before)
         == "intent deleting"
-    assert await verdict(await instance(intent(o.owner, IntentState.DELETING), record_id=False), before) \
-        == "intent deleting"
+    )
 
     for h in await o.provider.list_instances(run_id, timeout_s=10):
         await fleet.delete(h.instance_id)
