@@ -40,18 +40,18 @@ class GatewayConfig:
         "RLGATE_UPSTREAM_MAX_CONNECTIONS",
         "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)",
     )
-    direct_calls: bool = setting(
-        True,
-        "RLGATE_DIRECT_CALLS",
-        "Send modern-era (2026-07-28) tool calls over the gateway's own pooled HTTP connections instead of "
-        "through the mcp SDK client (same requests, a fraction of the CPU); off: every call through the SDK",
-    )
     upstream_keepalive_s: float = setting(
         4.0,
         "RLGATE_UPSTREAM_KEEPALIVE_S",
-        "Reuse an idle pooled upstream connection (direct calls) at most this long after its last response; "
-        "keep it below the upstream servers' idle timeout (uvicorn: 5 s), or a call racing the server's close "
-        "is reported OUTCOME_UNKNOWN",
+        "Reuse an idle upstream connection at most this long after its last response; keep it below the "
+        "upstream servers' idle timeout (uvicorn: 5 s), or a call racing the server's close is reported "
+        "OUTCOME_UNKNOWN",
+    )
+    upstream_max_reply_bytes: int = setting(
+        8 * 2**20,
+        "RLGATE_UPSTREAM_MAX_REPLY_BYTES",
+        "Largest upstream MCP reply read, in either MCP era: a longer one is cut off, its connection dropped, "
+        "and the call answers TOOL_FAILED (the tool ran; its output is lost)",
     )
     janitor_interval_s: float = setting(
         1.0, "RLGATE_JANITOR_INTERVAL_S", "How often idle or closed sessions' upstream clients are looked for"

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
+from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
 from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor
@@ -20,10 +22,8 @@ from rlgate.runtime.metrics import serve_metrics
 from rlgate.runtime.settings import default_store_url
 from rlgate.store import SessionStore, StoreError, open_store
 from rlgate.toolgateway.config import GatewayConfig
-from rlgate.toolgateway.http_calls import HttpCallSettings
 from rlgate.toolgateway.service import GatewaySettings, ToolGateway
 from rlgate.toolgateway.servicer import ToolGatewayServicer
-from rlgate.toolgateway.upstream import HttpSettings, PoolSettings, UpstreamPool
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -97,13 +97,11 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
             client_idle_s=config.client_idle_s,
             tools_refresh_s=config.tools_refresh_s,
             janitor_interval_s=config.janitor_interval_s,
-            connect_timeout_s=config.connect_timeout_s,
             http=HttpSettings.create(
-                connect_timeout=config.connect_timeout_s, max_connections=config.upstream_max_connections
-            ),
-            direct_calls=config.direct_calls,
-            direct_http=HttpCallSettings(
-                keepalive_s=config.upstream_keepalive_s, connect_timeout_s=config.connect_timeout_s
+                connect_timeout=config.connect_timeout_s,
+                max_connections=config.upstream_max_connections,
+                keepalive_s=config.upstream_keepalive_s,
+                max_reply_bytes=config.upstream_max_reply_bytes,
             ),
         )
     )

@@ -16,6 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.mcpclient.errors import (
+    CallLost,
+    CallNotSent,
+    CallRejected,
+    CallTimedOut,
+    ReplyTooLarge,
+    UpstreamUnavailable,
+)
+from rlgate.mcpclient.pool import UpstreamPool
+from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime import metrics
 from rlgate.runtime.auth import session_of_token, token_hash
 from rlgate.runtime.deadline import Deadline
@@ -41,15 +51,6 @@ from rlgate.store import (
 )
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import arguments_problem
-from rlgate.toolgateway.upstream import (
-    CallLost,
-    CallNotSent,
-    CallRejected,
-    CallTimedOut,
-    SessionCatalog,
-    UpstreamPool,
-    UpstreamUnavailable,
-)
 from rlgate.v1 import common_pb2, toolgateway_pb2
 
 log = logging.getLogger(__name__)
@@ -428,6 +429,8 @@ class ToolGateway:
         state.sent, state.endpoint = True, tool.endpoint
         try:
             mcp_result = await ups.call(tool.endpoint, name, call.arguments, timeout_s)
+        except ReplyTooLarge as exc:  # the tool ran; its reply was cut off unread
+            result = results.error_result(Kind.TOOL_ERROR_KIND_TOOL_FAILED, f"Tool '{name}' failed: {exc}")
         except CallRejected as exc:  # a JSON-RPC error: its message is the model's only clue
             result = results.error_result(
                 Kind.TOOL_ERROR_KIND_TOOL_FAILED,

@@ -1,210 +1,281 @@
-"""A scripted HTTP/1.1 server for the `http_calls` tests: real loopback sockets, raw response bytes.
+"""A real MCP upstream (the SDK's `MCPServer` under uvicorn, in either era) whose front answers chosen
+`tools/call`s itself, as a misbehaving server would: a reply far past any limit, a reply that never comes, a
+connection dropped mid-call, a compressed reply. Everything else (the handshake, `tools/list`, the `add` tool)
+is the SDK's own server.
 
-Each request is answered by the next responder queued with `answer(...)` (or `default`). A responder gets
-the request and the connection's streams, writes whatever bytes it likes and says whether the connection
-stays open. The server records every request, how many TCP connections it accepted, and which of them the
-client closed (EOF seen), so tests can observe connection reuse and cancellation from the server's side."""
+The front records what happened on the wire, so tests observe cut-offs and cancellation from the server's
+side: per hostile call, the body bytes the server got out and whether the client went away."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_HEAD = 64 * 1024
+import uvicorn
+from mcp.server import MCPServer
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rlgate.localfleet.connections import ConnectionTracker
+from rlgate.localfleet.counters import Counters
+from tests.support.ports import free_port
+
+CHUNK = 64 * 1024
+ERAS = ["modern", "legacy"]  # 2026-07-28, and initialize + Mcp-Session-Id (the modern probe answered 400)
+HOSTILE_TOOLS = ["flood", "hang", "drop", "squeezed"]
 
 
-@dataclass
-class Received:
-    """One request as it arrived on the wire."""
+@dataclass(eq=False)
+class HostileCall:
+    """One `tools/call` the front answers itself."""
 
-    conn: int  # which TCP connection (0-based, in accept order)
-    request_line: str
-    headers: list[tuple[str, str]]  # names lower-cased, in wire order
-    body: bytes
-
-    def header(self, name: str) -> str | None:
-        values = [v for k, v in self.headers if k == name.lower()]
-        assert len(values) <= 1, f"header {name!r} sent {len(values)} times"
-        return values[0] if values else None
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def rpc_id(self) -> Any:
-        return self.json["id"]
-
-
-@dataclass
-class Exchange:
-    request: Received
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    server: ScriptedServer
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def wait_client_close(self) -> None:
-        """Read until the client closes the connection (EOF or reset): how an aborted call looks here."""
-        with contextlib.suppress(OSError):
-            while await self.reader.read(65536):
-                pass
-        self.server.client_closed.add(self.request.conn)
-
-
-Responder = Callable[[Exchange], Awaitable[bool]]  # True: keep the connection open for the next request
-
-
-def response_bytes(status: int, headers: Sequence[tuple[str, str]] = (), body: bytes = b"", *,
-                   reason: str = "X", content_length: bool = True) -> bytes:
-    lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers]
-    if content_length:
-        lines.append(f"content-length: {len(body)}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
-LAST_CHUNK = b"0\r\n\r\n"
-SSE_HEAD = response_bytes(200, [("content-type", "text/event-stream"), ("transfer-encoding", "chunked")],
-                          content_length=False)
-
-
-def json_rpc_result(request_id: Any, result: dict[str, Any]) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode()
-
-
-def json_rpc_error(request_id: Any, code: int, message: str) -> bytes:
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}).encode()
-
-
-def result_for(ex: Exchange) -> dict[str, Any]:
-    """The result the echo responders send: names the request it answers."""
-    return {"content": [{"type": "text", "text": "ok"}], "echo": ex.request.json.get("params"),
-            "conn": ex.request.conn}
-
-
-async def echo(ex: Exchange) -> bool:
-    """200 application/json with the result for this request; keep-alive."""
-    body = json_rpc_result(ex.request.rpc_id, result_for(ex))
-    await ex.send(response_bytes(200, [("content-type", "application/json")], body))
-    return True
-
-
-async def echo_then_close(ex: Exchange) -> bool:
-    """As `echo` (no `connection: close`), then close the connection: a server's keep-alive timeout."""
-    await echo(ex)
-    return False
-
-
-def fixed(data: bytes, keep: bool = True) -> Responder:
-    """Answer these exact bytes."""
-    async def respond(ex: Exchange) -> bool:
-        await ex.send(data)
-        return keep
-    return respond
-
-
-async def hang(ex: Exchange) -> bool:
-    """Never answer; return once the client has closed the connection."""
-    await ex.wait_client_close()
-    return False
-
-
-@dataclass
-class ScriptedServer:
-    default: Responder = echo
-    requests: list[Received] = field(default_factory=list)
-    connections: int = 0  # accepted
-    client_closed: set[int] = field(default_factory=set)  # connections whose client side closed (EOF seen)
-    _queue: list[Responder] = field(default_factory=list)
-    _server: asyncio.Server | None = None
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-
-    async def start(self) -> ScriptedServer:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
+    message: dict[str, Any]
+    scope: Scope
+    send: Send
+    upstream: HostileUpstream
+    sent: int = 0  # body bytes handed to the connection (uvicorn applies flow control: a client not reading
+    # holds `send` back, so this is what the client read plus what the socket buffers hold)
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)  # the client closed the connection
 
     @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+    def arguments(self) -> dict[str, Any]:
+        return dict(self.message.get("params", {}).get("arguments") or {})
 
-    def url(self, target: str = "/mcp") -> str:
-        return f"http://127.0.0.1:{self.port}{target}"
+    async def head(self, content_type: str, *extra: tuple[bytes, bytes]) -> None:
+        headers = [(b"content-type", content_type.encode()), *extra]
+        await self.send({"type": "http.response.start", "status": 200, "headers": headers})
 
-    def answer(self, *responders: Responder) -> None:
-        self._queue.extend(responders)
+    async def body(self, data: bytes, *, more: bool = True) -> bool:
+        """Send `data`; False once the client has gone (uvicorn then drops what is sent)."""
+        if self.disconnected.is_set():
+            return False
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        if self.disconnected.is_set():
+            return False
+        self.sent += len(data)
+        await self.upstream.note()
+        return True
 
-    async def wait(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:  # noqa: ASYNC109
-        """Until `predicate()` (checked whenever the server's state changes); TimeoutError otherwise."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(predicate)
+    def abort(self) -> None:
+        """Drop the connection (RST), as a server crashing mid-call would."""
+        assert self.upstream.tracker.abort(self.scope["client"])
 
-    async def _note(self) -> None:
+    def result_prefix(self) -> bytes:
+        """A JSON-RPC result whose one text block is still open: what follows is the text."""
+        return (
+            b'{"jsonrpc":"2.0","id":'
+            + json.dumps(self.message["id"]).encode()
+            + b',"result":{"resultType":"complete","content":[{"type":"text","text":"'
+        )
+
+
+RESULT_END = b'"}]}}'
+
+
+async def flood(call: HostileCall) -> None:
+    """A reply of `total` bytes of text (endless without `total`), as `kind`: `json` (one body), `sse` (one
+    event), or `sse-events` (many small notifications, each well under any event limit)."""
+    kind, total = call.arguments.get("kind", "json"), call.arguments.get("total")
+    if kind == "sse-events":
+        await call.head("text/event-stream")
+        note = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/message",
+                "params": {"level": "info", "data": "x" * (CHUNK - 200)},
+            }
+        )
+        event = f"event: message\ndata: {note}\n\n".encode()
+        while total is None or call.sent < total:
+            if not await call.body(event):
+                return
+        done = call.result_prefix() + b"done" + RESULT_END
+        await call.body(b"event: message\ndata: " + done + b"\n\n", more=False)
+        return
+    sse = kind == "sse"
+    await call.head("text/event-stream" if sse else "application/json")
+    if not await call.body((b"event: message\ndata: " if sse else b"") + call.result_prefix()):
+        return
+    filler = b"x" * CHUNK
+    while total is None or call.sent < total:
+        if not await call.body(filler):
+            return
+    await call.body(RESULT_END + (b"\n\n" if sse else b""), more=False)
+
+
+async def hang(call: HostileCall) -> None:
+    """No reply at all, until the client goes away."""
+    await call.disconnected.wait()
+
+
+async def drop(call: HostileCall) -> None:
+    """Drop the connection: before any reply (`when`: `before`), or in the middle of a JSON or SSE reply."""
+    when = call.arguments.get("when", "before")
+    if when == "json":
+        await call.head("application/json")
+        await call.body(call.result_prefix() + b"partial")
+    elif when == "sse":
+        await call.head("text/event-stream")
+        await call.body(
+            b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/message",'
+            b'"params":{"level":"info","data":"working"}}\n\n'
+        )
+    call.abort()
+
+
+async def squeezed(call: HostileCall) -> None:
+    """A whole, valid result, gzip-compressed although the client asked for none."""
+    body = gzip.compress(call.result_prefix() + b"ok" + RESULT_END)
+    await call.head("application/json", (b"content-encoding", b"gzip"))
+    await call.body(body, more=False)
+
+
+BEHAVIOURS: dict[str, Callable[[HostileCall], Awaitable[None]]] = {
+    "flood": flood,
+    "hang": hang,
+    "drop": drop,
+    "squeezed": squeezed,
+}
+
+
+def mcp_server() -> MCPServer:
+    server = MCPServer("hostile")
+
+    @server.tool()
+    def add(n: int) -> str:
+        """n + 1."""
+        return str(n + 1)
+
+    def hostile(kind: str = "json", total: int | None = None, when: str = "before") -> str:
+        return ""  # never reached: the front answers these calls
+
+    for name in HOSTILE_TOOLS:
+        server.add_tool(hostile, name=name, description=f"hostile: {name}")
+    return server
+
+
+class HostileUpstream:
+    """The server and its front; `calls` counts every `tools/call` by tool name, `methods` every message by
+    method, `hostile` keeps the calls the front answered, in order."""
+
+    def __init__(self, era: str) -> None:
+        self.era = era
+        self.calls: Counter[str] = Counter()
+        self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
+        self.hostile: list[HostileCall] = []
+        self.tracker = ConnectionTracker(Counters())
+        self._changed = asyncio.Condition()
+        self._app: ASGIApp = mcp_server().streamable_http_app(json_response=era == "legacy")
+        self.port = free_port()
+        self._uvicorn: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def note(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
-    def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def wait(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Until `predicate()` (checked whenever the front records something); TimeoutError otherwise."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = self.connections
-        self.connections += 1
-        await self._note()
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self._app(scope, receive, send)
+            return
+        version = dict(scope["headers"]).get(b"mcp-protocol-version", b"").decode()
+        if self.era == "legacy" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "unsupported version"}}
+            await send(
+                {"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]}
+            )
+            await send({"type": "http.response.body", "body": json.dumps(error).encode()})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body) if body else {}
+        self.methods[request.get("method", "")] += 1
+        name = request.get("params", {}).get("name") if request.get("method") == "tools/call" else None
+        if name is not None:
+            self.calls[name] += 1
+        await self.note()
+        if name not in BEHAVIOURS:
+            await self._app(scope, _replay(body, receive), send)
+            return
+        call = HostileCall(request, scope, send, self)
+        self.hostile.append(call)
+        watcher = asyncio.create_task(self._watch(call, receive))
         try:
-            while True:
-                request = await self._read_request(conn, reader)
-                if request is None:  # the client closed the connection between requests
-                    self.client_closed.add(conn)
-                    break
-                self.requests.append(request)
-                await self._note()
-                responder = self._queue.pop(0) if self._queue else self.default
-                keep = await responder(Exchange(request, reader, writer, self))
-                if reader.at_eof():
-                    self.client_closed.add(conn)
-                if not keep:
-                    break
-        except (OSError, asyncio.IncompleteReadError):
-            self.client_closed.add(conn)
+            await BEHAVIOURS[name](call)
         finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            await self._note()
+            watcher.cancel()
+            await self.note()
 
-    @staticmethod
-    async def _read_request(conn: int, reader: asyncio.StreamReader) -> Received | None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise
-            return None
-        request_line, *lines = head[:-4].decode("latin-1").split("\r\n")
-        headers = [(k.strip().lower(), v.strip()) for k, v in (line.split(":", 1) for line in lines)]
-        length = int(next((v for k, v in headers if k == "content-length"), "0"))
-        body = await reader.readexactly(length)
-        return Received(conn, request_line, headers, body)
+    async def _watch(self, call: HostileCall, receive: Receive) -> None:
+        # With the request body read, uvicorn's receive() returns only when the client goes away.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        call.disconnected.set()
+        await self.note()
 
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+    async def start(self) -> HostileUpstream:
+        config = uvicorn.Config(
+            self,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            http=self.tracker.protocol_class(),
+            timeout_graceful_shutdown=2,
+        )
+        self._uvicorn = uvicorn.Server(config)
+        self._task = asyncio.create_task(self._uvicorn.serve())
+        for _ in range(500):  # uvicorn offers no started event: poll, bounded
+            if self._uvicorn.started:
+                return self
+            if self._task.done():
+                self._task.result()  # raises why it stopped
+            await asyncio.sleep(0.02)
+        raise TimeoutError("uvicorn did not start")
+
+    async def stop(self) -> None:
+        if self._uvicorn is not None and self._task is not None:
+            self._uvicorn.should_exit = True
+            await asyncio.wait_for(self._task, 15)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the SDK's app after the front has read the request body."""
+    replayed = False
+
+    async def again() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return again
+
+
+@contextlib.asynccontextmanager
+async def hostile_upstream(era: str) -> AsyncIterator[HostileUpstream]:
+    upstream = await HostileUpstream(era).start()
+    try:
+        yield upstream
+    finally:
+        await upstream.stop()

@@ -1,15 +1,16 @@
-"""Catalog, argument and result conversions (pure logic, no network)."""
+"""The neutral catalog (MCP Tool -> ToolSpec, union with endpoint precedence, filters), and the gateway's argument
+and result conversions (pure logic, no network)."""
 
 from __future__ import annotations
 
 import base64
+import json
 
 import mcp_types as mt
 import pytest
 
-from rlgate.convert import dict_from_struct, py_from_value
-from rlgate.toolgateway.arguments import prepare_arguments, restore_integers
-from rlgate.toolgateway.catalog import tool_allowed, union_tools
+from rlgate.mcpclient.catalog import tool_allowed, tool_spec, union_tools
+from rlgate.toolgateway.arguments import arguments_problem
 from rlgate.toolgateway.results import summary, tool_result, truncate
 from rlgate.v1 import common_pb2
 
@@ -48,68 +49,88 @@ def test_modality_and_allow_deny(modality: str, tool_filter: dict, visible: list
     assert all(tool_allowed(n, tool_filter, modality) for n in visible)
 
 
-def test_tool_spec_keeps_schemas_and_annotations() -> None:
-    tool = mt.Tool(
-        name="t", title="T", description="d",
-        input_schema={"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}},
-        output_schema={"type": "object"}, annotations=mt.ToolAnnotations(read_only_hint=True),
+def test_tool_spec_carries_the_upstream_json_exactly() -> None:
+    big = 2**60  # past 2^53: a double could not hold it
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 1, "maximum": big}},
+        "required": ["n"],
+        "x-ratio": 0.5,
+        "x-whole": 2.0,
+    }
+    # As the SDK parses a tools/list reply: from JSON text, so integers are ints and 2.0 stays a float.
+    tool = mt.Tool.model_validate_json(
+        json.dumps(
+            {
+                "name": "t",
+                "title": "T",
+                "description": "d",
+                "inputSchema": schema,
+                "outputSchema": {"type": "object", "properties": {"count": {"type": "integer", "minimum": 0}}},
+                "annotations": {"readOnlyHint": True},
+            }
+        )
     )
     spec = union_tools([("E", [tool])]).specs()[0]
     assert (spec.name, spec.title, spec.description, spec.endpoint) == ("t", "T", "d", "E")
-    assert dict_from_struct(spec.input_schema)["properties"]["n"]["type"] == "integer"
-    assert dict_from_struct(spec.annotations) == {"readOnlyHint": True}
-    assert spec.HasField("output_schema")
+    assert json.loads(spec.input_schema_json) == schema
+    assert f'"maximum":{big}' in spec.input_schema_json and '"minimum":1,' in spec.input_schema_json
+    assert '"x-whole":2.0' in spec.input_schema_json  # a float stays a float
+    assert json.loads(spec.output_schema_json)["properties"]["count"] == {"type": "integer", "minimum": 0}
+    assert json.loads(spec.annotations_json) == {"readOnlyHint": True}
+    assert spec == tool_spec(tool, "E")
+
+
+def test_tool_spec_of_a_bare_tool() -> None:
+    spec = tool_spec(mt.Tool(name="bare", input_schema={"type": "object"}), "E")
+    assert json.loads(spec.input_schema_json) == {"type": "object"}
+    assert (spec.output_schema_json, spec.annotations_json, spec.title) == ("", "", "")
+
+
+def test_a_tool_whose_schema_json_text_cannot_carry_is_left_out() -> None:
+    deep: dict[str, object] = {"type": "object"}
+    for _ in range(80):  # deeper than convert.MAX_JSON_TEXT_DEPTH
+        deep = {"type": "object", "properties": {"x": deep}}
+    cat = union_tools([("E", [mt.Tool(name="deep", input_schema=deep), _tool("ok")])])
+    assert cat.names() == ["ok"]
 
 
 SCHEMA = {
     "type": "object",
-    "properties": {
-        "n": {"type": "integer"},
-        "x": {"type": "number"},
-        "ids": {"type": "array", "items": {"type": "integer"}},
-        "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-        "item": {"$ref": "#/$defs/Item"},
-        "tags": {"type": "object", "additionalProperties": {"type": "integer"}},
-    },
+    "properties": {"n": {"type": "integer"}, "x": {"type": "number"}},
     "required": ["n"],
-    "$defs": {"Item": {"type": "object", "properties": {"qty": {"type": "integer"}}}},
 }
 
 
-def test_integers_restored_from_schema() -> None:
-    args = {"n": 5.0, "x": 2.0, "ids": [1.0, 2.0], "opt": 3.0, "item": {"qty": 4.0}, "tags": {"a": 1.0}}
-    out = restore_integers(args, SCHEMA)
-    assert out == {"n": 5, "x": 2.0, "ids": [1, 2], "opt": 3, "item": {"qty": 4}, "tags": {"a": 1}}
-    assert type(out["n"]) is int and type(out["x"]) is float and type(out["item"]["qty"]) is int
-    assert restore_integers({"n": 5.5}, SCHEMA) == {"n": 5.5}  # not whole: left for validation to reject
-
-
 def test_invalid_arguments_message_names_the_problem() -> None:
-    _, problem = prepare_arguments("t", {"n": 5.5}, SCHEMA)
+    problem = arguments_problem("t", {"n": 5.5}, SCHEMA)
     assert "$.n" in problem and "integer" in problem and "t" in problem
-    _, problem = prepare_arguments("t", {}, SCHEMA)
-    assert "'n' is a required property" in problem
-    args, problem = prepare_arguments("t", {"n": 2.0}, SCHEMA)
-    assert problem == "" and args == {"n": 2}
+    assert "'n' is a required property" in arguments_problem("t", {}, SCHEMA)
+    assert arguments_problem("t", {"n": 2}, SCHEMA) == ""
 
 
 def test_result_conversion_all_block_kinds() -> None:
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(20))
-    res = mt.CallToolResult(content=[
-        mt.TextContent(text="hello"),
-        mt.ImageContent(data=base64.b64encode(png).decode(), mime_type="image/png"),
-        mt.AudioContent(data=base64.b64encode(b"RIFF").decode(), mime_type="audio/wav"),
-        mt.ResourceLink(uri="file:///a.txt", name="a", mime_type="text/plain", size=3),
-        mt.EmbeddedResource(resource=mt.TextResourceContents(uri="mem://x", text="inner")),
-        mt.EmbeddedResource(resource=mt.BlobResourceContents(uri="mem://y", blob=base64.b64encode(b"\0\1").decode())),
-    ], structured_content={"count": 2, "items": ["a"]})
+    res = mt.CallToolResult(
+        content=[
+            mt.TextContent(text="hello"),
+            mt.ImageContent(data=base64.b64encode(png).decode(), mime_type="image/png"),
+            mt.AudioContent(data=base64.b64encode(b"RIFF").decode(), mime_type="audio/wav"),
+            mt.ResourceLink(uri="file:///a.txt", name="a", mime_type="text/plain", size=3),
+            mt.EmbeddedResource(resource=mt.TextResourceContents(uri="mem://x", text="inner")),
+            mt.EmbeddedResource(
+                resource=mt.BlobResourceContents(uri="mem://y", blob=base64.b64encode(b"\0\1").decode())
+            ),
+        ],
+        structured_content={"count": 2, "items": ["a"]},
+    )
     out = tool_result(res)
     kinds = [b.WhichOneof("kind") for b in out.content]
     assert kinds == ["text", "image", "audio", "resource_link", "resource", "resource"]
     assert out.content[1].image.data == png and out.content[1].image.mime_type == "image/png"
     assert out.content[3].resource_link.size == 3
     assert out.content[4].resource.text == "inner" and out.content[5].resource.blob == b"\0\1"
-    assert py_from_value(out.structured_content) == {"count": 2.0, "items": ["a"]}
+    assert json.loads(out.structured_content_json) == {"count": 2, "items": ["a"]}
     assert not out.is_error and out.error_kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED
     assert "[image: image/png" in summary(out)
 
@@ -127,7 +148,8 @@ def test_truncation_marks_and_keeps_within_limit() -> None:
     assert "truncated" in out.error_message
     small = tool_result(mt.CallToolResult(content=[mt.TextContent(text="ok")]))
     assert truncate(small, 100) == small
-    img = tool_result(mt.CallToolResult(content=[
-        mt.ImageContent(data=base64.b64encode(b"x" * 500).decode(), mime_type="image/png")]))
+    img = tool_result(
+        mt.CallToolResult(content=[mt.ImageContent(data=base64.b64encode(b"x" * 500).decode(), mime_type="image/png")])
+    )
     cut = truncate(img, 100)
     assert cut.content[0].WhichOneof("kind") == "text" and "omitted" in cut.content[0].text.text

@@ -15,8 +15,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rlgate.convert import struct_from_dict
+from rlgate.mcpclient.discovery import discover_tools
+from rlgate.mcpclient.errors import UpstreamUnavailable
 from rlgate.store import SessionStatus, SessionStore, call_scope, open_store
-from rlgate.toolgateway.catalog import UpstreamUnavailable, discover_tools
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub

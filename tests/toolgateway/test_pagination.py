@@ -8,7 +8,7 @@ import mcp_types as mt
 from mcp import Client
 from mcp.server import Server
 
-from rlgate.toolgateway.catalog import MAX_PAGES, list_all_tools, union_tools
+from rlgate.mcpclient.catalog import MAX_PAGES, list_all_tools, union_tools
 
 TOOLS = [mt.Tool(name=f"t{i:02d}", input_schema={"type": "object"}) for i in range(25)]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import mcp_types as mt
 
+from rlgate.mcpclient.connect import list_tools_forwarding, open_client
+from rlgate.mcpclient.transport import HttpSettings
 from rlgate.store import SessionStore
 from rlgate.toolgateway.server import GatewayHandle
-from rlgate.toolgateway.upstream import HttpSettings, list_tools_forwarding, open_client
 from rlgate.v1 import common_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
 from tests.support.localfleet import LocalfleetProcess

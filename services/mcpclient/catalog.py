@@ -1,7 +1,7 @@
-"""Tool catalogs: MCP tools -> `ToolSpec`, the union of a session's endpoints, filters, discovery.
+"""Tool catalogs: MCP tools -> `ToolSpec`, the union of a session's endpoints, filters, listing every page.
 
-Shared by the toolgateway and the orchestrator (which caches catalogs per env version), so nothing here
-knows about gRPC servers or sessions in the store.
+Pure logic over `mcp_types.Tool` lists (listing needs an entered client, nothing else): both planes build the
+tool list a session sees here, so Reset and ListTools return the same specs.
 
 Precedence rule: endpoints are listed in the session's order (for Fleet/localfleet `{root}mcp` before
 `{root}api/v1/mcp`). On a name collision the endpoint listed first wins; the losing tool is dropped (logged
@@ -11,7 +11,6 @@ deterministic for a given set of upstream lists.
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as mt
+from mcp import Client
 
-from rlgate.convert import struct_from_dict
+from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -74,25 +74,23 @@ class ToolCatalog:
 
 
 def tool_spec(tool: mt.Tool, endpoint: str) -> common_pb2.ToolSpec:
-    """Convert an MCP `Tool` (schemas verbatim) into the wire `ToolSpec`."""
-    spec = common_pb2.ToolSpec(
+    """An MCP `Tool` as the wire `ToolSpec`: schemas and annotations as JSON text of the values the upstream
+    sent (integers stay integers)."""
+    annotations = tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json") if tool.annotations else {}
+    return common_pb2.ToolSpec(
         name=tool.name,
         title=tool.title or (tool.annotations.title if tool.annotations and tool.annotations.title else "") or "",
         description=tool.description or "",
+        input_schema_json=json_text(tool.input_schema or {"type": "object"}),
+        output_schema_json=json_text(tool.output_schema) if tool.output_schema is not None else "",
+        annotations_json=json_text(annotations) if annotations else "",
         endpoint=endpoint,
     )
-    spec.input_schema.CopyFrom(struct_from_dict(tool.input_schema or {"type": "object"}))
-    if tool.output_schema is not None:
-        spec.output_schema.CopyFrom(struct_from_dict(tool.output_schema))
-    if tool.annotations is not None:
-        spec.annotations.CopyFrom(
-            struct_from_dict(tool.annotations.model_dump(by_alias=True, exclude_none=True, mode="json"))
-        )
-    return spec
 
 
-def union_tools(per_endpoint: Iterable[tuple[str, Sequence[mt.Tool]]],
-                dropped: Mapping[str, str] | None = None) -> ToolCatalog:
+def union_tools(
+    per_endpoint: Iterable[tuple[str, Sequence[mt.Tool]]], dropped: Mapping[str, str] | None = None
+) -> ToolCatalog:
     """Union of several endpoints' tools; `per_endpoint` is in precedence order (first wins)."""
     seen: dict[str, str] = {}
     out: list[CatalogTool] = []
@@ -102,6 +100,11 @@ def union_tools(per_endpoint: Iterable[tuple[str, Sequence[mt.Tool]]],
             if owner is not None:
                 if owner != endpoint:
                     log.debug("tool %r of %s shadowed by %s (endpoint precedence)", tool.name, endpoint, owner)
+                continue
+            try:
+                tool_spec(tool, endpoint)  # a schema JSON text cannot carry (too deep, NaN) would fail every list
+            except InvalidJsonValue as exc:
+                log.warning("tool %r of %s left out: %s", tool.name, endpoint, exc)
                 continue
             seen[tool.name] = endpoint
             out.append(CatalogTool(name=tool.name, endpoint=endpoint, tool=tool))
@@ -132,15 +135,7 @@ def tool_allowed(name: str, tool_filter: Mapping[str, Any] | None, modality: str
     return not (deny and _matches(name, deny))
 
 
-class EndpointNotFound(Exception):
-    """The endpoint answered HTTP 404: it does not exist on this instance (dropped, not an error)."""
-
-
-class UpstreamUnavailable(Exception):
-    """An MCP endpoint could not be reached or failed at the transport level."""
-
-
-async def list_all_tools(client: Any, *, max_pages: int = MAX_PAGES) -> list[mt.Tool]:
+async def list_all_tools(client: Client, *, max_pages: int = MAX_PAGES) -> list[mt.Tool]:
     """Every page of `tools/list` from an entered `mcp.Client` (bypassing its response cache)."""
     tools: list[mt.Tool] = []
     cursor: str | None = None
@@ -152,41 +147,3 @@ async def list_all_tools(client: Any, *, max_pages: int = MAX_PAGES) -> list[mt.
             return tools
     log.warning("tools/list did not end after %d pages; using what was listed", max_pages)
     return tools
-
-
-async def discover_tools(
-    endpoints: Sequence[str],
-    *,
-    timeout: float = 30.0,  # noqa: ASYNC109 (bounds each endpoint; documented API name)
-    tool_filter: Mapping[str, Any] | None = None,
-    modality: str = "",
-) -> ToolCatalog:
-    """One-off discovery (orchestrator): connect to each endpoint, list every page, union, filter.
-
-    An endpoint answering 404 is dropped with a logged reason (`catalog.dropped`). Any other failure raises
-    `UpstreamUnavailable` (a partial list must not be cached as the env's tool list). Connections are
-    opened and closed within this call; `timeout` bounds each endpoint."""
-    from rlgate.toolgateway.upstream import HttpSettings, open_client
-
-    http = HttpSettings.shared()
-
-    async def one(url: str) -> list[mt.Tool]:
-        async with asyncio.timeout(timeout), open_client(url, http, timeout) as client:
-            return await list_all_tools(client)
-
-    results = await asyncio.gather(*(one(u) for u in endpoints), return_exceptions=True)
-    per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []
-    dropped: dict[str, str] = {}
-    for url, res in zip(endpoints, results, strict=True):
-        if isinstance(res, EndpointNotFound):
-            dropped[url] = str(res)
-            log.info("endpoint %s dropped: %s", url, res)
-        elif isinstance(res, BaseException):
-            if isinstance(res, TimeoutError):
-                raise UpstreamUnavailable(f"{url}: no answer within {timeout:.1f}s") from res
-            if isinstance(res, UpstreamUnavailable):
-                raise res
-            raise UpstreamUnavailable(f"{url}: {res}") from res
-        else:
-            per_endpoint.append((url, res))
-    return union_tools(per_endpoint, dropped).filtered(tool_filter, modality)

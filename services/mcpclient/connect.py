@@ -1,0 +1,87 @@
+"""Opening an mcp 2.x `Client` on an upstream endpoint, as a forwarder, and what a failed handshake means.
+
+Era detection is the SDK's `auto` mode: `server/discover` (2026-07-28, stateless), falling back to `initialize`
++ `Mcp-Session-Id` for legacy servers. Every request goes through `transport.UpstreamTransport`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import mcp_types as mt
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import METHOD_NOT_FOUND
+
+from rlgate.mcpclient.catalog import list_all_tools
+from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound
+from rlgate.mcpclient.transport import HttpSettings
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside an (anyio task group's) exception group, flattened."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
+
+
+def connect_error(url: str, exc: BaseException) -> Exception:
+    """What a failed handshake means: EndpointNotFound (HTTP 404) or CallNotSent."""
+    for leaf in leaves(exc):
+        if isinstance(leaf, MCPError) and leaf.code == METHOD_NOT_FOUND:
+            return EndpointNotFound(f"{url} answered 404 Not Found (no MCP endpoint there)")
+    first = leaves(exc)[0]
+    return CallNotSent(f"{url} unreachable: {type(first).__name__}: {first}".rstrip(": "))
+
+
+@contextlib.asynccontextmanager
+async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIterator[Client]:
+    """An entered mcp `Client` (auto era detection) on a fresh httpx2 client with the shared settings.
+    Enter and exit in the same task (the SDK's cancel scopes require it). Handshake failures raise
+    EndpointNotFound / CallNotSent."""
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            hc = await stack.enter_async_context(http.client())
+            # SSE events may be as large as a whole reply; the transport bounds the reply itself.
+            transport = streamable_http_client(url, http_client=hc, max_sse_event_size=http.max_reply_bytes)
+            client = Client(transport, read_timeout_seconds=timeout_s, cache=None)
+            entered = await stack.enter_async_context(client)
+        except Exception as exc:
+            raise connect_error(url, exc) from exc
+        except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
+            raise connect_error(url, exc) from exc
+        _forward_only(entered)
+        yield entered
+
+
+async def _results_pass_through(name: str, result: mt.CallToolResult) -> None:
+    """Results are forwarded; the caller's side has the tool's output schema from the tool list."""
+
+
+def _forward_only(client: Client) -> None:
+    """Make an entered client a forwarder: no output-schema validation of results, no schemas kept.
+
+    mcp 2.3.0 has no switch for this (`Client(cache=None)` only turns the response cache off):
+    `ClientSession.call_tool` re-validates every structured result against the tool's output schema
+    (compiling one jsonschema validator per tool per client: ~13 % of the gateway's CPU with the argument
+    check), and `_absorb_tool_listing` keeps every listed tool's output schema per client for that. The
+    public method is replaced on this session instance only; the kept schemas are dropped after each
+    listing (`forget_output_schemas`)."""
+    client.session.validate_tool_result = _results_pass_through  # type: ignore[method-assign]
+
+
+def forget_output_schemas(client: Client) -> None:
+    """Drop the SDK's per-client copy of the listed output schemas (read only by the validation that
+    `_forward_only` switched off), so a client holds no parsed tool list of its own. Private SDK state:
+    left alone if a later SDK version keeps it elsewhere."""
+    schemas = getattr(client.session, "_tool_output_schemas", None)
+    if isinstance(schemas, dict):
+        schemas.clear()
+
+
+async def list_tools_forwarding(client: Client) -> list[mt.Tool]:
+    """Every page of the client's tools/list, without leaving a per-client copy of the schemas in the SDK."""
+    tools = await list_all_tools(client)
+    forget_output_schemas(client)
+    return tools

@@ -1,0 +1,269 @@
+"""A session's connection to one MCP endpoint: the current `Link`, its cached tool list, and tool calls.
+
+Every call goes through the link's SDK session (`Client.call_tool`), in either era. What the transport saw
+of the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
+never reached the upstream is retried: a failed handshake, a connection that was never made, a link found
+dead before sending, or a -32600 session rejection (the server refused the request without running it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import mcp_types as mt
+from mcp import Client, MCPError
+from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
+from pydantic import ValidationError
+
+from rlgate.mcpclient.connect import list_tools_forwarding
+from rlgate.mcpclient.errors import (
+    CallLost,
+    CallNotSent,
+    CallRejected,
+    CallTimedOut,
+    EndpointNotFound,
+    UpstreamUnavailable,
+)
+from rlgate.mcpclient.link import Link, SharedTools
+from rlgate.mcpclient.transport import Exchange, exchange
+from rlgate.runtime import metrics
+
+if TYPE_CHECKING:
+    from rlgate.mcpclient.pool import UpstreamPool
+
+log = logging.getLogger(__name__)
+
+_rebuilds = metrics.counter(
+    "rlgate_toolgateway_upstream_rebuilds_total",
+    "Upstream MCP clients rebuilt after a dead connection or forgotten session",
+    ["reason"],
+)
+
+
+def _is_session_gone(exc: MCPError) -> bool:
+    msg = exc.message.lower()
+    return exc.code == INVALID_REQUEST and ("session not found" in msg or "session terminated" in msg)
+
+
+class EndpointClient:
+    """A session's connection to one MCP endpoint: the current link plus its cached tool list."""
+
+    def __init__(self, url: str, pool: UpstreamPool) -> None:
+        self.url = url
+        self._pool = pool
+        self._link: Link | None = None
+        self._lock = asyncio.Lock()
+        self._tools_lock = asyncio.Lock()
+        self.tools: list[mt.Tool] | None = None
+        self._shared: SharedTools | None = None
+        self.tools_at = 0.0
+        self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
+        self.calls = 0  # calls in flight on this endpoint
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and not self._link.dead and self._link.client is not None
+
+    def _fresh(self) -> bool:
+        return time.monotonic() - self.tools_at < self._pool.settings.tools_refresh_s
+
+    # -- the link -------------------------------------------------------------------------------------------
+    async def _get_link(self, timeout_s: float) -> tuple[Link, Client]:
+        async with self._lock:  # single flight: concurrent callers share one handshake
+            link = self._link
+            if link is None or link.dead:
+                if link is not None and link.ready.done() and not link.ready.exception():
+                    _rebuilds.labels("connection_lost").inc()
+                settings = self._pool.settings
+                link = self._link = Link(self.url, settings.http, settings.upstream_timeout_s, self._pool.tool_lists)
+                link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
+                link.task = self._pool.spawn(link.run(), f"mcp-owner {self.url}")
+        if link.ready.done():  # the usual case: no waiter task to build
+            link.ready.result()  # raises the handshake's error
+        else:
+            try:
+                await asyncio.wait_for(asyncio.shield(link.ready), timeout_s)
+            except TimeoutError:
+                raise CallNotSent(f"{self.url}: no MCP handshake within {timeout_s:.1f}s") from None
+        client = link.client
+        if client is None or link.dead:
+            raise CallNotSent(f"{self.url}: connection closed before the call was sent")
+        return link, client
+
+    def _adopt_listing(self, link: Link, ready: asyncio.Future[None]) -> None:
+        if ready.cancelled():
+            return
+        exc = ready.exception()
+        if isinstance(exc, EndpointNotFound):
+            if not self.not_found:
+                log.info("endpoint dropped from the session's tools: %s", exc)
+            self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
+        elif exc is None:
+            self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+            self._shared = link.shared  # keeps the interned list alive while this endpoint caches it
+
+    def retire(self) -> bool:
+        """Close the connection of an endpoint that owns no tool the session can call, keeping its cached
+        tool list (a refresh reconnects briefly; a call, should one need it, reconnects). Only an idle,
+        connected link is closed: not one that is connecting, listing or carrying a call."""
+        link = self._link
+        if (
+            link is None
+            or link.dead
+            or link.client is None
+            or self.calls
+            or self._tools_lock.locked()
+            or self._lock.locked()
+        ):
+            return False
+        self._link = None
+        link.stop()  # its owner task exits the client
+        return True
+
+    def _discard(self, link: Link, reason: str) -> None:
+        if self._link is link:
+            self._link = None
+            _rebuilds.labels(reason).inc()
+        link.stop()
+
+    # -- tools ----------------------------------------------------------------------------------------------
+    async def _relist(self, link: Link, client: Client) -> None:
+        link.set_tools(await list_tools_forwarding(client))
+        self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+        self._shared = link.shared
+
+    def cached(self) -> list[mt.Tool] | EndpointNotFound | None:
+        """The fresh cached listing (tools, or the 404 that dropped the endpoint), or None when it must be
+        listed (again): lets a call skip the listing machinery entirely."""
+        if not self._fresh() or self._tools_lock.locked():
+            return None
+        if self.not_found:
+            return EndpointNotFound(self.not_found)
+        return self.tools
+
+    async def list_tools(self, timeout_s: float, *, refresh: bool = False) -> list[mt.Tool]:
+        """The endpoint's tools (every page), cached for `tools_refresh_s`. Raises EndpointNotFound (404)
+        or UpstreamUnavailable. Listing is idempotent, so it is retried once on a fresh connection."""
+        async with self._tools_lock:
+            if not refresh and self._fresh():
+                if self.not_found:
+                    raise EndpointNotFound(self.not_found)
+                if self.tools is not None:
+                    return self.tools
+            listed_before = self.tools_at
+            for attempt in range(2):
+                try:
+                    link, client = await self._get_link(timeout_s)
+                    if self.tools_at == listed_before:  # not just listed by a new connection
+                        await self._relist(link, client)
+                except EndpointNotFound:
+                    raise
+                except MCPError as exc:
+                    if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and attempt == 0:
+                        self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
+                        continue
+                    raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
+                except CallNotSent:
+                    if attempt == 0 and self._link is not None and self._link.dead:
+                        continue
+                    raise
+                if self.not_found:
+                    raise EndpointNotFound(self.not_found)
+                return self.tools if self.tools is not None else []
+            raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
+
+    # -- calls ----------------------------------------------------------------------------------------------
+    async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
+        """Call a tool within `timeout_s` seconds. Raises CallNotSent, CallLost, CallTimedOut, CallRejected
+        (ReplyTooLarge among them)."""
+        self.calls += 1
+        try:
+            return await self._call(name, arguments, timeout_s)
+        finally:
+            self.calls -= 1
+
+    async def _call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(2):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
+            link, client = await self._get_link(remaining)
+            # A client that has not listed the tool lists first (idempotent), so the SDK knows its
+            # x-mcp-header arguments and never has to re-list around the call.
+            if name not in link.names and not await self._list_before_call(
+                link, client, name, deadline, last=attempt == 1
+            ):
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
+            with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
+                try:
+                    return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
+                except MCPError as exc:
+                    failure = self._failure(link, name, exc, ex, timeout_s, last=attempt == 1)
+                    if failure is None:
+                        continue
+                    raise failure from exc
+                except ValidationError as exc:
+                    raise CallRejected(f"malformed tools/call result: {exc}", PARSE_ERROR) from exc
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+                    # The client's streams were already closed: nothing was written.
+                    self._discard(link, "connection_lost")
+                    if attempt == 0:
+                        continue
+                    raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
+        raise CallNotSent(f"{self.url}: could not send {name!r}")
+
+    async def _list_before_call(self, link: Link, client: Client, name: str, deadline: float, *, last: bool) -> bool:
+        """List the tools on `link` before calling `name`; False: the link died, try again on a new one.
+        Nothing of the call has been sent yet, so every failure here is CallNotSent or a CallTimedOut
+        that was not sent."""
+        try:
+            await asyncio.wait_for(self._relist(link, client), max(deadline - time.monotonic(), 0.001))
+        except TimeoutError as exc:
+            raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
+        except MCPError as exc:
+            if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and not last:
+                self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
+                return False
+            raise CallNotSent(f"{self.url}: tools/list before {name!r} failed: {exc.message}") from exc
+        return True
+
+    def _failure(
+        self, link: Link, name: str, exc: MCPError, ex: Exchange, timeout_s: float, *, last: bool
+    ) -> Exception | None:
+        """What an MCPError from `call_tool` means, given what the transport saw; None: retry on a new link."""
+        if ex.refused is not None:  # the upstream answered; its reply was refused (too large, compressed)
+            return ex.refused
+        if _is_session_gone(exc):
+            # The server refused the request without running it: rebuild and retry once.
+            self._discard(link, "session_gone")
+            if not last:
+                return None
+            return CallNotSent(f"{self.url}: upstream session rejected twice: {exc.message}")
+        if ex.never_sent:
+            return CallNotSent(ex.unsent)
+        if ex.lost or exc.code == CONNECTION_CLOSED:
+            self._discard(link, "connection_lost")
+            return CallLost(f"{self.url}: connection lost during {name!r}: {ex.lost or exc.message}")
+        if exc.code == REQUEST_TIMEOUT:
+            return CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=True)
+        return CallRejected(exc.message, exc.code)
+
+    async def close(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            link.stop()
+            if link.task is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(link.task), 5.0)
+                if not link.task.done():
+                    link.task.cancel()

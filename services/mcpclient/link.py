@@ -1,0 +1,122 @@
+"""One mcp `Client` inside its owner task, and the tool lists links share.
+
+mcp 2.x constraints this is built around (docs/toolgateway.md, "Upstream clients"):
+- a `Client` must be exited in the task that entered it -> each lives inside its owner task (`Link.run`);
+  callers in other tasks only call its methods (concurrent calls are multiplexed by JSON-RPC id);
+- a client can die (its transport task group ended, a legacy session the server forgot answers -32600
+  forever) -> the link is marked dead and its `EndpointClient` builds a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import weakref
+
+import anyio
+import mcp_types as mt
+from mcp import Client
+
+from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
+from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
+from rlgate.mcpclient.transport import HttpSettings
+from rlgate.runtime import metrics
+
+log = logging.getLogger(__name__)
+
+_open_clients = metrics.gauge("rlgate_toolgateway_upstream_clients", "Open upstream MCP clients")
+_connects = metrics.counter("rlgate_toolgateway_upstream_connects_total", "Upstream MCP handshakes", ["result"])
+
+
+class SharedTools:
+    """A tool list shared by every client whose endpoint lists exactly these tools (same env version)."""
+
+    __slots__ = ("__weakref__", "tools")
+
+    def __init__(self, tools: list[mt.Tool]) -> None:
+        self.tools = tools
+
+
+class ToolListInterner:
+    """Sessions of one environment list identical tools; keep one parsed copy instead of one per client."""
+
+    def __init__(self) -> None:
+        self._lists: weakref.WeakValueDictionary[str, SharedTools] = weakref.WeakValueDictionary()
+
+    def intern(self, tools: list[mt.Tool]) -> SharedTools:
+        key = hashlib.sha256(
+            json.dumps(
+                [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()
+        shared = self._lists.get(key)
+        if shared is None:
+            shared = self._lists[key] = SharedTools(tools)
+        return shared
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+
+class Link:
+    """One mcp `Client` living inside its owner task (entered and exited there). Connecting includes the
+    tool discovery (every page): the session's catalog needs it, and on 2026-07-28 connections the SDK
+    mirrors `x-mcp-header` arguments into request headers only for tools this client has listed."""
+
+    def __init__(self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner) -> None:
+        self.url = url
+        self._http = http
+        self._timeout = timeout_s
+        self._interner = interner
+        self.client: Client | None = None
+        self.era = ""
+        self.dead = False
+        self.shared = SharedTools([])
+        self.names: frozenset[str] = frozenset()
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
+        self._stop = anyio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def tools(self) -> list[mt.Tool]:
+        return self.shared.tools
+
+    def set_tools(self, tools: list[mt.Tool]) -> None:
+        self.shared = self._interner.intern(tools)
+        self.names = frozenset(t.name for t in tools)
+
+    async def run(self) -> None:
+        opened = False
+        try:
+            async with open_client(self.url, self._http, self._timeout) as client:
+                self.set_tools(await list_tools_forwarding(client))
+                self.client, self.era, opened = client, client.protocol_version, True
+                _open_clients.inc()
+                _connects.labels("ok").inc()
+                self.ready.set_result(None)
+                await self._stop.wait()
+        except asyncio.CancelledError:
+            if not self.ready.done():
+                self.ready.set_exception(CallNotSent(f"{self.url}: connection closed while connecting"))
+            raise
+        except BaseException as exc:  # the owner must never let an upstream failure escape
+            if not self.ready.done():
+                _connects.labels("failed").inc()
+                err = exc if isinstance(exc, EndpointNotFound | UpstreamUnavailable) else connect_error(self.url, exc)
+                self.ready.set_exception(err)
+            else:
+                leaf = leaves(exc)[0]
+                log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, leaf)
+        finally:
+            self.dead = True
+            self.client = None
+            if opened:
+                _open_clients.dec()
+
+    def stop(self) -> None:
+        self.dead = True
+        self._stop.set()

@@ -1,0 +1,319 @@
+"""HTTP under the mcp SDK: the connection settings every upstream client shares, and the transport that bounds
+what one reply may cost.
+
+The SDK reads every reply itself (httpx2): a JSON body with `Response.aread()`, an SSE stream incrementally
+through httpx2's `EventSource`. Both read from the transport's response stream, so `UpstreamTransport` (a
+public httpx2 transport wrapping the pooled one) is where replies are bounded for both MCP eras:
+
+- each reply's bytes are counted as they arrive; past `max_reply_bytes` the stream raises, the reply is
+  dropped unread and its connection closed (a body not read to its end is never reused);
+- a reply whose call has ended (answered, timed out or cancelled: `Exchange.end`) is no longer read, even
+  while it waits for bytes, so its buffers are returned at once;
+- a transport failure becomes a per-request JSON-RPC error answer. Raised, it would escape into the SDK's
+  task group and tear the whole client down with every call in flight (mcp issue #3522);
+- the call's `Exchange` records whether a failed request could have reached the server: a connection that
+  was never made proves it did not, anything later does not (`CallNotSent` vs `CallLost`);
+- replies are asked for uncompressed and a compressed one is refused, so the bytes counted are the bytes
+  the SDK parses (a small compressed reply could otherwise expand without bound);
+- the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
+  nothing consumes server pushes, and it would hold a connection, a task and buffers per client.
+
+The SDK runs each request in a copy of the caller's context (it propagates contextvars for tracing), so the
+transport finds the call's `Exchange` in `current_exchange`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import ssl
+from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import anyio
+import httpx2
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
+
+from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
+
+MAX_REPLY_BYTES = 8 * 2**20
+KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
+
+# Failures that prove the request never reached the server: no connection was made, or the request could
+# not even be formed for the wire.
+_NOT_SENT = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.PoolTimeout,
+    httpx2.UnsupportedProtocol,
+    httpx2.LocalProtocolError,
+)
+
+
+@dataclass(eq=False)
+class Exchange:
+    """What the transport saw of one call's HTTP requests (all requests made in its context)."""
+
+    started: int = 0  # requests handed to the connection pool, minus those that provably never left
+    unsent: str = ""  # why a request did not reach the server
+    lost: str = ""  # why a request that may have reached the server failed
+    refused: CallRejected | None = None  # the server answered, but the reply was not accepted
+    ended: bool = False
+    _waiting: dict[anyio.CancelScope, httpx2.Request] = field(default_factory=dict)  # for their reply's head
+    _reading: set[ReplyStream] = field(default_factory=set)
+
+    @property
+    def never_sent(self) -> bool:
+        return bool(self.unsent) and self.started == 0
+
+    def end(self) -> None:
+        """The call is over: stop waiting for and reading its replies, now and for requests it starts later.
+        A notification still goes out (the legacy era's `notifications/cancelled` is sent just as a call
+        ends, and is how that era cancels)."""
+        self.ended = True
+        for scope, request in list(self._waiting.items()):
+            if _expects_reply(request):
+                scope.cancel()
+        for stream in list(self._reading):
+            stream.abandon()
+
+
+def _expects_reply(request: httpx2.Request) -> bool:
+    """A JSON-RPC request (it carries an id), not a notification. Parsed only when a call ends early."""
+    if request.method != "POST":
+        return True
+    try:
+        message = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return True
+    return not isinstance(message, dict) or "id" in message
+
+
+current_exchange: ContextVar[Exchange | None] = ContextVar("rlgate_mcp_exchange", default=None)
+
+
+@contextlib.contextmanager
+def exchange() -> Iterator[Exchange]:
+    """An `Exchange` for the requests made inside the block; ended when the block exits."""
+    ex = Exchange()
+    token = current_exchange.set(ex)
+    try:
+        yield ex
+    finally:
+        current_exchange.reset(token)
+        ex.end()
+
+
+class ReplyCut(httpx2.SSEError, httpx2.StreamError):
+    """Raised from a reply stream that stops early. Both bases on purpose: the SDK answers a JSON reply's
+    `StreamError` and an SSE stream's `SSEError` as a failure of that one request (no resumption attempt),
+    where any other exception would end the whole client."""
+
+
+class _ReplyLost(httpx2.StreamError):
+    """The connection failed while a JSON reply was read (as a `StreamError`, for the reason above)."""
+
+
+class ReplyStream(httpx2.AsyncByteStream):
+    """A reply's body as it arrives: counted, cut past the limit, abandoned when its call ends."""
+
+    def __init__(
+        self, inner: httpx2.AsyncByteStream, limit: int, url: str, sse: bool, exchange: Exchange | None
+    ) -> None:
+        self._inner = inner
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._limit = limit
+        self._url = url
+        self._sse = sse
+        self._exchange = exchange
+        self._scope: anyio.CancelScope | None = None
+        self._abandoned = exchange is not None and exchange.ended
+        self.received = 0
+
+    def abandon(self) -> None:
+        self._abandoned = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def __aiter__(self) -> ReplyStream:
+        if self._chunks is None:
+            self._chunks = self._inner.__aiter__()
+            if self._exchange is not None:
+                self._exchange._reading.add(self)
+        return self
+
+    async def __anext__(self) -> bytes:
+        assert self._chunks is not None
+        chunk = await self._next(self._chunks)
+        self.received += len(chunk)
+        if self.received > self._limit:
+            refused = ReplyTooLarge(
+                f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
+                "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
+                "(a narrower query, fewer items, a page)",
+                INTERNAL_ERROR,
+            )
+            if self._exchange is not None:
+                self._exchange.refused = refused
+            raise ReplyCut(f"{self._url}: reply larger than {self._limit} bytes; cut off")
+        return chunk
+
+    async def _next(self, chunks: AsyncIterator[bytes]) -> bytes:
+        # A cancel scope per read, entered and left in the reading task, so `abandon` (from the caller's
+        # task) can interrupt a read that waits for bytes.
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            if self._abandoned:
+                scope.cancel()
+            try:
+                return await chunks.__anext__()
+            except httpx2.TransportError as exc:
+                if self._exchange is not None and not self._exchange.lost:
+                    self._exchange.lost = f"{self._url}: connection lost while reading the reply: {_describe(exc)}"
+                if self._sse:
+                    raise  # the SDK's SSE handling answers it per request and may resume the stream
+                raise _ReplyLost(f"{self._url}: connection lost while reading the reply: {_describe(exc)}") from exc
+            finally:
+                self._scope = None
+        raise ReplyCut(f"{self._url}: the call ended; its reply is no longer read")
+
+    async def aclose(self) -> None:
+        if self._exchange is not None:
+            self._exchange._reading.discard(self)
+        await self._inner.aclose()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _failure(request: httpx2.Request, status: int, message: str, code: int = CONNECTION_CLOSED) -> httpx2.Response:
+    """A JSON-RPC error answer to `request`, which the SDK hands to the waiting caller alone."""
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+    return httpx2.Response(status, headers={"content-type": "application/json"}, content=body.encode(), request=request)
+
+
+def _standalone_stream(request: httpx2.Request) -> bool:
+    """The legacy era's GET for server pushes (a GET resuming a request's stream carries Last-Event-ID)."""
+    return (
+        request.method == "GET"
+        and "text/event-stream" in request.headers.get("accept", "")
+        and "last-event-id" not in request.headers
+    )
+
+
+class UpstreamTransport(httpx2.AsyncBaseTransport):
+    """The transport under every upstream MCP client (see the module docstring)."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int) -> None:
+        self._inner = inner
+        self._limit = max_reply_bytes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if _standalone_stream(request):
+            return httpx2.Response(405, request=request)
+        ex = current_exchange.get()
+        url = str(request.url)
+        # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task.
+        waiting = anyio.CancelScope()
+        if ex is not None:
+            ex.started += 1
+            ex._waiting[waiting] = request
+            if ex.ended and _expects_reply(request):
+                waiting.cancel()
+        try:
+            with waiting:
+                response = await self._inner.handle_async_request(request)
+        except _NOT_SENT as exc:
+            message = f"{url}: request not sent: {_describe(exc)}"
+            if ex is not None:
+                ex.started -= 1
+                ex.unsent = ex.unsent or message
+            return _failure(request, 503, message)
+        except httpx2.TransportError as exc:
+            message = f"{url}: connection lost after the request was sent: {_describe(exc)}"
+            if ex is not None:
+                ex.lost = ex.lost or message
+            return _failure(request, 502, message)
+        finally:
+            if ex is not None:
+                del ex._waiting[waiting]
+        if waiting.cancelled_caught:
+            return _failure(request, 503, f"{url}: the call ended before the reply came; no longer awaited")
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            message = (
+                f"its server compressed the reply ({encoding}) although an uncompressed one was asked "
+                "for; the reply was refused unread (the tool ran)"
+            )
+            if ex is not None:
+                ex.refused = CallRejected(message, INTERNAL_ERROR)
+            return _failure(request, 502, f"{url}: {message}", INTERNAL_ERROR)
+        sse = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        stream = ReplyStream(response.stream, self._limit, url, sse, ex)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=stream,
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Connection settings shared by every upstream client: one SSL context, limits, timeouts, reply limit."""
+
+    ssl_context: ssl.SSLContext
+    limits: httpx2.Limits
+    timeout: httpx2.Timeout
+    max_reply_bytes: int = MAX_REPLY_BYTES
+    trust_env: bool = False
+
+    _shared: ClassVar[HttpSettings | None] = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        connect_timeout: float = 10.0,
+        max_connections: int = 8,
+        keepalive_s: float = KEEPALIVE_S,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+        trust_env: bool = False,
+    ) -> HttpSettings:
+        # One SSL context for all clients: a default client builds its own (~1 MB, ~30 ms).
+        ctx = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+        # Only connecting has an HTTP timeout: every MCP request has its own read_timeout_seconds instead,
+        # which also bounds waiting for a pooled connection.
+        timeout = httpx2.Timeout(connect=connect_timeout, read=None, write=None, pool=None)
+        limits = httpx2.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=keepalive_s
+        )
+        return cls(
+            ssl_context=ctx, limits=limits, timeout=timeout, max_reply_bytes=max_reply_bytes, trust_env=trust_env
+        )
+
+    @classmethod
+    def shared(cls) -> HttpSettings:
+        if cls._shared is None:
+            cls._shared = cls.create()
+        return cls._shared
+
+    def client(self) -> httpx2.AsyncClient:
+        pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
+        return httpx2.AsyncClient(
+            transport=UpstreamTransport(pooled, self.max_reply_bytes),
+            timeout=self.timeout,
+            trust_env=self.trust_env,
+            headers={"accept-encoding": "identity"},
+        )
