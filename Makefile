@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make up          run localfleet + orchestrator + toolgateway locally (embedded defaults)"
 	@echo "make test        install test dependencies and run the whole suite"
-	@echo "make lint        ruff, mypy, buf lint"
+	@echo "make lint        ruff, mypy, import contracts (lint-imports), buf lint"
 	@echo "make proto       regenerate clients/python/rlgate/v1 from proto/"
 	@echo "make bench       quick benchmarks (results in bench/results.json)"
 	@echo "make bench-full  full-size benchmarks"
@@ -47,6 +47,7 @@ test: $(STAMP_ALL)
 lint: $(STAMP_ALL)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(BUF) lint
 
 proto: $(STAMP_ALL)

@@ -1,0 +1,70 @@
+"""Lets import-linter see the whole `rlgate` namespace, whose folders setuptools' `package-dir` maps onto it
+(`services/toolgateway` is `rlgate.toolgateway`, and so on).
+
+grimp, which builds import-linter's graph, finds a root package's modules by walking the folders its import
+spec lists (`submodule_search_locations`). The editable install's finder gives `rlgate` only
+`clients/python/rlgate`; the mapped subpackages are found one by one at import time, so grimp would never see
+them. `pyproject.toml` names this module as a contract type (`[tool.importlinter] contract_types`) only so
+import-linter imports it before building the graph: importing it puts a finder first on `sys.meta_path` that
+answers for `rlgate` with the client folder plus the folder holding the mapped ones, which then walk as
+`rlgate.<folder>`. Nothing else is changed; `MappedLayout` is the built-in forbidden contract, unused.
+
+The tree is the one import-linter runs in (its working directory, where it reads `pyproject.toml`):
+tests/unit/test_layering.py runs it on a copy of the repository with a forbidden import added.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from importlinter.contracts.forbidden import ForbiddenContract
+
+
+def search_locations(root: Path) -> list[str]:
+    """`rlgate`'s own folder, then the folders holding each mapped subpackage (in `package-dir` order)."""
+    mapping: dict[str, str] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    locations = [str(root / mapping["rlgate"])]
+    for package, folder in mapping.items():
+        if package == "rlgate":
+            continue
+        path = root / folder
+        if package != f"rlgate.{path.name}":
+            raise ValueError(f"package-dir maps {package} onto {folder}: the folder must be named as the subpackage")
+        if str(path.parent) not in locations:
+            locations.append(str(path.parent))
+    return locations
+
+
+def rlgate_spec(root: Path) -> importlib.machinery.ModuleSpec:
+    locations = search_locations(root)
+    spec = importlib.util.spec_from_file_location(
+        "rlgate", Path(locations[0]) / "__init__.py", submodule_search_locations=locations
+    )
+    assert spec is not None
+    return spec
+
+
+class _MappedRlgate:
+    """A meta path finder that answers only for the top-level `rlgate`, with every mapped folder."""
+
+    root = Path.cwd()
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        return rlgate_spec(cls.root) if fullname == "rlgate" else None
+
+
+def install(root: Path) -> None:
+    _MappedRlgate.root = root
+    if _MappedRlgate not in sys.meta_path:
+        sys.meta_path.insert(0, _MappedRlgate)  # type: ignore[arg-type]
+
+
+install(Path.cwd())
+
+MappedLayout = ForbiddenContract
