@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apsw
+import pytest
 
 from rlgate.store import Session
 from rlgate.store.sqlite import SqliteStore
@@ -31,7 +32,7 @@ from tests.store.test_processes import run_worker
 FULL = os.environ.get("RLGATE_FULL", "").strip().lower() not in ("", "0", "false", "no")
 WRITERS = 3
 ROUNDS = 10_000 if FULL else 1000  # per writer; about five commits a round
-LIMIT_S = 1800.0 if FULL else 240.0
+LIMIT_S = 1800.0 if FULL else 240.0  # per writer process
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Hammer:
         self._stop.set()
 
 
+@pytest.mark.timeout(LIMIT_S + 120)
 async def test_writers_and_wal_resets_leave_a_sound_file(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     url = f"sqlite:///{path}"
