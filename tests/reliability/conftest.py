@@ -34,17 +34,24 @@ class Sizes:
     soak_concurrency: int  # episodes running at once during the soak
 
 
-QUICK = Sizes(examples_per_rpc=200, load_episodes=40, load_calls=10, soak_s=60, soak_sample_s=2.0,
-              soak_concurrency=4)
-FULL_SIZES = Sizes(examples_per_rpc=5000, load_episodes=200, load_calls=20, soak_s=600, soak_sample_s=5.0,
-                   soak_concurrency=8)
+QUICK = Sizes(examples_per_rpc=200, load_episodes=40, load_calls=10, soak_s=60, soak_sample_s=2.0, soak_concurrency=4)
+FULL_SIZES = Sizes(
+    examples_per_rpc=5000, load_episodes=200, load_calls=20, soak_s=600, soak_sample_s=5.0, soak_concurrency=8
+)
 SIZES = FULL_SIZES if FULL else QUICK
 
 # Applied per test (`@settings(parent=PROFILE)`) rather than loaded globally, so other suites keep theirs.
 settings.register_profile(
-    "rlgate-reliability", max_examples=SIZES.examples_per_rpc, deadline=None, database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large,
-                           HealthCheck.filter_too_much],
+    "rlgate-reliability",
+    max_examples=SIZES.examples_per_rpc,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
     print_blob=True,
 )
 PROFILE = settings.get_profile("rlgate-reliability")
@@ -54,8 +61,10 @@ class Figures:
     """Measured figures by section; written as JSON at the end of the session."""
 
     def __init__(self) -> None:
-        self.data: dict[str, Any] = {"sizes": {"mode": "full" if FULL else "quick", **asdict(SIZES)},
-                                     "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.data: dict[str, Any] = {
+            "sizes": {"mode": "full" if FULL else "quick", **asdict(SIZES)},
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
 
     def record(self, section: str, name: str, value: Any) -> None:
         self.data.setdefault(section, {})[name] = value
@@ -79,8 +88,10 @@ def figures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Figures]:
     yield _FIGURES
     _FIGURES.data["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mode = "full" if FULL else "quick"
-    targets = [tmp_path_factory.getbasetemp() / "reliability-figures.json",
-               REPO / ".rlgate" / "reliability" / f"figures-{mode}.json"]
+    targets = [
+        tmp_path_factory.getbasetemp() / "reliability-figures.json",
+        REPO / ".rlgate" / "reliability" / f"figures-{mode}.json",
+    ]
     if os.environ.get("RLGATE_RELIABILITY_FIGURES"):
         targets.append(Path(os.environ["RLGATE_RELIABILITY_FIGURES"]))
     for path in targets:

@@ -52,10 +52,17 @@ def write_tasks_dir(directory: Path) -> Path:
     for path in BUNDLED_TASKS.glob("*.json"):
         shutil.copy(path, directory / path.name)
     extra = [
-        {"key": faulty_task_key(env_id, kind), "prompt": f"Reliability task ({kind} verifier).", "env_id": env_id,
-         "version": "v1", "task_modality": "tool_use", "verifier_code": code,
-         "metadata": {"reference_solution": {"tool_calls": [], "final_answer": "done"}}}
-        for env_id in ERAS.values() for kind, code in FAULTY_VERIFIERS.items()
+        {
+            "key": faulty_task_key(env_id, kind),
+            "prompt": f"Reliability task ({kind} verifier).",
+            "env_id": env_id,
+            "version": "v1",
+            "task_modality": "tool_use",
+            "verifier_code": code,
+            "metadata": {"reference_solution": {"tool_calls": [], "final_answer": "done"}},
+        }
+        for env_id in ERAS.values()
+        for kind, code in FAULTY_VERIFIERS.items()
     ]
     (directory / "zz_reliability.json").write_text(json.dumps({"tasks": extra}))
     return directory
@@ -64,6 +71,7 @@ def write_tasks_dir(directory: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------
 # Audit: what the servers wrote and what they told us, for the secret scan.
 
+
 @dataclass
 class Audit:
     secrets: set[str] = field(default_factory=lambda: {API_KEY, FLEET_API_KEY})
@@ -71,15 +79,17 @@ class Audit:
     texts: list[tuple[str, str]] = field(default_factory=list)  # (where, text): metrics scrapes, error details
 
     def token(self, token: str) -> str:
+        """Remember an agent token's secret: `rlg1.<session_id>.<secret>` names its session, which is no
+        secret and appears in logs by design; the secret after the last dot is what must never appear."""
         if token:
-            self.secrets.add(token)
+            self.secrets.add(token.rpartition(".")[2] or token)
         return token
 
     def error(self, where: str, err: grpc.RpcError | BaseException) -> None:
         detail = err.details() if isinstance(err, grpc.RpcError) else str(err)
         self.texts.append((where, detail or ""))
         if isinstance(err, grpc.RpcError):
-            for key, value in (err.trailing_metadata() or ()):
+            for key, value in err.trailing_metadata() or ():
                 self.texts.append((f"{where} trailer {key}", value if isinstance(value, str) else repr(value)))
 
     def add_stack(self, stack: LocalStack) -> None:
@@ -97,7 +107,7 @@ class Audit:
             for run in _SECRET_CHARS.finditer(text):
                 word = run.group()
                 for i in range(len(word) - PREFIX + 1):
-                    secret = prefixes.get(word[i:i + PREFIX])
+                    secret = prefixes.get(word[i : i + PREFIX])
                     if secret is not None:
                         found.append(f"{where}: {_kind(secret)} {secret[:4]}…")
 
@@ -126,18 +136,38 @@ def _kind(secret: str) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # Stacks
 
-def start_stack(data_dir: Path, audit: Audit, *, store_url: str = "", api_keys: bool = True,
-                orchestrator_args: Sequence[str] = (), gateway_args: Sequence[str] = (),
-                localfleet_args: Sequence[str] = (), env: dict[str, str] | None = None) -> AuditedStack:
+
+def start_stack(
+    data_dir: Path,
+    audit: Audit,
+    *,
+    store_url: str = "",
+    api_keys: bool = True,
+    orchestrator_args: Sequence[str] = (),
+    gateway_args: Sequence[str] = (),
+    localfleet_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> AuditedStack:
     """A LocalStack with the suite's secrets, metrics side ports, faulty-verifier tasks, short timeouts."""
     metrics = {"orchestrator": free_port(), "toolgateway": free_port()}
     tasks = write_tasks_dir(data_dir / "tasks")
-    orch = ["--metrics-listen", f"127.0.0.1:{metrics['orchestrator']}", "--run-id", f"rel-{secrets.token_hex(4)}",
-            *(["--api-keys", API_KEY] if api_keys else []), *orchestrator_args]
+    orch = [
+        "--metrics-listen",
+        f"127.0.0.1:{metrics['orchestrator']}",
+        "--run-id",
+        f"rel-{secrets.token_hex(4)}",
+        *(["--api-keys", API_KEY] if api_keys else []),
+        *orchestrator_args,
+    ]
     gw = ["--metrics-listen", f"127.0.0.1:{metrics['toolgateway']}", *gateway_args]
     settings = StackSettings(
-        data_dir=data_dir, store_url=store_url, env={"FLEET_API_KEY": FLEET_API_KEY, **(env or {})},
-        localfleet_args=["--tasks-dir", str(tasks), *localfleet_args], orchestrator_args=orch, gateway_args=gw)
+        data_dir=data_dir,
+        store_url=store_url,
+        env={"FLEET_API_KEY": FLEET_API_KEY, **(env or {})},
+        localfleet_args=["--tasks-dir", str(tasks), *localfleet_args],
+        orchestrator_args=orch,
+        gateway_args=gw,
+    )
     stack = AuditedStack(settings, audit, metrics)
     audit.add_stack(stack)
     return stack.start()  # type: ignore[return-value]
@@ -166,9 +196,11 @@ class AuditedStack(LocalStack):
         return out
 
     def healthy(self) -> dict[str, bool]:
-        return {"orchestrator": grpc_health(self.orchestrator_address),
-                "toolgateway": grpc_health(self.gateway_address),
-                "localfleet": self.admin.healthy()}
+        return {
+            "orchestrator": grpc_health(self.orchestrator_address),
+            "toolgateway": grpc_health(self.gateway_address),
+            "localfleet": self.admin.healthy(),
+        }
 
     def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
         if any(p.poll() is None for p in self.procs.values()):
@@ -192,8 +224,7 @@ class FleetAdmin:
     """localfleet's test admin routes and instance list (loopback HTTP)."""
 
     def __init__(self, base_url: str) -> None:
-        self._http = httpx.Client(base_url=base_url, timeout=10.0,
-                                  headers={"authorization": f"Bearer {FLEET_API_KEY}"})
+        self._http = httpx.Client(base_url=base_url, timeout=10.0, headers={"authorization": f"Bearer {FLEET_API_KEY}"})
 
     def set_faults(self, faults: dict[str, Any]) -> None:
         self._http.post("/_admin/faults", json=faults).raise_for_status()
@@ -240,17 +271,26 @@ class FleetAdmin:
 # ---------------------------------------------------------------------------------------------------------
 # Raw stubs (bad input, security) and a small async episode driver (faults, load)
 
-def orchestrator_stub(address: str, credentials: grpc.ChannelCredentials | None = None,
-                      options: Sequence[tuple[str, Any]] = ()) -> orchestrator_pb2_grpc.OrchestratorServiceStub:
-    channel = (grpc.secure_channel(address, credentials, options=list(options)) if credentials
-               else grpc.insecure_channel(address, options=list(options)))
+
+def orchestrator_stub(
+    address: str, credentials: grpc.ChannelCredentials | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> orchestrator_pb2_grpc.OrchestratorServiceStub:
+    channel = (
+        grpc.secure_channel(address, credentials, options=list(options))
+        if credentials
+        else grpc.insecure_channel(address, options=list(options))
+    )
     return orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
 
 
-def gateway_stub(address: str, credentials: grpc.ChannelCredentials | None = None,
-                 options: Sequence[tuple[str, Any]] = ()) -> toolgateway_pb2_grpc.ToolGatewayServiceStub:
-    channel = (grpc.secure_channel(address, credentials, options=list(options)) if credentials
-               else grpc.insecure_channel(address, options=list(options)))
+def gateway_stub(
+    address: str, credentials: grpc.ChannelCredentials | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> toolgateway_pb2_grpc.ToolGatewayServiceStub:
+    channel = (
+        grpc.secure_channel(address, credentials, options=list(options))
+        if credentials
+        else grpc.insecure_channel(address, options=list(options))
+    )
     return toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
 
 
@@ -259,13 +299,29 @@ def bearer(token: str) -> list[tuple[str, str]]:
 
 
 def reference_solution(task: Any) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-    """(tool calls, final answer) of a TaskInfo's metadata.reference_solution."""
-    from rlgate.convert import dict_from_struct
+    """(tool calls, final answer) of a TaskInfo listed with ListTasks(include_reference_solution=True)."""
+    from rlgate.convert import parse_json_object
 
-    meta = dict_from_struct(task.metadata)
-    solution = meta.get("reference_solution") or {}
+    if not task.reference_solution_json:
+        raise ValueError(f"task {task.key!r} was listed without its reference solution")
+    solution = parse_json_object(task.reference_solution_json, "reference_solution_json")
     calls = [(c["name"], dict(c.get("arguments") or {})) for c in solution.get("tool_calls") or []]
     return calls, solution.get("final_answer")
+
+
+def error_reason(err: grpc.RpcError) -> str:
+    """The google.rpc.ErrorInfo reason a status carries ("" without one)."""
+    from google.rpc import error_details_pb2
+
+    from rlgate.errors import rich_status_of
+
+    status = rich_status_of(err)
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return str(info.reason)
+    return ""
 
 
 def percentile(values: Iterable[float], q: float) -> float:
@@ -284,4 +340,3 @@ def thirds_medians(values: Sequence[float]) -> tuple[float, float]:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-

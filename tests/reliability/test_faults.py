@@ -39,9 +39,20 @@ VERIFY_TIMEOUT_S = 4.0
 GATEWAY_OWNER_TTL_S = 2.0
 DOWN_DEADLINE_S = 8.0  # the caller's deadline while localfleet is down (the orchestrator retries within it)
 STACK_ARGS: dict[str, list[str]] = {
-    "orchestrator_args": ["--reset-timeout-s", str(RESET_TIMEOUT_S), "--verify-timeout-s", str(VERIFY_TIMEOUT_S),
-                          "--verify-retries", "1", "--reconcile-interval-s", "2", "--owner-ttl-s", "3",
-                          "--provider-timeout-s", "5"],
+    "orchestrator_args": [
+        "--reset-timeout-s",
+        str(RESET_TIMEOUT_S),
+        "--verify-timeout-s",
+        str(VERIFY_TIMEOUT_S),
+        "--verify-retries",
+        "1",
+        "--reconcile-interval-s",
+        "2",
+        "--owner-ttl-s",
+        "3",
+        "--provider-timeout-s",
+        "5",
+    ],
     "gateway_args": ["--owner-ttl-s", str(GATEWAY_OWNER_TTL_S)],
 }
 RETRYING = RetryPolicy(max_attempts=60, initial_backoff=0.2, max_backoff=1.0)
@@ -100,6 +111,17 @@ def rid() -> str:
     return f"rel-{uuid.uuid4().hex[:16]}"
 
 
+_SOLUTIONS: dict[str, tuple[list[tuple[str, dict[str, Any]]], str | None]] = {}
+
+
+async def solution(client: AsyncClient, task_key: str) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+    """A task's reference solution (tool calls, final answer): only ListTasks hands it out, on request."""
+    if task_key not in _SOLUTIONS:
+        for task in await client.list_tasks(include_reference_solution=True, timeout=30.0):
+            _SOLUTIONS[task.key] = reference_solution(task)
+    return _SOLUTIONS[task_key]
+
+
 class Run:
     """An episode of one of the reference tasks, driven by hand so faults can land between its steps."""
 
@@ -113,23 +135,37 @@ class Run:
         self.tool_calls_before = stack.admin.env_counter(self.env_id, "tool_calls")
 
     async def start(self, task_key: str = "", request_id: str | None = None, deadline_s: float = 90.0) -> None:
-        self.reset = await self.client.reset(task_key=task_key or TASKS[self.era], request_id=request_id or rid(),
-                                             timeout=deadline_s)
+        self.reset = await self.client.reset(
+            task_key=task_key or TASKS[self.era], request_id=request_id or rid(), timeout=deadline_s
+        )
         self.audit.token(self.reset.agent_token)
-        self.calls, self.final = reference_solution(self.reset.task)
+        self.calls, self.final = await solution(self.client, self.reset.task.key)
 
     @property
     def session_id(self) -> str:
         assert self.reset is not None
         return self.reset.session_id
 
-    async def call(self, name: str, args: dict[str, Any], request_id: str | None = None, *,
-                   client: AsyncClient | None = None, deadline_s: float = 30.0) -> Any:
+    async def call(
+        self,
+        name: str,
+        args: dict[str, Any],
+        request_id: str | None = None,
+        *,
+        client: AsyncClient | None = None,
+        deadline_s: float = 30.0,
+    ) -> Any:
         assert self.reset is not None
         request_id = request_id or rid()
         self.sent.add(request_id)
-        return await (client or self.client).call_tool(self.reset.agent_token, name, args, request_id=request_id,
-                                                       gateway=self.reset.gateway_address, timeout=deadline_s)
+        return await (client or self.client).call_tool(
+            self.reset.agent_token,
+            name,
+            args,
+            request_id=request_id,
+            gateway=self.reset.gateway_address,
+            timeout=deadline_s,
+        )
 
     async def solve(self) -> orchestrator_pb2.StepResponse:
         """The reference solution's tool calls, then the final answer (or done)."""
@@ -138,7 +174,6 @@ class Run:
             assert not reply.result.is_error, reply.result.error_message
         fields: dict[str, Any] = {"final_answer": self.final} if self.final is not None else {"done": True}
         return await self.client.step(self.session_id, request_id=rid(), timeout=60.0, **fields)
-
 
     async def log_ids_unique(self) -> bool:
         state = await self.client.state(self.session_id, include_tool_calls=True)
@@ -162,8 +197,9 @@ def ran_twice(runs: list[Run]) -> bool:
     return False
 
 
-async def finish(outcome: Outcome, runs: list[Run], stack: AuditedStack, figures: Figures,
-                 step: orchestrator_pb2.StepResponse | None) -> Outcome:
+async def finish(
+    outcome: Outcome, runs: list[Run], stack: AuditedStack, figures: Figures, step: orchestrator_pb2.StepResponse | None
+) -> Outcome:
     """Fill the common columns, close everything, count instances left, record the row."""
     if step is not None:
         outcome.completed = step.done and step.verification.status == common_pb2.VERIFICATION_STATUS_OK
@@ -189,8 +225,9 @@ def assert_promises(o: Outcome, *, reward: float | None = 1.0) -> None:
 
 
 @eras
-async def test_upstream_killed_mid_call(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                                        era: str) -> None:
+async def test_upstream_killed_mid_call(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
+) -> None:
     """The MCP connection drops mid-call: UNAVAILABLE fast, a retry of the same request_id answers
     OUTCOME_UNKNOWN without running the tool again, a new call works without restarting anything."""
     run = Run(stack, client, era, audit)
@@ -217,8 +254,9 @@ async def test_upstream_killed_mid_call(stack: AuditedStack, client: AsyncClient
 
 
 @eras
-async def test_sessions_forgotten(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                                  era: str) -> None:
+async def test_sessions_forgotten(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
+) -> None:
     """The MCP server forgets its sessions after every call (and once more on demand): calls keep working."""
     run = Run(stack, client, era, audit)
     await run.start()
@@ -235,16 +273,22 @@ async def test_sessions_forgotten(stack: AuditedStack, client: AsyncClient, audi
     statuses.append(status)
     latencies.append(latency)
     rebuilds = stack.admin.env_counter(run.env_id, "mcp_handshakes") - handshakes
-    outcome = Outcome("MCP sessions forgotten after every call", era, sorted(set(statuses)), round(max(latencies), 3),
-                      notes=f"{rebuilds} upstream handshakes for 4 calls")
+    outcome = Outcome(
+        "MCP sessions forgotten after every call",
+        era,
+        sorted(set(statuses)),
+        round(max(latencies), 3),
+        notes=f"{rebuilds} upstream handshakes for 4 calls",
+    )
     assert statuses == ["OK"] * 4, statuses
     step = await run.solve()
     assert_promises(await finish(outcome, [run], stack, figures, step))
 
 
 @eras
-async def test_reset_hanging(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                             era: str) -> None:
+async def test_reset_hanging(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
+) -> None:
     """/reset hangs: on a fresh instance the episode goes on after the reset timeout; on a reused instance
     (next episode) the instance is replaced, so no episode starts on dirty state."""
     env_id = ERAS[era]
@@ -260,8 +304,10 @@ async def test_reset_hanging(stack: AuditedStack, client: AsyncClient, audit: Au
     audit.token(second.agent_token)
     run.reset = second
     now_instance = (await client.state(run.session_id)).session.instance.instance_id
-    outcome.notes = (f"next episode {latency2:.1f}s; instance replaced: {now_instance != first_instance}; "
-                     f"old instance live: {any(i['instance_id'] == first_instance for i in stack.admin.instances())}")
+    outcome.notes = (
+        f"next episode {latency2:.1f}s; instance replaced: {now_instance != first_instance}; "
+        f"old instance live: {any(i['instance_id'] == first_instance for i in stack.admin.instances())}"
+    )
     assert now_instance != first_instance
     stack.admin.clear_faults()
     step = await run.solve()
@@ -270,18 +316,25 @@ async def test_reset_hanging(stack: AuditedStack, client: AsyncClient, audit: Au
 
 @pytest.mark.parametrize("kind", ["raises", "hangs"])
 @eras
-async def test_verifier_faults(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                               era: str, kind: str) -> None:
+async def test_verifier_faults(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str, kind: str
+) -> None:
     """A verifier that raises is ERROR, one that hangs is TIMEOUT within rlgate's timeout; no reward either
     way (never a silent 0)."""
     run = Run(stack, client, era, audit)
     await run.start(faulty_task_key(ERAS[era], kind))
-    status, latency, step = await timed(client.step(run.session_id, final_answer="done", request_id=rid(),
-                                                    timeout=60.0))
+    status, latency, step = await timed(
+        client.step(run.session_id, final_answer="done", request_id=rid(), timeout=60.0)
+    )
     assert status == "OK", step
     verdict = common_pb2.VerificationStatus.Name(step.verification.status)
-    outcome = Outcome(f"verifier {kind}", era, [f"Step OK, {verdict}"], round(latency, 3),
-                      notes=f"reward set: {step.HasField('reward')}; attempts {step.verification.attempts}")
+    outcome = Outcome(
+        f"verifier {kind}",
+        era,
+        [f"Step OK, {verdict}"],
+        round(latency, 3),
+        notes=f"reward set: {step.HasField('reward')}; attempts {step.verification.attempts}",
+    )
     expected = common_pb2.VERIFICATION_STATUS_ERROR if kind == "raises" else common_pb2.VERIFICATION_STATUS_TIMEOUT
     assert step.done and step.verification.status == expected, step
     assert not step.HasField("reward")
@@ -291,8 +344,9 @@ async def test_verifier_faults(stack: AuditedStack, client: AsyncClient, audit: 
 
 
 @pytest.mark.parametrize(("era", "when"), [("modern", "before"), ("legacy", "mid-create")])
-async def test_localfleet_down_while_provisioning(stack: AuditedStack, client: AsyncClient, audit: Audit,
-                                                  figures: Figures, era: str, when: str) -> None:
+async def test_localfleet_down_while_provisioning(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str, when: str
+) -> None:
     """localfleet is down (before the create, or killed mid-create): Reset fails with a retryable status;
     retried with its request_id once localfleet is back, it returns a working session, and nothing leaks."""
     run = Run(stack, client, era, audit)
@@ -301,27 +355,39 @@ async def test_localfleet_down_while_provisioning(stack: AuditedStack, client: A
         stack.kill("localfleet")
         once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
         try:
-            status, latency, err = await timed(once.reset(task_key=TASKS[era], request_id=request_id,
-                                                          timeout=DOWN_DEADLINE_S))
+            status, latency, err = await timed(
+                once.reset(task_key=TASKS[era], request_id=request_id, timeout=DOWN_DEADLINE_S)
+            )
         finally:
             await once.close()
-        outcome = Outcome("localfleet down while provisioning", era, [status], round(latency, 3),
-                          notes=f"caller deadline {DOWN_DEADLINE_S:g}s")
+        outcome = Outcome(
+            "localfleet down while provisioning",
+            era,
+            [status],
+            round(latency, 3),
+            notes=f"caller deadline {DOWN_DEADLINE_S:g}s",
+        )
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
         assert latency < DOWN_DEADLINE_S + 2.0
     else:
         stack.admin.set_faults({"environments": {ERAS[era]: {"create_delay_s": 3.0}}})
         once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
         try:
-            pending = asyncio.ensure_future(timed(once.reset(task_key=TASKS[era], request_id=request_id,
-                                                             timeout=DOWN_DEADLINE_S)))
+            pending = asyncio.ensure_future(
+                timed(once.reset(task_key=TASKS[era], request_id=request_id, timeout=DOWN_DEADLINE_S))
+            )
             await asyncio.sleep(1.0)
             stack.kill("localfleet")
             status, latency, err = await pending
         finally:
             await once.close()
-        outcome = Outcome("localfleet killed mid-create", era, [status], round(latency, 3),
-                          notes=f"caller deadline {DOWN_DEADLINE_S:g}s")
+        outcome = Outcome(
+            "localfleet killed mid-create",
+            era,
+            [status],
+            round(latency, 3),
+            notes=f"caller deadline {DOWN_DEADLINE_S:g}s",
+        )
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
         assert latency < DOWN_DEADLINE_S + 2.0
     started = time.perf_counter()
@@ -336,8 +402,7 @@ async def test_localfleet_down_while_provisioning(stack: AuditedStack, client: A
 
 
 @eras
-async def test_slow_creates(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                            era: str) -> None:
+async def test_slow_creates(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str) -> None:
     """Creates take 2 s: Resets wait, the orchestrator stays responsive (State of another session is fast)."""
     probe = Run(stack, client, era, audit)
     await probe.start()
@@ -351,9 +416,13 @@ async def test_slow_creates(stack: AuditedStack, client: AsyncClient, audit: Aud
         await asyncio.sleep(0.1)
     results = await resets
     statuses = sorted({s for s, _, _ in results})
-    outcome = Outcome("slow instance creates (2 s)", era, statuses, round(max(lat for _, lat, _ in results), 3),
-                      notes=f"State during creates: max {max(state_latencies) * 1000:.0f} ms over "
-                            f"{len(state_latencies)} calls")
+    outcome = Outcome(
+        "slow instance creates (2 s)",
+        era,
+        statuses,
+        round(max(lat for _, lat, _ in results), 3),
+        notes=f"State during creates: max {max(state_latencies) * 1000:.0f} ms over {len(state_latencies)} calls",
+    )
     assert statuses == ["OK"]
     assert max(state_latencies) < 3.0, state_latencies  # generous: the machine is shared
     stack.admin.clear_faults()
@@ -363,8 +432,9 @@ async def test_slow_creates(stack: AuditedStack, client: AsyncClient, audit: Aud
 
 
 @eras
-async def test_orchestrator_sigkill_mid_episode(stack: AuditedStack, client: AsyncClient, audit: Audit,
-                                                figures: Figures, era: str) -> None:
+async def test_orchestrator_sigkill_mid_episode(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
+) -> None:
     """SIGKILL the orchestrator between turns and while a Reset is provisioning; restart it: the running
     episode finishes with reward 1.0, the in-flight Reset retried with its request_id returns a working
     session, and reconciliation leaves no orphan instance."""
@@ -383,8 +453,9 @@ async def test_orchestrator_sigkill_mid_episode(stack: AuditedStack, client: Asy
         status, latency, _ = await pending
     finally:
         await once.close()
-    outcome = Outcome("orchestrator SIGKILLed mid-episode and mid-Reset", era, [f"in-flight Reset: {status}"],
-                      round(latency, 3))
+    outcome = Outcome(
+        "orchestrator SIGKILLed mid-episode and mid-Reset", era, [f"in-flight Reset: {status}"], round(latency, 3)
+    )
     started = time.perf_counter()
     restart = asyncio.ensure_future(asyncio.to_thread(stack.start_service, "orchestrator"))
     fields: dict[str, Any] = {"final_answer": run.final} if run.final is not None else {"done": True}
@@ -401,8 +472,9 @@ async def test_orchestrator_sigkill_mid_episode(stack: AuditedStack, client: Asy
 
 
 @eras
-async def test_gateway_sigkill_mid_call(stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures,
-                                        era: str) -> None:
+async def test_gateway_sigkill_mid_call(
+    stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
+) -> None:
     """SIGKILL the gateway while a tool call hangs upstream; restart it: the caller saw UNAVAILABLE, the
     retry of the same request_id answers OUTCOME_UNKNOWN (the tool is not run again), the episode finishes."""
     run = Run(stack, client, era, audit)
@@ -437,8 +509,7 @@ async def test_redis_restarted_mid_run(tmp_path: Path, audit: Audit, figures: Fi
     """A stack on Redis (append-only): the Redis server SIGKILLed and restarted between and during turns;
     episodes of both eras complete after client retries and the store's invariants hold."""
     redis = await asyncio.to_thread(RedisServer.launch, tmp_path / "redis")
-    stack = await asyncio.to_thread(lambda: start_stack(tmp_path / "stack", audit, store_url=redis.url,
-                                                        **STACK_ARGS))  # type: ignore[arg-type]
+    stack = await asyncio.to_thread(lambda: start_stack(tmp_path / "stack", audit, store_url=redis.url, **STACK_ARGS))  # type: ignore[arg-type]
     client = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=RETRYING)
     try:
         for era in ("modern", "legacy"):
@@ -454,8 +525,12 @@ async def test_redis_restarted_mid_run(tmp_path: Path, audit: Audit, figures: Fi
                 await once.close()
             started = time.perf_counter()
             await outage
-            outcome = Outcome("Redis SIGKILLed and restarted mid-episode", era, [f"CallTool during outage: {status}"],
-                              round(latency, 3))
+            outcome = Outcome(
+                "Redis SIGKILLed and restarted mid-episode",
+                era,
+                [f"CallTool during outage: {status}"],
+                round(latency, 3),
+            )
             assert status in ("OK", "UNAVAILABLE"), status
             step = await run.solve()
             outcome.recovered_s = round(time.perf_counter() - started, 3)

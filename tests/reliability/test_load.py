@@ -34,8 +34,7 @@ RSS_FACTOR, RSS_SLACK_MB, FD_SLACK = 1.3, 40.0, 30
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, audit: Audit) -> Iterator[AuditedStack]:
-    s = start_stack(tmp_path_factory.mktemp("load"), audit,
-                    orchestrator_args=["--max-concurrent-creates", "32"])
+    s = start_stack(tmp_path_factory.mktemp("load"), audit, orchestrator_args=["--max-concurrent-creates", "32"])
     try:
         yield s
     finally:
@@ -77,10 +76,12 @@ async def episode(client: AsyncClient, audit: Audit, env_key: str, turns: int, s
             t1 = time.perf_counter()
             if reply.result.is_error:
                 stats.tool_errors += 1
-            summary = orchestrator_pb2.ToolCallSummary(name=tool, is_error=reply.result.is_error,
-                                                       error_kind=reply.result.error_kind)
-            step = await client.step(session_id, assistant_text=f"turn {turn}", tool_calls=[summary],
-                                     done=turn == turns - 1, timeout=60.0)
+            summary = orchestrator_pb2.ToolCallSummary(
+                name=tool, is_error=reply.result.is_error, error_kind=reply.result.error_kind
+            )
+            step = await client.step(
+                session_id, assistant_text=f"turn {turn}", tool_calls=[summary], done=turn == turns - 1, timeout=60.0
+            )
             t2 = time.perf_counter()
             stats.calls.append(t1 - t0)
             stats.turns.append(t2 - t0)
@@ -108,8 +109,9 @@ async def test_load(stack: AuditedStack, client: AsyncClient, audit: Audit, figu
     envs = list(TOOLS)
     started = time.perf_counter()
     try:
-        await asyncio.gather(*(episode(client, audit, envs[i % 2], SIZES.load_calls, stats, "load")
-                               for i in range(SIZES.load_episodes)))
+        await asyncio.gather(
+            *(episode(client, audit, envs[i % 2], SIZES.load_calls, stats, "load") for i in range(SIZES.load_episodes))
+        )
     finally:
         stack.admin.clear_faults()
     wall = time.perf_counter() - started
@@ -126,8 +128,16 @@ async def test_load(stack: AuditedStack, client: AsyncClient, audit: Audit, figu
     figures.record("load", "tool_calls", len(stats.calls))
     figures.record("load", "tool_errors_seen", stats.tool_errors)
     figures.record("load", "tool_errors_injected", injected)
-    figures.record("load", "turn_ms", {"p50": ms(stats.turns, 50), "p95": ms(stats.turns, 95),
-                                       "p99": ms(stats.turns, 99), "max": ms(stats.turns, 100)})
+    figures.record(
+        "load",
+        "turn_ms",
+        {
+            "p50": ms(stats.turns, 50),
+            "p95": ms(stats.turns, 95),
+            "p99": ms(stats.turns, 99),
+            "max": ms(stats.turns, 100),
+        },
+    )
     figures.record("load", "call_tool_ms", {"p50": ms(stats.calls, 50), "p99": ms(stats.calls, 99)})
     figures.record("load", "reset_ms", {"p50": ms(stats.resets, 50), "p99": ms(stats.resets, 99)})
     figures.record("load", "turns_per_s", round(len(stats.turns) / wall, 1))
@@ -191,11 +201,16 @@ async def test_soak(stack: AuditedStack, client: AsyncClient, audit: Audit, figu
     summary: dict[str, Any] = {}
     problems: list[str] = []
     for name, series in sampler.series.items():
-        warm = series[max(1, len(series) // 10):]  # drop the warm-up
+        warm = series[max(1, len(series) // 10) :]  # drop the warm-up
         rss_first, rss_last = thirds_medians([s[1] for s in warm])
         fd_first, fd_last = thirds_medians([float(s[2]) for s in warm])
-        summary[name] = {"rss_mb_first_third": rss_first, "rss_mb_last_third": rss_last,
-                         "fds_first_third": fd_first, "fds_last_third": fd_last, "samples": len(series)}
+        summary[name] = {
+            "rss_mb_first_third": rss_first,
+            "rss_mb_last_third": rss_last,
+            "fds_first_third": fd_first,
+            "fds_last_third": fd_last,
+            "samples": len(series),
+        }
         if rss_last > rss_first * RSS_FACTOR + RSS_SLACK_MB:
             problems.append(f"{name}: RSS grew {rss_first:.0f} -> {rss_last:.0f} MB")
         if fd_last > fd_first + FD_SLACK:
