@@ -8,7 +8,8 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
 - each reply's bytes are counted as they arrive; past `max_reply_bytes` the stream raises, the reply is
   dropped unread and its connection closed (a body not read to its end is never reused);
 - a reply whose call has ended (answered, timed out or cancelled: `Exchange.end`) is no longer read, even
-  while it waits for bytes, so its buffers are returned at once;
+  while it waits for bytes, so its buffers are returned at once; one whose head has not come is no longer
+  waited for;
 - a transport failure becomes a per-request JSON-RPC error answer. Raised, it would escape into the SDK's
   task group and tear the whole client down with every call in flight (mcp issue #3522);
 - the call's `Exchange` records whether a failed request could have reached the server: a connection that
