@@ -104,9 +104,10 @@ class Batch:
 
     def summary(self) -> dict[str, Any]:
         ok = [r for r in self.records if r[0]]
+        timings = [r[1:6] for r in ok]
         out: dict[str, Any] = {"n": self.n, "ok": len(ok), "success": round(self.success, 4)}
-        for index, phase in enumerate(("connect", "reset", "step", "close", "total"), start=1):
-            values = [float(r[index]) for r in ok if r[index] is not None]
+        for index, phase in enumerate(("connect", "reset", "step", "close", "total")):
+            values = [v for t in timings if (v := t[index]) is not None]
             for q in (50, 95, 99) if phase == "total" else (50, 99):
                 out[f"{phase}_p{q}_s"] = round(percentile(values, q), 4) if values else None
         out["wall_s"] = round(self.wall_s, 3)
