@@ -27,8 +27,9 @@ class OrchestratorConfig:
                              "Allow listening on a non-loopback address without API keys")
     tls_cert: str = setting("", "RLGATE_TLS_CERT", "PEM certificate for TLS (with --tls-key)")
     tls_key: str = setting("", "RLGATE_TLS_KEY", "PEM private key for TLS")
-    run_id: str = setting("rlgate-local", "RLGATE_RUN_ID",
-                          "Stable run id tagged on every instance (reconciliation after restarts)")
+    run_id: str = setting("", "RLGATE_RUN_ID",
+                          "Run id tagged on every instance (empty: rlgate-<id of the store>, made once and kept "
+                          "in the store, so deployments with their own stores never share one)")
     default_max_turns: int = setting(20, "RLGATE_DEFAULT_MAX_TURNS", "Turn limit when a task sets none")
     max_sessions: int = setting(1000, "RLGATE_MAX_SESSIONS", "Open sessions allowed at once")
     session_ttl_s: float = setting(3600.0, "RLGATE_SESSION_TTL_S", "Session lifetime before it is reaped")

@@ -241,6 +241,23 @@ class EpisodeManager:
         before closing sessions, so none registers a session after the close sweep)."""
         await self._no_creations.wait()
 
+    async def wait_endings(self) -> None:
+        """Until every episode ending of this process is scored and recorded (shutdown: an ending whose
+        caller went away still finishes here, so a retry anywhere replays it)."""
+        while pending := {task for task in self._background if not task.done()}:
+            await asyncio.wait(pending)
+
+    async def abandon_endings(self) -> None:
+        """Cancel the endings still being scored (shutdown, after the drain). Their request records stay
+        PENDING: once this process is declared dead, a retry on another replica takes them over and
+        answers with the episode's ending."""
+        endings = set(self._background)
+        for task in endings:
+            task.cancel()
+        if endings:
+            log.warning("shutdown: %d episode ending(s) not scored yet; handed back to other replicas", len(endings))
+            await asyncio.gather(*endings, return_exceptions=True)
+
     # -- Reset ------------------------------------------------------------------------------------------
     async def reset(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
         """Id lengths and labels are checked before this (`limits.check_request`, by the servicer)."""
@@ -638,6 +655,11 @@ class EpisodeManager:
             response = self._step_response(await self._score(session, final_answer))
             if claim.request_id:
                 await claim.commit(response=response)
+        except asyncio.CancelledError:
+            # Shutdown: the record stays PENDING, handed back with this process (`Orchestrator.stop`). A
+            # released record would make a retry elsewhere find the episode done with no record of its
+            # ending (FAILED_PRECONDITION); a PENDING one of a dead owner is taken over and scored there.
+            raise
         except BaseException:
             if claim.request_id:  # not recorded: a retry runs again rather than waiting on a live owner
                 await asyncio.shield(self.store.release_request(claim.scope, claim.request_id))

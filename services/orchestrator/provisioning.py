@@ -2,9 +2,14 @@
 
 Every create is preceded by an `Intent` in the store whose id also rides in the instance's env_variables,
 so an instance whose create was in flight when the process died is still recognised by reconciliation.
-Intent ids start with the owning process id (`owner~uuid`): reconciliation keeps an in-flight create
-only while its owner is alive. A create that failed or timed out leaves its intent DELETING, meaning
-"delete whatever turns up for this intent".
+Intent ids name the owning process and the store (`owner~storeid.uuid`): reconciliation keeps an in-flight
+create only while its owner is alive, and deletes only instances whose intent is this store's (another
+deployment on the same Fleet account, even one configured with the same run id, is never touched). A
+create that failed or timed out leaves its intent DELETING, meaning "delete whatever turns up for this
+intent".
+
+The store's identity (`store_identity`) is a random id made once per store and kept in it; the default
+run id is derived from it, so two deployments with their own stores never share a run id by accident.
 
 Admission: at most `max_concurrent_creates` creates in flight (Fleet caps bursts). Fleet's instance limit
 makes a create wait for capacity (woken early when rlgate deletes an instance) until the caller's
@@ -41,6 +46,28 @@ from rlgate.store import Intent, IntentState, SessionStore, StoreError
 log = logging.getLogger(__name__)
 
 INTENT_SEP = "~"
+STORE_SEP = "."
+# The store's identity lives in a request record of a scope no request uses: `claim_request` creates it
+# atomically on both backends (the first process wins, every other one reads the winner's id from the
+# record's owner field), and a PENDING record is never pruned nor released (retention drops DONE ones).
+IDENTITY_SCOPE = "rlgate:store"
+IDENTITY_KEY = "identity"
+
+
+async def store_identity(store: SessionStore) -> str:
+    """This store's identity: made on first use, the same for every process on the store ever after."""
+    record, _ = await store.claim_request(IDENTITY_SCOPE, IDENTITY_KEY, uuid.uuid4().hex[:12])
+    return record.owner
+
+
+def default_run_id(store_id: str) -> str:
+    return f"rlgate-{store_id}"
+
+
+def new_intent_id(owner: str, store_id: str) -> str:
+    """`owner~storeid.uuid` (`owner~uuid` without a store identity)."""
+    tag = f"{store_id}{STORE_SEP}" if store_id else ""
+    return f"{owner}{INTENT_SEP}{tag}{uuid.uuid4().hex}"
 
 
 def intent_owner(intent_id: str) -> str:
@@ -49,14 +76,24 @@ def intent_owner(intent_id: str) -> str:
     return owner if sep else ""
 
 
+def intent_store(intent_id: str) -> str:
+    """The identity of the store an intent was written to ("" for untagged or foreign ids)."""
+    _, sep, rest = intent_id.rpartition(INTENT_SEP)
+    store_id, tagged, _ = rest.partition(STORE_SEP)
+    return store_id if sep and tagged else ""
+
+
 class Provisioner:
     """Creates instances under admission control and deletes them, keeping intents in step."""
 
-    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, owner: str) -> None:
+    def __init__(
+        self, config: OrchestratorConfig, store: SessionStore, provider: Provider, owner: str, store_id: str = ""
+    ) -> None:
         self._config = config
         self._store = store
         self._provider = provider
         self._owner = owner
+        self.store_id = store_id  # tags every intent id (set before the first create; see Orchestrator)
         self._creates = asyncio.Semaphore(max(1, config.max_concurrent_creates))
         self._capacity = asyncio.Event()
         self.in_flight = 0
@@ -71,8 +108,14 @@ class Provisioner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
 
-    async def create(self, env_key: str, deadline: Deadline, *, env_variables: dict[str, Any] | None = None,
-                     state: str = IntentState.CREATING) -> tuple[InstanceHandle, Intent]:
+    async def create(
+        self,
+        env_key: str,
+        deadline: Deadline,
+        *,
+        env_variables: dict[str, Any] | None = None,
+        state: str = IntentState.CREATING,
+    ) -> tuple[InstanceHandle, Intent]:
         """A running instance and its intent (state `state`), or an RlgateError by the deadline."""
         delay = 0.25
         last: ProviderError | None = None
@@ -105,18 +148,30 @@ class Provisioner:
     def _give_up(self, env_key: str, last: ProviderError | None) -> RlgateError:
         if isinstance(last, InstanceLimit):
             return ResourceExhausted(
-                f"provider instance limit reached creating {env_key}: {last}", subject=f"instances:{env_key}",
-                reason="INSTANCE_LIMIT", metadata={"running": last.running, "limit": last.limit,
-                                                   "env_key": env_key}, retry_after_s=5.0)
+                f"provider instance limit reached creating {env_key}: {last}",
+                subject=f"instances:{env_key}",
+                reason="INSTANCE_LIMIT",
+                metadata={"running": last.running, "limit": last.limit, "env_key": env_key},
+                retry_after_s=5.0,
+            )
         reason = "RATE_LIMITED" if isinstance(last, RateLimited) else "PROVIDER_UNAVAILABLE"
         detail = f": {last}" if last else " (deadline reached while waiting for a create slot)"
-        return Unavailable(f"could not create an instance of {env_key} before the deadline{detail}",
-                           reason=reason, retry_after_s=2.0, metadata={"env_key": env_key})
+        return Unavailable(
+            f"could not create an instance of {env_key} before the deadline{detail}",
+            reason=reason,
+            retry_after_s=2.0,
+            metadata={"env_key": env_key},
+        )
 
-    async def _create_once(self, env_key: str, deadline: Deadline, env_variables: dict[str, Any],
-                           state: str) -> tuple[InstanceHandle, Intent]:
-        intent = Intent(intent_id=f"{self._owner}{INTENT_SEP}{uuid.uuid4().hex}", run_id=self._config.run_id,
-                        env_key=env_key, state=IntentState.CREATING)
+    async def _create_once(
+        self, env_key: str, deadline: Deadline, env_variables: dict[str, Any], state: str
+    ) -> tuple[InstanceHandle, Intent]:
+        intent = Intent(
+            intent_id=new_intent_id(self._owner, self.store_id),
+            run_id=self._config.run_id,
+            env_key=env_key,
+            state=IntentState.CREATING,
+        )
         await self._store.put_intent(intent)
         timeout = deadline.cap(self._config.provision_timeout_s)
         start = time.perf_counter()
@@ -124,18 +179,26 @@ class Provisioner:
         metrics.CREATES_IN_FLIGHT.inc()
         try:
             handle = await self._provider.create(
-                env_key, env_variables={**env_variables, INTENT_ENV_VAR: intent.intent_id},
-                run_id=self._config.run_id, ttl_s=self._config.instance_ttl_s,
-                heartbeat_interval_s=self._config.heartbeat_interval_s, timeout_s=max(0.1, timeout))
+                env_key,
+                env_variables={**env_variables, INTENT_ENV_VAR: intent.intent_id},
+                run_id=self._config.run_id,
+                ttl_s=self._config.instance_ttl_s,
+                heartbeat_interval_s=self._config.heartbeat_interval_s,
+                timeout_s=max(0.1, timeout),
+            )
         except BaseException as exc:
             metrics.PROVISION_SECONDS.labels("error").observe(time.perf_counter() - start)
             await asyncio.shield(self._after_failed_create(intent, exc))
             if isinstance(exc, EnvNotFound):
-                raise NotFound(f"unknown environment {clip(env_key)!r}: {exc}", reason="ENV_NOT_FOUND",
-                               metadata={"env_key": env_key}) from exc
+                raise NotFound(
+                    f"unknown environment {clip(env_key)!r}: {exc}",
+                    reason="ENV_NOT_FOUND",
+                    metadata={"env_key": env_key},
+                ) from exc
             if isinstance(exc, ProviderError) and not isinstance(exc, InstanceLimit | Retryable):
-                raise Unavailable(f"provider refused to create {clip(env_key)}: {exc}", reason="PROVIDER_ERROR",
-                                  retry_after_s=5.0) from exc
+                raise Unavailable(
+                    f"provider refused to create {clip(env_key)}: {exc}", reason="PROVIDER_ERROR", retry_after_s=5.0
+                ) from exc
             raise
         finally:
             self.in_flight -= 1
@@ -164,6 +227,10 @@ class Provisioner:
                 await self._store.put_intent(intent)
         except StoreError:
             log.exception("could not record the failed create of intent %s", intent.intent_id)
+
+    def owns(self, intent_id: str) -> bool:
+        """Whether an intent id was made for this store (its instance is this deployment's)."""
+        return bool(self.store_id) and intent_store(intent_id) == self.store_id
 
     async def set_intent(self, intent_id: str, state: str, session_id: str = "") -> None:
         intent = await self._store.get_intent(intent_id)

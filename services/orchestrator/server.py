@@ -3,8 +3,11 @@
 Auth: API keys (`authorization: Bearer`) when configured; refusing a non-loopback listen address without
 keys unless `--insecure`. Optional TLS. Readiness: until the task catalog has loaded (the provider may start
 after rlgate; the load is retried in the background) health is NOT_SERVING and every task-dependent RPC
-answers UNAVAILABLE. SIGTERM drains: health NOT_SERVING, every open session of this run closed (or handed
-back), warm pools emptied, background loops cancelled.
+answers UNAVAILABLE. SIGTERM drains, within `--drain-s`: at once health NOT_SERVING and every new RPC
+answered UNAVAILABLE (reason SHUTTING_DOWN, RetryInfo: clients go to another replica); the RPCs already in
+flight finish (an ending Step's scoring included), every open session of this run is closed (or handed
+back), warm pools are emptied; then background loops are cancelled and whatever is still unfinished is
+handed back (this process declared dead in the store, so its request records are taken over at once).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
-from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
+from rlgate.runtime.interceptors import (
+    ApiKeyInterceptor,
+    ContextInterceptor,
+    Handler,
+    MetricsInterceptor,
+    wrap_behaviour,
+)
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
 from rlgate.store import SessionStore
@@ -75,6 +84,60 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
         return wrap_behaviour(handler, lambda _inner: refuse)  # type: ignore[return-value]
 
 
+class DrainInterceptor(grpc.aio.ServerInterceptor):
+    """Counts the RPCs in flight, and once `draining()` answers every new one UNAVAILABLE (reason
+    SHUTTING_DOWN, RetryInfo) so its client retries on another replica; `idle()` waits for the ones admitted
+    before the drain."""
+
+    def __init__(self, draining: Callable[[], bool]) -> None:
+        self._draining = draining
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler | None]] = {}
+
+    async def idle(self) -> None:
+        await self._idle.wait()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return handler  # health and reflection answer throughout
+        if self._draining():
+            return wrap_behaviour(handler, lambda _inner: _refuse_draining)  # type: ignore[return-value]
+        cached = self._wrapped.get(details.method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[details.method] = (handler, wrap_behaviour(handler, self._counted))
+        return cached[1]  # type: ignore[return-value]
+
+    def _counted(self, inner: Handler) -> Handler:
+        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            self._in_flight += 1
+            self._idle.clear()
+            try:
+                return await inner(request, context)
+            finally:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.set()
+
+        return behaviour
+
+
+async def _refuse_draining(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+    await context.abort_with_status(
+        Unavailable(
+            "the orchestrator is shutting down; retry on another replica",
+            reason="SHUTTING_DOWN",
+            retry_after_s=0.2,
+        ).to_grpc_status()
+    )
+
+
 async def _serve_when_ready(orchestrator: Orchestrator, server: RunningServer) -> None:
     """Health SERVING once the catalog has loaded (owned by the handle, cancelled on drain and stop)."""
     await orchestrator.wait_tasks_loaded()
@@ -90,6 +153,7 @@ class OrchestratorHandle:
     config: OrchestratorConfig
     server: RunningServer
     orchestrator: Orchestrator
+    gate: DrainInterceptor
     readiness: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
@@ -103,29 +167,37 @@ class OrchestratorHandle:
     async def _stop_readiness(self) -> None:
         if self.readiness is not None:
             self.readiness.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.readiness
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                async with asyncio.timeout(5.0):
+                    await self.readiness
 
     async def drain(self) -> None:
+        """Refuse new RPCs, let those in flight finish, close (or hand back) sessions, empty pools."""
+        self.orchestrator.episodes.accepting = False  # the gate refuses from this instant
         await self._stop_readiness()
-        await self.orchestrator.drain()
+        await self.orchestrator.drain(self.gate.idle)
 
-    async def stop(self, *, drain: bool = True, grace: float = 2.0) -> None:
-        """Graceful stop: drain (close sessions, empty pools), stop the server, cancel background loops."""
-        await self._stop_readiness()
+    async def stop(self, *, drain: bool = True, grace: float | None = None) -> None:
+        """Graceful stop (`drain`), the server stopped, background loops cancelled and what is unfinished
+        handed back; within `grace` (default `drain_s`) plus small bounds."""
         try:
-            await self.server.shutdown(grace, self.orchestrator.drain if drain else None)
+            if drain:
+                await self.server.shutdown(self.config.drain_s if grace is None else grace, self.drain)
+            else:
+                await self._stop_readiness()
+                await self.server.shutdown(2.0 if grace is None else grace)
         finally:
             await self.orchestrator.stop()
 
 
 def interceptors(
-    config: OrchestratorConfig, ready: Callable[[], bool] = lambda: True
+    config: OrchestratorConfig, ready: Callable[[], bool] = lambda: True, gate: DrainInterceptor | None = None
 ) -> Sequence[grpc.aio.ServerInterceptor]:
     return [
         ContextInterceptor(),
         MetricsInterceptor("orchestrator"),
         ApiKeyInterceptor(config.api_keys),
+        *([gate] if gate is not None else []),
         ReadinessInterceptor(ready),
     ]
 
@@ -135,6 +207,8 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
     `config.store_url` (closed on stop)."""
     check_listen(config)
     orchestrator = await Orchestrator.create(config, store)
+    config = orchestrator.config  # the run id resolved
+    gate = DrainInterceptor(lambda: orchestrator.draining)
     try:
         await orchestrator.start()
 
@@ -147,7 +221,7 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
         running = await start_server(
             config.listen,
             register,
-            interceptors=interceptors(config, lambda: orchestrator.tasks_loaded),
+            interceptors=interceptors(config, lambda: orchestrator.tasks_loaded, gate),
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
             serving=orchestrator.tasks_loaded,
@@ -155,7 +229,7 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
     except BaseException:
         await orchestrator.stop()
         raise
-    handle = OrchestratorHandle(config=config, server=running, orchestrator=orchestrator)
+    handle = OrchestratorHandle(config=config, server=running, orchestrator=orchestrator, gate=gate)
     if not orchestrator.tasks_loaded:
         log.warning("task catalog not loaded yet: health NOT_SERVING until it is")
         handle.readiness = asyncio.create_task(_serve_when_ready(orchestrator, running), name="readiness")
@@ -177,6 +251,6 @@ def run(config: OrchestratorConfig) -> None:
         try:
             await serve_until_signal(handle.server, grace=config.drain_s, drain=handle.drain)
         finally:
-            await handle.stop(drain=False)
+            await handle.stop(drain=False)  # the server has stopped: loops cancelled, the rest handed back
 
     asyncio.run(main())

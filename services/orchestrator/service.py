@@ -1,11 +1,15 @@
 """`Orchestrator`: builds the parts (store, provider, tasks, provisioner, pools, episodes, reconciler, ...),
 owns every background loop, and shuts them all down — the one object `server.py` starts and stops.
+
+Shutdown has two halves, each bounded so a stuck store or provider cannot hold the process: `drain` (new
+work refused, in-flight RPCs and endings finish, sessions closed or handed back, pools emptied, all within
+`drain_s`) and `stop` (background loops cancelled, what is still in flight handed back: this process is
+declared dead in the store so another replica takes over its request records at once).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -13,6 +17,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from rlgate.orchestrator import metrics
@@ -20,10 +25,10 @@ from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import EpisodeManager
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import Provider
-from rlgate.orchestrator.provisioning import Provisioner
+from rlgate.orchestrator.provisioning import Provisioner, default_run_id, store_identity
 from rlgate.orchestrator.reaper import Heartbeater, Reaper, prune
 from rlgate.orchestrator.reconcile import Reconciler
-from rlgate.orchestrator.tasks import TaskCatalog, task_entries
+from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.runtime.settings import default_store_url
@@ -31,13 +36,33 @@ from rlgate.store import OPEN_STATUSES, SessionStore, open_store
 
 log = logging.getLogger(__name__)
 
+STOP_STEP_S = 5.0  # bound of each step of `stop` (cancelled loops, the store and provider clients)
+IN_FLIGHT_SHARE = 0.75  # of drain_s, for in-flight RPCs and endings; the rest closes or hands back sessions
+
+
+async def bounded(what: str, seconds: float, step: Awaitable[object]) -> bool:
+    """Await `step` for at most `seconds`; a timeout or failure is logged, never raised (shutdown goes on).
+    Returns whether it finished."""
+    try:
+        async with asyncio.timeout(max(0.0, seconds)):
+            await step
+        return True
+    except TimeoutError:
+        log.warning("shutdown: %s did not finish within %.1fs", what, seconds)
+    except Exception as exc:
+        log.warning("shutdown: %s failed: %s", what, exc)
+    return False
+
 
 def make_provider(config: OrchestratorConfig) -> Provider:
     if config.provider == "fleet":
         from rlgate.orchestrator.providers.fleet import FleetProvider
 
-        return FleetProvider(config.fleet_base_url, config.fleet_api_key,
-                             request_timeout=max(config.provider_timeout_s, config.verify_timeout_s))
+        return FleetProvider(
+            config.fleet_base_url,
+            config.fleet_api_key,
+            request_timeout=max(config.provider_timeout_s, config.verify_timeout_s),
+        )
     if config.provider == "mcp":
         from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
 
@@ -48,22 +73,36 @@ def make_provider(config: OrchestratorConfig) -> Provider:
 class Orchestrator:
     """Everything the orchestration plane runs, wired together."""
 
-    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider, *,
-                 owns_store: bool) -> None:
-        self.config = config
+    def __init__(
+        self,
+        config: OrchestratorConfig,
+        store: SessionStore,
+        provider: Provider,
+        *,
+        owns_store: bool,
+        store_id: str = "",
+    ) -> None:
+        # A copy every part shares: an empty run id (built directly, not by `create`) is filled in by `start`.
+        self.config = config = replace(config)
         self.store = store
         self.provider = provider
         self._owns_store = owns_store
         self.owner = f"orch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.catalog = TaskCatalog()
-        self.provisioner = Provisioner(config, store, provider, self.owner)
+        self.provisioner = Provisioner(config, store, provider, self.owner, store_id)
         self.pool = WarmPool(config, provider, self.provisioner)
         self.episodes = EpisodeManager(
-            config, store, provider, self.catalog, ToolCache(config.tools_timeout_s),
+            config,
+            store,
+            provider,
+            self.catalog,
+            ToolCache(config.tools_timeout_s, config.tools_refresh_s),
             Verifier(provider, timeout_s=config.verify_timeout_s, retries=config.verify_retries),
-            self.provisioner, self.pool, self.owner)
-        self.reconciler = Reconciler(config, store, provider, self.provisioner, self.pool, self.episodes,
-                                     self.owner)
+            self.provisioner,
+            self.pool,
+            self.owner,
+        )
+        self.reconciler = Reconciler(config, store, provider, self.provisioner, self.pool, self.episodes, self.owner)
         self.reaper = Reaper(config, self.episodes)
         self.heartbeater = Heartbeater(config, store, provider, self.episodes, self.pool)
         self._tasks: list[asyncio.Task[None]] = []
@@ -71,16 +110,32 @@ class Orchestrator:
 
     @classmethod
     async def create(cls, config: OrchestratorConfig, store: SessionStore | None = None) -> Orchestrator:
+        """Open the store (unless given) and learn its identity: the default run id is derived from it."""
         owns = store is None
         if store is None:
             store = await open_store(config.store_url or default_store_url(config.data_dir))
-        return cls(config, store, make_provider(config), owns_store=owns)
+        try:
+            store_id = await store_identity(store)
+            if not config.run_id:
+                config = replace(config, run_id=default_run_id(store_id))
+            return cls(config, store, make_provider(config), owns_store=owns, store_id=store_id)
+        except BaseException:
+            if owns:
+                await bounded("closing the store", STOP_STEP_S, store.close())
+            raise
 
     # -- lifecycle --------------------------------------------------------------------------------------
     async def start(self) -> None:
+        if not self.provisioner.store_id:  # built directly rather than by `create`
+            self.provisioner.store_id = await store_identity(self.store)
+        if not self.config.run_id:
+            self.config.run_id = default_run_id(self.provisioner.store_id)
         await self.store.heartbeat_owner(self.owner, self.config.owner_ttl_s)
-        self._spawn("owner-heartbeat", max(0.5, self.config.owner_ttl_s / 3),
-                    lambda: self.store.heartbeat_owner(self.owner, self.config.owner_ttl_s))
+        self._spawn(
+            "owner-heartbeat",
+            max(0.5, self.config.owner_ttl_s / 3),
+            lambda: self.store.heartbeat_owner(self.owner, self.config.owner_ttl_s),
+        )
         try:
             await self.load_tasks()
         except Exception as exc:
@@ -92,19 +147,25 @@ class Orchestrator:
             log.exception("start-up reconciliation failed; the periodic one will retry")
         self._spawn("reconcile", self.config.reconcile_interval_s, self.reconciler.run_once, delay=True)
         self._spawn("reaper", self.config.reap_interval_s, self._reap)
-        self._spawn("heartbeat", max(1.0, self.config.heartbeat_interval_s / 2), self.heartbeater.run_once,
-                    delay=True)
-        self._spawn("retention", max(10.0, min(3600.0, self.config.retention_s / 4)),
-                    lambda: prune(self.config, self.store))
+        self._spawn("heartbeat", max(1.0, self.config.heartbeat_interval_s / 2), self.heartbeater.run_once, delay=True)
+        self._spawn(
+            "retention", max(10.0, min(3600.0, self.config.retention_s / 4)), lambda: prune(self.config, self.store)
+        )
         if self.pool.targets:
             self._tasks.append(asyncio.create_task(self._guard("warm-pool", self.pool.run), name="warm-pool"))
-        log.info("orchestrator %s started (provider %s, run_id %s, %d task(s), pools %s)", self.owner,
-                 self.provider.name, self.config.run_id, len(self.catalog), self.pool.targets or "off")
+        log.info(
+            "orchestrator %s started (provider %s, run_id %s, %d task(s), pools %s)",
+            self.owner,
+            self.provider.name,
+            self.config.run_id,
+            len(self.catalog),
+            self.pool.targets or "off",
+        )
 
     async def load_tasks(self) -> None:
         if self.config.tasks_file:
             text = await asyncio.to_thread(Path(self.config.tasks_file).read_text, encoding="utf-8")
-            tasks = [await self.provider.parse_task(entry) for entry in task_entries(text)]
+            tasks = await self.provider.parse_task_file(text)
         else:
             tasks = await self.provider.load_tasks(timeout_s=self.config.provider_timeout_s)
         self.catalog.replace(tasks)
@@ -138,8 +199,7 @@ class Orchestrator:
         for status, n in counts.items():
             metrics.SESSIONS.labels(str(status)).set(n)
 
-    def _spawn(self, name: str, interval: float, fn: Callable[[], Awaitable[object]], *,
-               delay: bool = False) -> None:
+    def _spawn(self, name: str, interval: float, fn: Callable[[], Awaitable[object]], *, delay: bool = False) -> None:
         async def loop() -> None:
             if delay:
                 await asyncio.sleep(interval)
@@ -167,12 +227,31 @@ class Orchestrator:
                 log.exception("%s crashed; restarting", name)
                 await asyncio.sleep(1.0)
 
-    async def drain(self) -> None:
-        """SIGTERM: stop admitting, then close (or hand back) every open session of this run and empty the
-        warm pools, within `drain_s`."""
+    @property
+    def draining(self) -> bool:
+        """Shutdown has begun: every new RPC is refused (UNAVAILABLE, reason SHUTTING_DOWN)."""
+        return not self.episodes.accepting
+
+    async def drain(self, in_flight: Callable[[], Awaitable[object]] | None = None) -> None:
+        """SIGTERM: refuse new work at once, let what is in flight finish (`in_flight` waits for the RPCs
+        admitted before, endings whose caller left are scored) for up to `IN_FLIGHT_SHARE` of `drain_s`,
+        then close (or hand back) every open session of this run and empty the warm pools, all within
+        `drain_s`. What does not finish in time is handed back by `stop`."""
         self.episodes.accepting = False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.drain_s
         try:
-            async with asyncio.timeout(self.config.drain_s):
+            async with asyncio.timeout(self.config.drain_s * IN_FLIGHT_SHARE):
+                if in_flight is not None:
+                    await in_flight()
+                await self.episodes.wait_endings()
+        except TimeoutError:
+            log.warning(
+                "shutdown: work still in flight after %.1fs; closing up around it",
+                self.config.drain_s * IN_FLIGHT_SHARE,
+            )
+        try:
+            async with asyncio.timeout_at(end):
                 await self.episodes.wait_creations()  # admitted Resets finish, then get closed below
                 if self.config.shutdown_mode == "close":
                     sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
@@ -188,18 +267,25 @@ class Orchestrator:
                     log.info("shutdown: handing sessions back (shutdown_mode=handoff)")
                 await self.pool.drain()
         except TimeoutError:
-            log.error("shutdown: drain did not finish within %.1fs; instance TTLs will clean up",
-                      self.config.drain_s)
+            log.error(
+                "shutdown: drain did not finish within %.1fs; what is left is handed back (instance TTLs "
+                "clean up what nobody takes over)",
+                self.config.drain_s,
+            )
 
     async def stop(self) -> None:
-        """Cancel every background loop and release clients (after `drain`, or alone in tests)."""
+        """Cancel every background loop, hand back what is still in flight and release clients (after
+        `drain`, or alone in tests). Every step is bounded."""
+        self.episodes.accepting = False
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await bounded("background loops", STOP_STEP_S, asyncio.gather(*self._tasks, return_exceptions=True))
         self._tasks.clear()
-        await self.reconciler.release_lease()
-        with contextlib.suppress(Exception):
-            await self.provider.close()
+        # Endings not scored by now keep their request records PENDING: declared dead below, this process
+        # hands them to the first retry on another replica, which finishes the scoring.
+        await bounded("unfinished endings", STOP_STEP_S, self.episodes.abandon_endings())
+        await bounded("handing back request records", STOP_STEP_S, self.store.heartbeat_owner(self.owner, 0))
+        await bounded("releasing the reconcile lease", STOP_STEP_S, self.reconciler.release_lease())
+        await bounded("closing the provider client", STOP_STEP_S, self.provider.close())
         if self._owns_store:
-            with contextlib.suppress(Exception):
-                await self.store.close()
+            await bounded("closing the store", STOP_STEP_S, self.store.close())

@@ -4,7 +4,8 @@
 `grpc.health.v1` and server reflection (`rlgate.runtime.reflection`: methods resolve too, so `grpcurl
 describe Service.Method` works), and installs the interceptors. `RunningServer.shutdown` is the
 graceful path used on SIGTERM/SIGINT: health goes NOT_SERVING first (load balancers stop sending), the
-service's own drain hook runs, then in-flight RPCs get `grace` seconds before the server stops.
+service's own drain hook runs, then in-flight RPCs get what is left of `grace` before the server stops.
+`grace` bounds the whole shutdown (plus a small margin), so a process told to stop exits on time.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 #   descriptors for the store, upstream calls and a health probe;
 # - keepalive: pings more often than every 10 s without data are refused (ping floods end the connection).
 MAX_STREAMS_PER_CONNECTION = 1024
+MIN_STOP_GRACE_S = 0.5  # in-flight RPCs always get this long to answer, even when the drain used all of grace
+STOP_MARGIN_S = 5.0  # beyond the grace, how long stopping the server itself may take before it is abandoned
 FD_HEADROOM = 512  # descriptors kept back from client connections (store, upstreams, logs, probes)
 DEFAULT_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
@@ -90,24 +93,38 @@ class RunningServer:
     async def set_serving(self, serving: bool) -> None:
         if serving and self.stopping:
             return  # a late "ready" must not undo a drain
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in [*self.service_names, ""]:
             await self.health.set(name, status)
 
     async def shutdown(self, grace: float = 5.0, drain: Callable[[], Awaitable[None]] | None = None) -> None:
-        """Health NOT_SERVING, run `drain`, stop accepting, give in-flight RPCs `grace` seconds."""
+        """Health NOT_SERVING, run `drain`, stop accepting, give in-flight RPCs what is left of `grace` (at
+        least `MIN_STOP_GRACE_S`). Every step is bounded: the whole takes at most `grace` plus
+        `MIN_STOP_GRACE_S + 2 * STOP_MARGIN_S`."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        await self.set_serving(False)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        try:
+            async with asyncio.timeout(STOP_MARGIN_S):
+                await self.set_serving(False)
+        except TimeoutError:
+            log.error("shutdown: setting health NOT_SERVING took longer than %.1fs", STOP_MARGIN_S)
         if drain is not None:
             try:
-                await drain()
+                async with asyncio.timeout(max(0.0, end - loop.time())):
+                    await drain()
+            except TimeoutError:
+                log.error("shutdown: the drain hook did not finish within the grace of %.1fs", grace)
             except Exception:
                 log.exception("drain hook failed")
-        await self.server.stop(grace)
+        remaining = max(MIN_STOP_GRACE_S, end - loop.time())
+        try:
+            async with asyncio.timeout(remaining + STOP_MARGIN_S):
+                await self.server.stop(remaining)
+        except TimeoutError:
+            log.error("shutdown: the server did not stop within %.1fs; going on", remaining + STOP_MARGIN_S)
 
     async def wait_stopped(self) -> None:
         await self.server.wait_for_termination()

@@ -14,6 +14,8 @@ import pytest
 from fleet import AsyncFleet
 from grpc_status import rpc_status
 
+from rlgate.orchestrator.providers.base import INTENT_ENV_VAR
+from rlgate.orchestrator.provisioning import new_intent_id
 from rlgate.orchestrator.server import InsecureListenError, check_listen
 from rlgate.store import SessionStatus, SessionStore
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
@@ -176,7 +178,11 @@ async def test_reconcile_deletes_orphans_and_fails_lost_sessions(
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf))
     fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
-    orphan = await fleet.make("mailbox:v1", run_id=orch.config.run_id, ttl_seconds=300)  # no intent, no session
+    # An intent id of this store whose record is gone (a crash), no session: provably ours, an orphan.
+    lost_intent = new_intent_id("orch-gone", orch.handle.orchestrator.provisioner.store_id)
+    orphan = await fleet.make(
+        "mailbox:v1", run_id=orch.config.run_id, ttl_seconds=300, env_variables={INTENT_ENV_VAR: lost_intent}
+    )
     live = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     lost = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     await fleet.delete(lost.instance.instance_id)  # died behind our back (TTL, manual)

@@ -1,6 +1,7 @@
 """Reconciliation racing live traffic: many concurrent Resets (warm-pool hand-outs and fresh creates) and
 Closes with a reconcile pass every fraction of a second. No instance of a live session may ever be deleted;
-real orphans (no intent; an intent of a dead process) are still deleted, exactly once."""
+real orphans (an intent of this store whose record is gone; an intent of a dead process) are still deleted,
+exactly once; an instance of the run id that is not provably this store's is never touched."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import httpx
 import pytest
 from fleet import AsyncFleet
 
-from rlgate.orchestrator.providers.base import InstanceHandle
-from rlgate.orchestrator.provisioning import INTENT_SEP
+from rlgate.orchestrator.providers.base import INTENT_ENV_VAR, InstanceHandle
+from rlgate.orchestrator.provisioning import INTENT_SEP, new_intent_id
 from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionStore
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, instances_of
@@ -77,9 +78,14 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     orchs: list[Running] = [await orchestrator_factory(config) for _ in range(replicas)]
     run_id = config.run_id
     fleet = AsyncFleet(api_key="t", base_url=lf.base_url)
-    # Real orphans, planted after the start-up pass: one with no intent at all, one whose intent belongs to
-    # a process that is gone (never heartbeated).
-    bare = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300)
+    # Real orphans, planted after the start-up pass: one naming an intent of this store whose record is gone,
+    # one whose intent belongs to a process that is gone (never heartbeated). And a stranger: the same run
+    # id but no intent of this store (another deployment's), which must be left alone.
+    store_id = orchs[0].handle.orchestrator.provisioner.store_id
+    lost = await fleet.make(
+        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={INTENT_ENV_VAR: new_intent_id("x", store_id)}
+    )
+    stranger = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300)
     dead_intent = Intent(
         intent_id=f"orch-gone{INTENT_SEP}0123456789abcdef",
         run_id=run_id,
@@ -88,9 +94,9 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     )
     await store.put_intent(dead_intent)
     dead = await fleet.make(
-        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={"RLGATE_INTENT_ID": dead_intent.intent_id}
+        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={INTENT_ENV_VAR: dead_intent.intent_id}
     )
-    orphans = {bare.instance_id, dead.instance_id}
+    orphans = {lost.instance_id, dead.instance_id}
 
     episodes: list[Episode] = []
     failures: list[str] = []
@@ -137,7 +143,9 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     assert {iid: counts[iid] for iid in orphans} == dict.fromkeys(orphans, 1)  # each real orphan exactly once
     left = {i["instance_id"] for i in instances_of(lf, run_id)}
     assert not left & orphans
+    assert stranger.instance_id in left and stranger.instance_id not in counts  # never judged, never deleted
     assert await store.get_intent(dead_intent.intent_id) is None
+    await fleet.delete(stranger.instance_id)
 
 
 async def test_orphan_verdicts_use_the_current_records(
@@ -153,10 +161,11 @@ async def test_orphan_verdicts_use_the_current_records(
     other = f"orch-other-{uuid.uuid4().hex[:6]}"
     await store.heartbeat_owner(other, 60)
 
-    async def instance(intent: Intent | None, *, record_id: bool = True) -> InstanceHandle:
+    async def instance(intent: Intent | None, *, record_id: bool = True, intent_id: str = "") -> InstanceHandle:
         if intent is not None:
             await store.put_intent(intent)
-        env = {"RLGATE_INTENT_ID": intent.intent_id} if intent else {}
+        intent_id = intent.intent_id if intent else intent_id
+        env = {INTENT_ENV_VAR: intent_id} if intent_id else {}
         made = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables=env)
         [handle] = [
             h for h in await o.provider.list_instances(run_id, timeout_s=10) if h.instance_id == made.instance_id
@@ -169,7 +178,7 @@ async def test_orphan_verdicts_use_the_current_records(
     def intent(owner: str, state: str, *, age: float = 0.0, session_id: str = "") -> Intent:
         at = time.time() - age
         return Intent(
-            intent_id=f"{owner}{INTENT_SEP}{uuid.uuid4().hex}",
+            intent_id=new_intent_id(owner, o.provisioner.store_id),
             run_id=run_id,
             env_key="mailbox:v1",
             state=state,
@@ -196,10 +205,14 @@ async def test_orphan_verdicts_use_the_current_records(
         return await o.reconciler._orphan_reason(handle, handle.intent_id, snapshot_at)
 
     before = time.time() - 1.0  # a snapshot taken before everything below was written
-    # No intent at all: younger than the snapshot -> its intent may be on its way; older -> orphan.
-    bare = await instance(None)
-    assert await verdict(bare, before) is None
-    assert await verdict(bare, time.time()) == "no intent"
+    # No intent, or another store's: not provably ours, never an orphan however old.
+    assert await verdict(await instance(None), time.time()) is None
+    assert await verdict(await instance(None, intent_id=new_intent_id(o.owner, "0123456789ab")), time.time()) is None
+    # An intent id of this store whose record is gone: younger than the snapshot -> the record may be
+    # settling; older -> orphan.
+    lost = await instance(None, intent_id=new_intent_id("orch-gone", o.provisioner.store_id))
+    assert await verdict(lost, before) is None
+    assert await verdict(lost, time.time()) == "intent gone"
     # An intent written after the snapshot: a create in flight of a live process, of a dead one.
     assert await verdict(await instance(intent(o.owner, IntentState.CREATING)), before) is None
     assert await verdict(await instance(intent(other, IntentState.CREATING)), before) is None
