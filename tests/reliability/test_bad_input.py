@@ -226,7 +226,8 @@ def _depth(value: Any) -> int:
 
 
 # Text that is not a JSON object, or barely is: syntax errors, NaN literals, other top-level types, nesting
-# far past any parser's depth, a 500-digit integer, duplicate keys, an escaped lone surrogate.
+# far past any parser's depth, a 500-digit integer, duplicate keys. An escaped lone surrogate is left to the
+# two test_lone_surrogate_* tests (xfail: SURROGATE_FINDING) until it stops answering INTERNAL.
 JSON_TEXTS = st.one_of(
     ARGS.map(lambda a: json.dumps(a, allow_nan=True)),
     st.text(max_size=50),
@@ -240,7 +241,6 @@ JSON_TEXTS = st.one_of(
             '"x"',
             '{"a": 1, "a": 2}',
             '{"a": ' + "9" * 500 + "}",
-            '{"a": "\\ud800"}',
             '{"a": 1e999}',
             '{"a" 1}',
             "\ufeff{}",
@@ -646,6 +646,51 @@ def test_client_survives_deeply_nested_model_arguments(fx: Fixture) -> None:
         except Exception as exc:  # the point is which exception escapes
             pytest.fail(f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
     assert reply.result.is_error and reply.result.error_kind == common_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS
+
+
+LONE_SURROGATE = '{"a": "\\ud800"}'  # valid JSON syntax; no Unicode string (UTF-8 cannot encode it)
+
+
+SURROGATE_FINDING = (
+    "finding: JSON text escaping a lone surrogate parses (rlgate.convert.parse_json_text) into a str UTF-8 cannot "
+    "encode; the request ledger's fingerprint (services/runtime/ledger.py, fingerprint: json_text(...).encode()) "
+    "then raises UnicodeEncodeError -> INTERNAL for any Step or CallTool with a request_id. Fix: refuse such "
+    "text where it is parsed (clients/python/rlgate/convert.py parse_json_text -> InvalidJsonValue)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=SURROGATE_FINDING)
+def test_lone_surrogate_in_step_arguments(fx: Fixture) -> None:
+    """A ToolCallSummary whose arguments_json escapes a lone surrogate is refused (INVALID_ARGUMENT) or kept;
+    either way the session goes on: State and the next Step answer. Found by test_step's fuzzing."""
+    orch = orchestrator_stub(fx.stack.orchestrator_address)
+    md = bearer(API_KEY)
+    session = orch.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1"), timeout=RESET_TIMEOUT, metadata=md)
+    fx.stack.audit.token(session.agent_token)
+    bad = orchestrator_pb2.ToolCallSummary(name="a", arguments_json=LONE_SURROGATE)
+    sid = session.session_id
+    calls: list[tuple[str, Callable[[], Any]]] = [
+        ("Step", lambda: orch.Step(orchestrator_pb2.StepRequest(session_id=sid, tool_calls=[bad], request_id="sur"),
+                                   timeout=CALL_TIMEOUT, metadata=md)),
+        ("State", lambda: orch.State(orchestrator_pb2.StateRequest(session_id=sid, include_tool_calls=True),
+                                     timeout=CALL_TIMEOUT, metadata=md)),
+        ("Step", lambda: orch.Step(orchestrator_pb2.StepRequest(session_id=sid, done=True), timeout=CALL_TIMEOUT,
+                                   metadata=md)),
+    ]  # fmt: skip
+    seen = [run(fx, rpc, call, authorized=True)[0] for rpc, call in calls]
+    assert seen[0] in (SC.OK, SC.INVALID_ARGUMENT) and seen[1:] == [SC.OK, SC.OK], seen
+
+
+@pytest.mark.xfail(strict=True, reason=SURROGATE_FINDING)
+def test_lone_surrogate_in_call_arguments(fx: Fixture) -> None:
+    """The same arguments to CallTool: INVALID_ARGUMENT (or a call), never INTERNAL."""
+    gw = gateway_stub(fx.stack.gateway_address)
+    req = toolgateway_pb2.CallToolRequest(name="list_folders", request_id="surrogate", arguments_json=LONE_SURROGATE)
+    code, _ = run(
+        fx, "CallTool", lambda: gw.CallTool(req, timeout=CALL_TIMEOUT, metadata=bearer(fx.gateway_tokens["modern"])),
+        authorized=True,
+    )  # fmt: skip
+    assert code in (SC.OK, SC.INVALID_ARGUMENT), code.name
 
 
 HUGE_ID = "s-" + "x" * 20_000
