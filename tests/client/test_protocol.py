@@ -250,5 +250,5 @@ def test_arguments_the_client_could_not_send_are_errors() -> None:
         inner = inner["a"]
     turn = parse_assistant_text(render_tool_call(ToolCall("f", deep)))
     assert turn.tool_calls == [] and "nested deeper" in turn.errors[0]
-    assert protocol.arguments_error("f", {"x": [1, 2]}) is None
-    assert "must be a JSON object" in (protocol.arguments_error("f", [1]) or "")
+    assert protocol.call_error("f", {"x": [1, 2]}) is None
+    assert "must be a JSON object" in (protocol.call_error("f", [1]) or "")

@@ -4,23 +4,32 @@ close) and the agent token (list_tools, call_tool) — that always closes its se
 `turn(text)` plays one assistant message through the real protocol: parse it (`rlgate.protocol`), call
 each tool through the gateway, report the turn to the orchestrator and return the observations for the
 model. The decisions (what to send, what the model sees, when a verifier failure is an error) are the
-shared `_EpisodeBase` methods; the two classes only differ in blocking vs awaiting calls."""
+shared `_EpisodeBase` methods; the two classes only differ in blocking vs awaiting calls.
+
+What the model wrote never raises out of `turn`: text no RPC can carry is a parse error (see
+`rlgate.protocol`), a tool call the gateway refuses for its name or arguments (INVALID_ARGUMENT) and one
+that outlives the per-call timeout (`tool_timeout_s`, else `RLGATE_TOOL_TIMEOUT_S`, else the client's
+call_tool timeout) come back as `is_error` results the model sees, and the episode goes on. Failures of the
+services themselves (UNAVAILABLE, an ended token, ...) still raise."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.rpc import error_details_pb2
 
 from rlgate import protocol
 from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id, new_trace_id
 from rlgate.convert import json_text
-from rlgate.errors import RlgateError, VerifierError
+from rlgate.errors import DeadlineExceeded, InvalidArgument, RlgateError, VerifierError
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 
 if TYPE_CHECKING:
@@ -32,6 +41,28 @@ log = logging.getLogger("rlgate.episode")
 RESET_LABEL = "rlgate-reset"
 _UNKNOWN_OUTCOME = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 _FAILED_VERIFICATION = {common_pb2.VERIFICATION_STATUS_ERROR, common_pb2.VERIFICATION_STATUS_TIMEOUT}
+ENV_TOOL_TIMEOUT = "RLGATE_TOOL_TIMEOUT_S"
+# The gateway's BadRequest fields that are what the model wrote (not the client's request id, say).
+_MODEL_FIELDS = {
+    "name": common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL,
+    "arguments_json": common_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS,
+    "arguments": common_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS,
+}
+
+
+def tool_timeout_setting(value: Any = None) -> float | None:
+    """The per-tool-call timeout in seconds: `value`, else $RLGATE_TOOL_TIMEOUT_S, else None (the client's
+    call_tool timeout applies). ValueError for anything but a positive finite number."""
+    raw = value if value not in (None, "") else os.environ.get(ENV_TOOL_TIMEOUT) or None
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"tool timeout must be a positive number of seconds ({ENV_TOOL_TIMEOUT}), not {raw!r}")
+    return seconds
 
 
 def verification_status_name(value: int) -> str:
@@ -118,6 +149,23 @@ class TurnResult:
         return "\n".join(self.parsed.errors) or None
 
 
+def _error_response(kind: int, message: str) -> toolgateway_pb2.CallToolResponse:
+    return toolgateway_pb2.CallToolResponse(
+        result=common_pb2.ToolResult(is_error=True, error_kind=kind, error_message=message)  # type: ignore[arg-type]
+    )
+
+
+def _field_violation(err: RlgateError) -> error_details_pb2.BadRequest.FieldViolation | None:
+    """The first BadRequest field violation the server attached, or None."""
+    for detail in err.rich_status.details if err.rich_status is not None else ():
+        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            if bad.field_violations:
+                return bad.field_violations[0]
+    return None
+
+
 class _EpisodeBase:
     def __init__(
         self,
@@ -131,8 +179,11 @@ class _EpisodeBase:
         trace_id: str | None = None,
         instructions: str = protocol.DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
+        tool_timeout_s: float | None = None,
     ) -> None:
         self.task_key = task_key
+        # Bound of one tool call made by `turn` (None: the client's call_tool timeout).
+        self.tool_timeout_s = tool_timeout_setting(tool_timeout_s)
         self.trace_id = trace_id or new_trace_id()
         self.instructions = instructions
         self.raise_on_verifier_error = raise_on_verifier_error
@@ -235,13 +286,31 @@ class _EpisodeBase:
             replayed=response.replayed,
         )
 
+    def _call_refused(self, err: RlgateError, settings: ClientSettings) -> toolgateway_pb2.CallToolResponse:
+        """The result the model sees for a call that failed because of what it wrote, or that ran out of time;
+        re-raises anything else (the services' own failures are not the model's to see)."""
+        if isinstance(err, DeadlineExceeded):
+            limit = self.tool_timeout_s or settings.timeouts.call_tool
+            # The gateway cancelled the upstream call and recorded its request_id as OUTCOME_UNKNOWN.
+            return _error_response(
+                common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
+                f"the tool did not answer within {limit:g} s; the call was cancelled and may have partly run",
+            )
+        violation = _field_violation(err) if isinstance(err, InvalidArgument) else None
+        if violation is None or violation.field not in _MODEL_FIELDS:
+            raise err
+        return _error_response(_MODEL_FIELDS[violation.field], violation.description or err.message)
+
     @staticmethod
     def _step_fields(text: str, parsed: protocol.ParsedTurn, records: Sequence[ToolCallRecord]) -> dict[str, Any]:
+        answer = parsed.final_answer
         return {
-            "assistant_text": text,
+            # The parser refused every call and answer it could not send; the prose around them is kept
+            # with U+FFFD in place of what UTF-8 cannot carry.
+            "assistant_text": protocol.sendable_text(text),
             "tool_calls": [r.summary() for r in records],
-            "final_answer": parsed.final_answer,
-            "done": parsed.done and parsed.final_answer is None,
+            "final_answer": None if answer is None else protocol.sendable_text(answer),
+            "done": parsed.done and answer is None,
         }
 
     def _finish(
@@ -316,7 +385,12 @@ class Episode(_EpisodeBase):
         )
 
     def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
         return self.client.call_tool(
             self.agent_token,
@@ -325,6 +399,7 @@ class Episode(_EpisodeBase):
             request_id=request_id,
             gateway=self._gateway(self.client.settings),
             trace_id=self.trace_id,
+            timeout=timeout,
         )
 
     def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
@@ -343,11 +418,13 @@ class Episode(_EpisodeBase):
         Raises VerifierError when the episode ends without a score (unless raise_on_verifier_error=False)."""
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
-        for call in parsed.tool_calls:
+        for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
             request_id = new_request_id()
-            records.append(
-                self._record(call, request_id, self.call_tool(call.name, call.arguments, request_id=request_id))
-            )
+            try:
+                response = self.call_tool(call.name, call.arguments, request_id=request_id, timeout=self.tool_timeout_s)
+            except RlgateError as err:
+                response = self._call_refused(err, self.client.settings)
+            records.append(self._record(call, request_id, response))
         step = self.client.step(self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records))
         return self._finish(text, parsed, records, step)
 
@@ -407,7 +484,12 @@ class AsyncEpisode(_EpisodeBase):
         )
 
     async def call_tool(
-        self, name: str, arguments: Mapping[str, Any] | None = None, *, request_id: str | None = None
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- the gRPC deadline of the call, as in the client
     ) -> toolgateway_pb2.CallToolResponse:
         return await self.client.call_tool(
             self.agent_token,
@@ -416,6 +498,7 @@ class AsyncEpisode(_EpisodeBase):
             request_id=request_id,
             gateway=self._gateway(self.client.settings),
             trace_id=self.trace_id,
+            timeout=timeout,
         )
 
     async def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
@@ -432,7 +515,12 @@ class AsyncEpisode(_EpisodeBase):
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
             request_id = new_request_id()
-            response = await self.call_tool(call.name, call.arguments, request_id=request_id)
+            try:
+                response = await self.call_tool(
+                    call.name, call.arguments, request_id=request_id, timeout=self.tool_timeout_s
+                )
+            except RlgateError as err:
+                response = self._call_refused(err, self.client.settings)
             records.append(self._record(call, request_id, response))
         step = await self.client.step(
             self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records)

@@ -7,7 +7,10 @@
   spellings (and OpenAI's `{"function": {...}}`), arguments as a JSON string, a missing `</tool_call>`, up to
   three missing closing braces, code fences, prose and `<think>` blocks around the calls. It never raises:
   what cannot be parsed comes back in `ParsedTurn.errors`, which the adapters show the model as an
-  observation.
+  observation. That includes text no RPC can carry: a lone UTF-16 surrogate (what JSON's `"\\ud800"`
+  escape decodes to) in a tool name, in arguments or in the final answer is a parse error, since gRPC
+  strings must be valid UTF-8; `sendable_text` makes the rest of the turn's text sendable (U+FFFD in place
+  of each lone surrogate).
 - `render_tool_result` / `tool_response_message`: tool results (MCP content blocks) as `<tool_response>`
   text; images and audio are noted, not inlined.
 
@@ -43,6 +46,7 @@ _MARKER_RE = re.compile(
     re.IGNORECASE,
 )
 _DECODER = json.JSONDecoder()
+_SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 
 DEFAULT_INSTRUCTIONS = "You are an agent that completes tasks by calling tools."
 
@@ -151,10 +155,50 @@ def parse_assistant_text(text: str) -> ParsedTurn:
     """Parse one assistant message. Never raises."""
     turn = ParsedTurn()
     try:
-        _scan(text if isinstance(text, str) else str(text), turn)
+        _scan(_join_surrogate_pairs(text if isinstance(text, str) else str(text)), turn)
+        _refuse_unsendable_answer(turn)
     except Exception as exc:  # a parser bug must not crash a rollout: report it as an observation
         turn.errors.append(f"could not parse the response ({type(exc).__name__}: {exc}). {FORMAT_REMINDER}")
     return turn
+
+
+def sendable_text(text: str) -> str:
+    """`text` as valid Unicode, ready for a gRPC string field (which must be UTF-8): surrogate pairs written
+    as two code points are joined, and each lone surrogate becomes U+FFFD (the replacement character marks
+    the spot in the stored text). Text without surrogates is returned as is."""
+    if _SURROGATE_RE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _join_surrogate_pairs(text: str) -> str:
+    """Pairs written as two code points become one character; lone surrogates stay (and are refused later)."""
+    if _SURROGATE_RE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+
+
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate of `text` as an escape (`\\ud800`), or None: never the raw character, so a
+    message quoting it stays sendable."""
+    found = _SURROGATE_RE.search(text)
+    return None if found is None else f"\\u{ord(found.group(0)):04x}"
+
+
+def _unicode_hint(where: str, escape: str) -> str:
+    return (
+        f"{where} contains {escape}, a lone UTF-16 surrogate, which is not valid Unicode text: write the "
+        "character itself (or both halves of a surrogate pair)"
+    )
+
+
+def _refuse_unsendable_answer(turn: ParsedTurn) -> None:
+    """A final answer no RPC can carry does not end the episode: the model is told and may answer again."""
+    escape = None if turn.final_answer is None else _lone_surrogate(turn.final_answer)
+    if escape is not None:
+        turn.errors.append(f"{_unicode_hint('the final answer', escape)}. {FORMAT_REMINDER}")
+        turn.final_answer = None
+        turn.done = False
 
 
 def _scan(text: str, turn: ParsedTurn) -> None:
@@ -302,21 +346,43 @@ def _normalize_call(obj: Any) -> tuple[ToolCall | None, str]:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as exc:
             return None, f'"arguments" of {name!r} is a string that is not JSON ({str(exc)[:200]})'
-    error = arguments_error(name, arguments)
+    error = call_error(name.strip(), arguments)
     if error is not None:
         return None, error
     return ToolCall(name=name.strip(), arguments=arguments), ""
 
 
-def arguments_error(name: str, arguments: Any) -> str | None:
-    """Why `arguments` cannot be sent as tool `name`'s arguments, or None when they can. The check is the
-    client's own encoding (`json_text`), so a call that parsed is never refused when it is sent."""
+def call_error(name: str, arguments: Any) -> str | None:
+    """Why tool `name` cannot be called with `arguments`, or None when it can. The check is the client's own
+    encoding (`json_text`, then UTF-8 as gRPC sends strings), so a call that parsed is never refused when
+    it is sent. Messages quote the model's text with escapes only (repr), so they are sendable themselves."""
+    escape = _lone_surrogate(name)
+    if escape is not None:
+        return _unicode_hint(f"the tool name {name!r}", escape)
     if not isinstance(arguments, dict):
         return f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
     try:
-        json_text(arguments)
+        text = json_text(arguments)
     except InvalidJsonValue as exc:
         return f"arguments of {name!r}: {exc}"
+    escape = _lone_surrogate(text)
+    if escape is not None:
+        return f"arguments of {name!r}: {_unicode_hint(_surrogate_path(arguments, '$') or 'a string', escape)}"
+    return None
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """Where in a JSON value the first lone surrogate is (a key or a string), for the model to fix it."""
+    if isinstance(value, str):
+        return f"the string at {path}" if _SURROGATE_RE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        here = f"{path}.{sendable_text(key)}" if isinstance(key, str) else f"{path}[{key}]"
+        if isinstance(key, str) and _SURROGATE_RE.search(key):
+            return f"the key {here}"
+        found = _surrogate_path(item, here)
+        if found is not None:
+            return found
     return None
 
 

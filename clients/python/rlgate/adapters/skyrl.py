@@ -15,11 +15,16 @@ then `env_config`, then environment variables):
 | `max_turns`                | -                         | turn limit passed to Reset (SkyRL always sets)|
 | `on_verifier_error`        | `RLGATE_ON_VERIFIER_ERROR`| `raise` (default) or `zero`                   |
 | `run_id`                   | `RLGATE_TRAINING_RUN_ID`  | labels the sessions of one training run       |
+| `tool_timeout_s`           | `RLGATE_TOOL_TIMEOUT_S`   | bound of one tool call (default: 120 s)       |
 | `instructions`             | -                         | text placed before the tool list              |
 
 SkyRL calls `init`/`step`/`close` from a thread pool: the env uses the blocking client (one shared per
 process and settings; gRPC sync channels are thread-safe) and never an event loop. SkyRL skips `close()`
-when a step raises, so the env closes its session itself when the episode ends or a step fails."""
+when a step raises, so the env closes its session itself when the episode ends or a step fails; a second
+`init` closes the first session before opening the next.
+
+What the model wrote never raises out of `step` (see `rlgate.episode`): unsendable text is a parse error,
+a refused or timed-out tool call an `is_error` result; both are observations and the episode goes on."""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, Con
 
 from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, Client, ClientSettings
-from rlgate.episode import Episode, TurnResult
+from rlgate.episode import Episode, TurnResult, tool_timeout_setting
 
 ENV_ID = "rlgate"
 ENTRY_POINT = "rlgate.adapters.skyrl:RlgateTextEnv"
@@ -96,13 +101,19 @@ class RlgateTextEnv(BaseTextEnv):
             raise ValueError(f"on_verifier_error must be 'raise' or 'zero', not {mode!r}")
         self.on_verifier_error = mode
         self.run_id = str(_setting("run_id", extras, config, env=ENV_RUN_ID, default=""))
+        self.tool_timeout_s = tool_timeout_setting(_setting("tool_timeout_s", extras, config))  # else the variable
         self.instructions = str(_setting("instructions", extras, config, default=protocol.DEFAULT_INSTRUCTIONS))
         self.episode: Episode | None = None
         self._last: TurnResult | None = None
         self._counts = {"tool_calls": 0, "tool_errors": 0, "parse_errors": 0}
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
-        """Open the session; the chat is the system prompt with tools, then the task."""
+        """Open the session; the chat is the system prompt with tools, then the task. A second call closes
+        the first session (and starts the metrics afresh) before opening the next."""
+        if self.episode is not None:
+            self.close()
+            self.episode, self._last, self.turns = None, None, 0
+            self._counts = dict.fromkeys(self._counts, 0)
         instructions = self.instructions
         for message in prompt or []:
             if message.get("role") == "system" and message.get("content"):
@@ -116,6 +127,7 @@ class RlgateTextEnv(BaseTextEnv):
             run_id=self.run_id,
             instructions=instructions,
             raise_on_verifier_error=self.on_verifier_error == "raise",
+            tool_timeout_s=self.tool_timeout_s,
         )
         episode.reset()
         self.episode = episode

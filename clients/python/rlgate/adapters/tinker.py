@@ -10,6 +10,9 @@
 - A verifier ERROR/TIMEOUT raises `rlgate.VerifierError` out of `step`, which the cookbook's rollout
   strategies count as a failed rollout (FailFast raises, RetryOnFailure / MinViableGroup retry or drop);
   it is never a reward of 0.
+- What the model wrote never raises out of `step` (a retry would only meet it again): text no RPC can
+  carry is a parse error, a tool call the gateway refuses or that outlives `tool_timeout_s` (else
+  `RLGATE_TOOL_TIMEOUT_S`, else 120 s) an `is_error` tool message; the episode goes on.
 - Fully async: one `AsyncClient` per event loop and settings; nothing blocks the loop.
 - `RlgateEnvGroupBuilder` holds only plain settings and a renderer (pickle-safe via `get_renderer`), so it
   pickles for the cookbook's process/Ray rollout executors. `RlgateDatasetBuilder` (chz) builds an
@@ -36,7 +39,7 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
-from rlgate.episode import AsyncEpisode, TurnResult
+from rlgate.episode import AsyncEpisode, TurnResult, tool_timeout_setting
 
 log = logging.getLogger("rlgate.adapters.tinker")
 
@@ -86,7 +89,7 @@ def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
                 f"arguments of {call.function.name!r} are not JSON ({str(exc)[:200]}). {protocol.FORMAT_REMINDER}"
             )
             continue
-        error = protocol.arguments_error(call.function.name, arguments)  # NaN, too deep: sending would fail
+        error = protocol.call_error(call.function.name, arguments)  # NaN, too deep, a lone surrogate: unsendable
         if error is not None:
             errors.append(f"{error}. {protocol.FORMAT_REMINDER}")
             continue
@@ -124,6 +127,7 @@ class RlgateMessageEnv(MessageEnv):
                 max_turns=self.builder.max_turns,
                 run_id=self.builder.run_id,
                 labels=dict(self.builder.labels),
+                tool_timeout_s=self.builder.tool_timeout_s,
             )
             self.builder.track(episode)  # before Reset: cleanup closes it even if this task dies mid-Reset
             await episode.reset()
@@ -213,6 +217,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
     run_id: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
+    tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
     # Structural parse failures (no stop sequence): the cookbook's tool-env defaults.
     failed_parse_reward: float = -0.1
     terminate_on_parse_error: bool = True
@@ -293,6 +298,7 @@ class _BuilderFactory:
     max_turns: int
     run_id: str
     instructions: str
+    tool_timeout_s: float | None
 
     def __call__(self, task_key: str) -> RlgateEnvGroupBuilder:
         return RlgateEnvGroupBuilder(
@@ -303,6 +309,7 @@ class _BuilderFactory:
             max_turns=self.max_turns,
             run_id=self.run_id,
             instructions=self.instructions,
+            tool_timeout_s=self.tool_timeout_s,
         )
 
 
@@ -321,6 +328,7 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
     max_turns: int = 0
     run_id: str = ""
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
+    tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         renderer = get_renderer(
@@ -334,7 +342,15 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
             keys = [k.strip() for k in self.tasks.split(",") if k.strip()]
         test_keys = [k.strip() for k in self.test_tasks.split(",") if k.strip()]
         keys = [k for k in keys if k not in test_keys]
-        make = _BuilderFactory(renderer, self.group_size, orchestrator, self.max_turns, self.run_id, self.instructions)
+        make = _BuilderFactory(
+            renderer,
+            self.group_size,
+            orchestrator,
+            self.max_turns,
+            self.run_id,
+            self.instructions,
+            tool_timeout_setting(self.tool_timeout_s),  # a bad value fails here, not in every rollout
+        )
         train = RlgateDataset(keys, self.batch_size, make, epochs=self.epochs)
         test = RlgateDataset(test_keys, len(test_keys), make) if test_keys else None
         return train, test
