@@ -12,7 +12,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -627,7 +627,15 @@ class EpisodeManager:
         async def write(s: Session) -> Session | None:
             if s.status == SessionStatus.DONE:
                 await claim.hold()  # scored after this write: repeats wait for the outcome
-                return await self.store.update_session(s)
+                written = asyncio.ensure_future(self.store.update_session(s))
+                try:
+                    return await asyncio.shield(written)
+                except asyncio.CancelledError:
+                    # The caller went away (or a drain cut the call) mid-write: the write lands or fails
+                    # regardless, and the record follows it in the background (scored, or released).
+                    claim.keep()
+                    self._spawn_ending(self._end_after(written, final_answer, claim))
+                    raise
             return await claim.commit(session=s, response=self._step_response(s))
 
         session, _ = await self._mutate(request.session_id, count, write=write)
@@ -637,10 +645,29 @@ class EpisodeManager:
         # The episode has ended: its verification and the request's record finish even if this caller goes
         # away now (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode).
         claim.keep()
-        ending = asyncio.create_task(self._end_episode(session, final_answer, claim))
-        self._background.add(ending)
-        ending.add_done_callback(self._ended)
-        return await asyncio.shield(ending)
+        return await asyncio.shield(self._spawn_ending(self._end_episode(session, final_answer, claim)))
+
+    def _spawn_ending(
+        self, ending: Coroutine[Any, Any, orchestrator_pb2.StepResponse]
+    ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
+        """Run an episode's ending in a task of its own (its caller may go away; shutdown waits for it)."""
+        task = asyncio.create_task(ending)
+        self._background.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    async def _end_after(
+        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim
+    ) -> orchestrator_pb2.StepResponse:
+        """The ending of a turn whose caller left during its write: scored if the write landed."""
+        try:
+            session = await written
+        except asyncio.CancelledError:
+            raise  # shutdown: the record is handed back PENDING (see `_end_episode`)
+        except BaseException:
+            await asyncio.shield(self.store.release_request(claim.scope, claim.request_id))  # nothing written
+            raise
+        return await self._end_episode(session, final_answer, claim)
 
     def _ended(self, task: asyncio.Task[orchestrator_pb2.StepResponse]) -> None:
         self._background.discard(task)

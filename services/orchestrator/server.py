@@ -85,19 +85,28 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
 
 
 class DrainInterceptor(grpc.aio.ServerInterceptor):
-    """Counts the RPCs in flight, and once `draining()` answers every new one UNAVAILABLE (reason
+    """Tracks the RPCs in flight. Once `draining()`, every new RPC is answered UNAVAILABLE (reason
     SHUTTING_DOWN, RetryInfo) so its client retries on another replica; `idle()` waits for the ones admitted
-    before the drain."""
+    before, and `cut()` answers those still running the same way (their work is cancelled: a Reset releases
+    what it made, an ending Step's record stays PENDING for another replica to take over)."""
 
     def __init__(self, draining: Callable[[], bool]) -> None:
         self._draining = draining
-        self._in_flight = 0
+        self._calls: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._cut = False
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler | None]] = {}
 
     async def idle(self) -> None:
         await self._idle.wait()
+
+    def cut(self) -> int:
+        """Answer every RPC still in flight UNAVAILABLE (SHUTTING_DOWN); returns how many there were."""
+        self._cut = True
+        for task in self._calls:
+            task.cancel()
+        return len(self._calls)
 
     async def intercept_service(
         self,
@@ -111,18 +120,26 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
             return wrap_behaviour(handler, lambda _inner: _refuse_draining)  # type: ignore[return-value]
         cached = self._wrapped.get(details.method)
         if cached is None or cached[0] is not handler:
-            cached = self._wrapped[details.method] = (handler, wrap_behaviour(handler, self._counted))
+            cached = self._wrapped[details.method] = (handler, wrap_behaviour(handler, self._tracked))
         return cached[1]  # type: ignore[return-value]
 
-    def _counted(self, inner: Handler) -> Handler:
+    def _tracked(self, inner: Handler) -> Handler:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            self._in_flight += 1
+            task = asyncio.current_task()
+            assert task is not None
+            self._calls.add(task)
             self._idle.clear()
             try:
                 return await inner(request, context)
+            except asyncio.CancelledError:
+                if not self._cut:
+                    raise  # the caller went away, or the server is stopping
+                task.uncancel()  # cut by the drain: answered, not cancelled
+                await _refuse_draining(request, context)
+                raise
             finally:
-                self._in_flight -= 1
-                if not self._in_flight:
+                self._calls.discard(task)
+                if not self._calls:
                     self._idle.set()
 
         return behaviour
@@ -175,7 +192,7 @@ class OrchestratorHandle:
         """Refuse new RPCs, let those in flight finish, close (or hand back) sessions, empty pools."""
         self.orchestrator.episodes.accepting = False  # the gate refuses from this instant
         await self._stop_readiness()
-        await self.orchestrator.drain(self.gate.idle)
+        await self.orchestrator.drain(self.gate)
 
     async def stop(self, *, drain: bool = True, grace: float | None = None) -> None:
         """Graceful stop (`drain`), the server stopped, background loops cancelled and what is unfinished

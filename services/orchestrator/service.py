@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
@@ -38,6 +39,16 @@ log = logging.getLogger(__name__)
 
 STOP_STEP_S = 5.0  # bound of each step of `stop` (cancelled loops, the store and provider clients)
 IN_FLIGHT_SHARE = 0.75  # of drain_s, for in-flight RPCs and endings; the rest closes or hands back sessions
+
+
+class InFlight(Protocol):
+    """The server's view of its RPCs in flight (`server.DrainInterceptor`)."""
+
+    async def idle(self) -> None:
+        """Until no RPC is in flight."""
+
+    def cut(self) -> int:
+        """Answer every RPC still in flight UNAVAILABLE; returns how many."""
 
 
 async def bounded(what: str, seconds: float, step: Awaitable[object]) -> bool:
@@ -232,26 +243,33 @@ class Orchestrator:
         """Shutdown has begun: every new RPC is refused (UNAVAILABLE, reason SHUTTING_DOWN)."""
         return not self.episodes.accepting
 
-    async def drain(self, in_flight: Callable[[], Awaitable[object]] | None = None) -> None:
-        """SIGTERM: refuse new work at once, let what is in flight finish (`in_flight` waits for the RPCs
-        admitted before, endings whose caller left are scored) for up to `IN_FLIGHT_SHARE` of `drain_s`,
-        then close (or hand back) every open session of this run and empty the warm pools, all within
-        `drain_s`. What does not finish in time is handed back by `stop`."""
+    async def drain(self, calls: InFlight | None = None) -> None:
+        """SIGTERM: refuse new work at once and let what is in flight finish (the RPCs admitted before, and
+        endings whose caller left) for up to `IN_FLIGHT_SHARE` of `drain_s`; RPCs still running then are
+        answered UNAVAILABLE so their clients retry elsewhere. Then close (or hand back) every open session
+        of this run and empty the warm pools, all within `drain_s`. What does not finish in time is handed
+        back by `stop`."""
         self.episodes.accepting = False
         loop = asyncio.get_running_loop()
         end = loop.time() + self.config.drain_s
         try:
             async with asyncio.timeout(self.config.drain_s * IN_FLIGHT_SHARE):
-                if in_flight is not None:
-                    await in_flight()
+                if calls is not None:
+                    await calls.idle()
                 await self.episodes.wait_endings()
         except TimeoutError:
+            cut = calls.cut() if calls is not None else 0
             log.warning(
-                "shutdown: work still in flight after %.1fs; closing up around it",
+                "shutdown: %d RPC(s) still running after %.1fs answered UNAVAILABLE (their clients retry on "
+                "another replica)",
+                cut,
                 self.config.drain_s * IN_FLIGHT_SHARE,
             )
         try:
             async with asyncio.timeout_at(end):
+                # Endings of calls just cut go on (their callers' retries wait for the record); Resets just cut
+                # release what they made.
+                await self.episodes.wait_endings()
                 await self.episodes.wait_creations()  # admitted Resets finish, then get closed below
                 if self.config.shutdown_mode == "close":
                     sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
