@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from rlgate.runtime.auth import mint_agent_token
 from rlgate.runtime.grpc_server import start_server
 from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
 from rlgate.runtime.logs import trace_id_var
@@ -104,6 +105,26 @@ async def test_api_keys_and_trace_ids(caplog: pytest.LogCaptureFixture) -> None:
                 )
             assert bug.value.code() == grpc.StatusCode.INTERNAL
             assert "secret detail" not in (bug.value.details() or "")
+    finally:
+        await running.shutdown(grace=0)
+
+
+@pytest.mark.parametrize("keys", [[], ["k-123"]])
+async def test_an_agent_token_never_reaches_the_orchestration_plane(keys: list[str]) -> None:
+    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(keys)])
+    agent_token = mint_agent_token("s-1")
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await stub.ListTools(
+                    toolgateway_pb2.ListToolsRequest(), timeout=5, metadata=[("authorization", f"Bearer {agent_token}")]
+                )
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "agent token" in (denied.value.details() or "")
+            assert agent_token not in (denied.value.details() or "")
+            if not keys:  # without API keys, anything else still passes
+                await stub.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5)
     finally:
         await running.shutdown(grace=0)
 
