@@ -8,7 +8,9 @@ Exit status: 0 when the target reports SERVING (HTTP: 2xx), 1 when it answers an
 cannot be reached in time. Without a target, `RLGATE_HEALTHCHECK_TARGET` is used, else the target is derived
 from the service this container runs (PID 1's `rlgate <service>` command line and that service's config,
 read from the environment like the service itself reads it), so one image `HEALTHCHECK` fits all three
-commands. A check process is short-lived and alone: blocking I/O is fine here.
+commands. A check process is short-lived and alone: blocking I/O is fine here. It needs only the base
+install (grpcio, protobuf): `rlgate healthcheck` also serves trainers probing a stack from a client-only
+install.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 EXIT_SERVING = 0
 EXIT_NOT_SERVING = 1
@@ -28,24 +34,62 @@ TARGET_ENV = "RLGATE_HEALTHCHECK_TARGET"
 _SERVICES = ("orchestrator", "toolgateway", "localfleet")
 
 
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_SERVING_STATUS = ("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")
+
+
+def _health_messages() -> tuple[type[Message], type[Message]]:
+    """grpc.health.v1's HealthCheckRequest / HealthCheckResponse, built from their definition in the
+    published health.proto. The generated stubs (grpcio-health-checking) belong to the server extra; the probe
+    must work in a client-only install with grpcio and protobuf alone. A private pool keeps these apart from
+    the stubs' own registration when both are loaded."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    proto = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="rlgate/healthcheck_probe.proto", package="grpc.health.v1")
+    file.syntax = "proto3"
+    request = file.message_type.add(name="HealthCheckRequest")
+    request.field.add(name="service", number=1, type=proto.TYPE_STRING, label=proto.LABEL_OPTIONAL)
+    response = file.message_type.add(name="HealthCheckResponse")
+    status = response.enum_type.add(name="ServingStatus")
+    for number, name in enumerate(_SERVING_STATUS):
+        status.value.add(name=name, number=number)
+    response.field.add(
+        name="status",
+        number=1,
+        type=proto.TYPE_ENUM,
+        label=proto.LABEL_OPTIONAL,
+        type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")),
+        message_factory.GetMessageClass(pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")),
+    )
+
+
 def check_grpc(target: str, service: str = "", timeout: float = 3.0) -> tuple[int, str]:
     """Ask grpc.health.v1 Check on a plaintext channel; (exit code, message)."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    request_class, response_class = _health_messages()
     with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        check = channel.unary_unary(
+            _HEALTH_CHECK,
+            request_serializer=request_class.SerializeToString,
+            response_deserializer=response_class.FromString,
+        )
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            reply = check(request_class(service=service), timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
             detail = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
             if code == grpc.StatusCode.NOT_FOUND:  # the server answered: it does not know that service
                 return EXIT_NOT_SERVING, detail
             return EXIT_UNREACHABLE, detail
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    ok = reply.status == health_pb2.HealthCheckResponse.SERVING
-    return (EXIT_SERVING if ok else EXIT_NOT_SERVING), status
+    status = _SERVING_STATUS[reply.status] if 0 <= reply.status < len(_SERVING_STATUS) else str(reply.status)
+    return (EXIT_SERVING if status == "SERVING" else EXIT_NOT_SERVING), status
 
 
 def check_http(url: str, timeout: float = 3.0) -> tuple[int, str]:
@@ -121,9 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rlgate healthcheck",
         description="Exit 0 when a gRPC server reports SERVING (grpc.health.v1) or an HTTP URL answers 2xx.",
     )
-    parser.add_argument("target", nargs="?", default="",
-                        help=f"HOST:PORT (gRPC) or http://HOST:PORT/health; default ${TARGET_ENV} or the "
-                             "service this container runs")
+    parser.add_argument(
+        "target",
+        nargs="?",
+        default="",
+        help=f"HOST:PORT (gRPC) or http://HOST:PORT/health; default ${TARGET_ENV} or the service this container runs",
+    )
     parser.add_argument("--service", default="", help="gRPC health service name ('' = the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds before giving up (default 3)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing")

@@ -3,13 +3,35 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import click
 
 from rlgate.rollout import rollout_command
 from rlgate.runtime.config import click_options
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class _OneLineErrors(click.Group):
+    """Every command ends with one line and an exit status, never a traceback: an exception a command did
+    not turn into a click error is reported as `Error: <type>: <message>` (exit 1). RLGATE_DEBUG=1 keeps the
+    traceback for debugging."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):  # click reports these itself
+            raise
+        except Exception as exc:
+            if os.environ.get("RLGATE_DEBUG"):
+                raise
+            message = " ".join(str(exc).split()) or "(no message)"
+            raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
+
+
+@click.group(
+    cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+)
 @click.version_option(package_name="rlgate")
 def cli() -> None:
     """rlgate: the network layer between RL trainers and task environments."""

@@ -7,15 +7,20 @@
 the run's sessions carry one run id, and a final CloseSessions on it reports anything left open (it
 should be 0). Output: a live progress bar, a summary table per environment, JSONL trajectories (one line
 per episode) and the summary JSON
-`{episodes, reward_mean, errors, verifier_errors, truncated, wall_s, episodes_per_s, ...}`.
-The exit status is 1 when any episode failed (an error or a verifier error), else 0.
+`{episodes, reward_mean, errors, verifier_errors, truncated, wall_s, episodes_per_s, ...}`, and with
+`--plot` a figure of reward, turn latency and episodes/s over the run.
+The exit status is 1 when any episode failed (an error or a verifier error), else 0. Every failure of the
+command itself (an unreachable orchestrator, a refused API key, an output path that cannot be written) ends
+it with one line and exit status 1 (2 for bad options), and output paths are checked before any episode runs.
 
-Heavier dependencies (rich, httpx) are imported when the command runs."""
+Heavier dependencies (rich, httpx, matplotlib) are imported when the command runs, and checked first."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -28,10 +33,16 @@ from typing import Any
 
 import click
 
+from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
-from rlgate.errors import RlgateError, VerifierError
+from rlgate.episode import ENV_TOOL_TIMEOUT, tool_timeout_setting
+from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavailable, VerifierError
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
 from rlgate.v1 import common_pb2
+
+# Deadline of the first call (ListTasks): an orchestrator that does not answer by then is reported as
+# unreachable, rather than after the client's default 30 s of retries.
+LIST_TASKS_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -49,6 +60,12 @@ class EpisodeRecord:
     error: str | None = None
     error_type: str | None = None  # "verifier", "rpc", "policy" or the exception class
     seconds: float = 0.0
+    # When the episode started and ended, and when each turn ended, in seconds since the run started; each
+    # turn's latency is its tool calls and Step (the policy's time excluded).
+    started_s: float = 0.0
+    ended_s: float = 0.0
+    turn_ended_s: list[float] = field(default_factory=list)
+    turn_latency_s: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
@@ -67,18 +84,33 @@ class RolloutConfig:
     run_id: str = ""
     out: Path | None = None
     summary_json: Path | None = None
+    plot: Path | None = None
+    tool_timeout: float | None = None
     progress: bool = True
 
 
 async def run_episode(
-    client: AsyncClient, task: common_pb2.TaskInfo, index: int, policy: Policy, config: RolloutConfig
+    client: AsyncClient,
+    task: common_pb2.TaskInfo,
+    index: int,
+    policy: Policy,
+    config: RolloutConfig,
+    run_started: float | None = None,
 ) -> EpisodeRecord:
+    """One episode with `policy`; never raises (a failure is the record's error). `run_started` (monotonic)
+    is the zero of the record's timeline (default: this episode's start)."""
     env_key = f"{task.env_id}:{task.version}" if task.version else task.env_id
     record = EpisodeRecord(task_key=task.key, env_key=env_key, episode_index=index)
     started = time.monotonic()
+    zero = started if run_started is None else run_started
+    record.started_s = started - zero
     try:
         async with client.episode(
-            task_key=task.key, max_turns=config.max_turns, run_id=config.run_id, labels={"rlgate-tool": "rollout"}
+            task_key=task.key,
+            max_turns=config.max_turns,
+            run_id=config.run_id,
+            labels={"rlgate-tool": "rollout"},
+            tool_timeout_s=config.tool_timeout,
         ) as ep:
             record.session_id = ep.session_id
             record.messages = ep.initial_messages()
@@ -87,8 +119,14 @@ async def run_episode(
                 # The listed task, not Reset's: only ListTasks carries a reference solution (when asked).
                 context = PolicyContext(task, list(record.messages), turn, ep.max_turns)
                 text = await policy(context)
-                record.messages.append({"role": "assistant", "content": text})
+                # Stored (and shown to the policy again) as sendable text: a lone surrogate could not be
+                # written to the JSONL nor posted to a chat endpoint. The turn parses the text as written.
+                record.messages.append({"role": "assistant", "content": protocol.sendable_text(text)})
+                turn_started = time.monotonic()
                 result = await ep.turn(text)
+                turn_ended = time.monotonic()
+                record.turn_latency_s.append(turn_ended - turn_started)
+                record.turn_ended_s.append(turn_ended - zero)
                 record.messages.extend(result.observations)
                 record.tool_calls.extend(r.as_dict() for r in result.tool_calls)
                 record.turns = result.turn
@@ -108,7 +146,8 @@ async def run_episode(
         record.error, record.error_type = str(err), "policy"
     except Exception as err:  # one broken episode must not end the run; it is reported
         record.error, record.error_type = f"{type(err).__name__}: {err}", type(err).__name__
-    record.seconds = time.monotonic() - started
+    ended = time.monotonic()
+    record.seconds, record.ended_s = ended - started, ended - zero
     return record
 
 
@@ -186,6 +225,21 @@ class _JsonlWriter:
             await asyncio.to_thread(fh.close)
 
 
+async def _list_tasks(client: AsyncClient, config: RolloutConfig) -> list[common_pb2.TaskInfo]:
+    """The run's tasks; the orchestrator's refusals become one-line errors naming what to do."""
+    try:
+        # Reference solutions are answer keys: fetched only for the policy that replays them.
+        listed = await client.list_tasks(
+            include_reference_solution=config.policy == "reference", timeout=LIST_TASKS_TIMEOUT_S
+        )
+    except Unauthenticated as err:
+        given = "refused the API key" if config.api_key else "needs an API key: pass --api-key or set " + ENV_API_KEY
+        raise click.ClickException(f"the orchestrator at {config.orchestrator} {given} ({err})") from err
+    except (Unavailable, DeadlineExceeded) as err:
+        raise click.ClickException(f"cannot reach the orchestrator at {config.orchestrator} ({err})") from err
+    return _select(listed, config.tasks)
+
+
 async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[EpisodeRecord]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -194,9 +248,11 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
     policy = _policy(config)
     console = Console(stderr=True)
     async with AsyncClient(config.orchestrator, settings=ClientSettings.from_env(api_key=config.api_key)) as client:
-        # Reference solutions are answer keys: fetched only for the policy that replays them.
-        listed = await client.list_tasks(include_reference_solution=config.policy == "reference")
-        tasks = _select(listed, config.tasks)
+        try:
+            tasks = await _list_tasks(client, config)
+        except BaseException:
+            await policy.aclose()
+            raise
         jobs = [(task, i) for task in tasks for i in range(config.episodes)]
         semaphore = asyncio.Semaphore(max(1, config.concurrency))
         writer = _JsonlWriter(config.out)
@@ -215,7 +271,7 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
 
         async def one(task: common_pb2.TaskInfo, index: int, bar: Any) -> None:
             async with semaphore:
-                record = await run_episode(client, task, index, policy, config)
+                record = await run_episode(client, task, index, policy, config, started)
             records.append(record)
             await writer.queue.put(record)
             rewards = [r.reward for r in records if r.reward is not None]
@@ -235,21 +291,34 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
             await writer_task
             await policy.aclose()
         wall = time.monotonic() - started
-        left_open = await client.close_sessions(run_id=config.run_id)
+        try:
+            left_open: int | None = len(await client.close_sessions(run_id=config.run_id))
+        except RlgateError as err:  # the episodes ran: report them, and that the check could not be made
+            click.echo(f"could not check for sessions left open ({err})", err=True)
+            left_open = None
     summary = summarize(records, wall)
     summary["run_id"] = config.run_id
-    summary["sessions_left_open"] = len(left_open)
+    summary["sessions_left_open"] = left_open
     return summary, records
 
 
+# ------------------------------------------------------------------------------------------------ output
+
+
 def print_summary(summary: dict[str, Any]) -> None:
+    """The per-environment table, sized for an 80-column terminal (two-line headers, environment names
+    folded when long), then one line for the run."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"rlgate rollout {summary.get('run_id', '')}")
-    for column in ("environment", "episodes", "mean reward", "truncated", "verifier errors", "errors",
-                   "mean turns", "p50 s", "p99 s"):  # fmt: skip
-        table.add_column(column, justify="left" if column == "environment" else "right")
+    table = Table(
+        title=f"rlgate rollout {summary.get('run_id', '')}", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+    )
+    table.add_column("environment", overflow="fold", min_width=11, ratio=1)
+    for header in ("episodes", "mean\nreward", "trun-\ncated", "verifier\nerrors", "other\nerrors",
+                   "mean\nturns", "p50\ns", "p99\ns"):  # fmt: skip
+        table.add_column(header, justify="right", no_wrap=True)
 
     def row(name: str, g: dict[str, Any]) -> list[str]:
         reward = "-" if g["reward_mean"] is None else f"{g['reward_mean']:.3f}"
@@ -260,13 +329,122 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row(*row(env, group))
     table.add_row(*row("all", summary), style="bold")
     console = Console()
-    if not console.is_terminal:
-        console = Console(width=140)  # a file or pipe: do not squeeze the table into 80 columns
     console.print(table)
+    left = summary["sessions_left_open"]
     console.print(
         f"{summary['episodes']} episodes in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f}/s); "
-        f"sessions left open: {summary['sessions_left_open']}"
+        f"sessions left open: {'unknown' if left is None else left}"
     )
+
+
+def plot_series(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, Any]:
+    """What `write_plot` draws, as plain lists (x: seconds since the run started):
+    `reward` (each scored episode's end and reward), `reward_mean` (the running mean at those points),
+    `failed` (end times of episodes without a reward), `latency` (each turn's end and latency) and
+    `throughput` (bin starts and episodes/s ended in each bin, `bin_s` wide)."""
+    ended = sorted(records, key=lambda r: r.ended_s)
+    scored = [(r.ended_s, r.reward) for r in ended if r.reward is not None]
+    running: list[float] = []
+    for i, (_, reward) in enumerate(scored):
+        running.append(reward if i == 0 else running[-1] + (reward - running[-1]) / (i + 1))
+    latency = sorted((t, s) for r in records for t, s in zip(r.turn_ended_s, r.turn_latency_s, strict=True))
+    span = max([wall_s, *(r.ended_s for r in records)], default=0.0)
+    bins = max(1, min(30, len(records) // 2))  # about two episodes a bin: a rate, not single events
+    bin_s = span / bins if span > 0 else 1.0
+    counts = [0] * bins
+    for r in records:
+        counts[min(bins - 1, int(r.ended_s / bin_s))] += 1
+    return {
+        "reward": [[t, v] for t, v in scored],
+        "reward_mean": [[t, m] for (t, _), m in zip(scored, running, strict=True)],
+        "failed": [r.ended_s for r in ended if r.reward is None],
+        "latency": [[t, s] for t, s in latency],
+        "throughput": [[i * bin_s, c / bin_s] for i, c in enumerate(counts)],
+        "bin_s": bin_s,
+    }
+
+
+def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> None:
+    """Reward, turn latency and episodes/s over the run, in one figure (the format follows the suffix)."""
+    from matplotlib.figure import Figure  # the object API: no pyplot state, no display needed
+
+    series = plot_series(records, summary["wall_s"])
+    figure = Figure(figsize=(9, 8), layout="constrained")
+    reward_ax, latency_ax, rate_ax = figure.subplots(3, 1, sharex=True)
+    mean = "-" if summary["reward_mean"] is None else f"{summary['reward_mean']:.3f}"
+    figure.suptitle(f"rlgate rollout {summary.get('run_id', '')}: {summary['episodes']} episodes, mean reward {mean}")
+    if series["reward"]:
+        reward_ax.scatter(*zip(*series["reward"], strict=True), s=10, alpha=0.5, label="episode")
+        reward_ax.plot(*zip(*series["reward_mean"], strict=True), color="black", label="running mean")
+    if series["failed"]:
+        reward_ax.plot(series["failed"], [0.0] * len(series["failed"]), "|", color="red", markersize=12,
+                       label="no reward (error)")  # fmt: skip
+    reward_ax.set_ylabel("reward")
+    if series["latency"]:
+        latency_ax.scatter(*zip(*series["latency"], strict=True), s=6, alpha=0.4)
+    latency_ax.set_ylabel("turn latency (s)")
+    starts, rates = (list(column) for column in zip(*series["throughput"], strict=True))
+    # The last bin drawn to its end: a post step ends at its last point.
+    rate_ax.step([*starts, starts[-1] + series["bin_s"]], [*rates, rates[-1]], where="post",
+                 label=f"per {series['bin_s']:.3g} s bin")  # fmt: skip
+    rate_ax.axhline(summary["episodes_per_s"], color="black", linestyle="--", label="whole run")
+    rate_ax.set_ylabel("episodes/s")
+    rate_ax.set_xlabel("seconds since the run started")
+    for ax in (reward_ax, rate_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
+    for ax in (reward_ax, latency_ax, rate_ax):
+        ax.grid(alpha=0.3)
+    figure.savefig(path, dpi=110)
+
+
+# ----------------------------------------------------------------------------------------------- command
+
+
+def _check_output(path: Path | None, option: str) -> None:
+    """An output path the run could write: its folder exists and is writable (checked before any episode)."""
+    if path is None:
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"folder {str(folder)!r} does not exist", param_hint=f"'{option}'")
+    if path.is_dir():
+        raise click.BadParameter(f"{str(path)!r} is a folder", param_hint=f"'{option}'")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise click.BadParameter(f"{str(path)!r} is not writable", param_hint=f"'{option}'")
+
+
+def _require(module: str, why: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise click.ClickException(f"{why} needs {module}, which is not installed ({err}): {_EXTRA_HINT}") from err
+
+
+_EXTRA_HINT = "pip install 'rlgate[rollout]' (from the rlgate checkout)"
+
+
+def preflight(config: RolloutConfig) -> None:
+    """Everything the run needs that can be checked before it starts: output paths, libraries, settings."""
+    for path, option in ((config.out, "--out"), (config.summary_json, "--summary-json"), (config.plot, "--plot")):
+        _check_output(path, option)
+    _require("rich", "rlgate rollout")
+    if config.policy == "openai":
+        _require("httpx", "--policy openai")
+    if config.plot is not None:
+        _require("matplotlib", "--plot")
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if config.plot.suffix.lstrip(".").lower() not in formats:
+            raise click.BadParameter(
+                f"{config.plot.name!r}: the suffix names the format, one of {', '.join(sorted(formats))}",
+                param_hint="'--plot'",
+            )
+    try:
+        config.tool_timeout = tool_timeout_setting(config.tool_timeout)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="'--tool-timeout'") from err
 
 
 @click.command("rollout")
@@ -282,16 +460,27 @@ def print_summary(summary: dict[str, Any]) -> None:
 @click.option("--model", default=None, help="Model name (--policy openai); key from OPENAI_API_KEY")
 @click.option("--max-turns", default=0, show_default=True, help="Turn limit per episode (0: the task's)")
 @click.option("--run-id", default="", help="Run id for the sessions (default: generated)")
+@click.option(
+    "--tool-timeout", type=float, default=None,
+    help=f"Seconds one tool call may take before the model sees an error (default 120) [env: {ENV_TOOL_TIMEOUT}]",
+)  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL trajectories")
 @click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Figure of reward, turn latency and episodes/s over time (.png, .svg, .pdf; needs matplotlib)",
+)  # fmt: skip
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def rollout_command(**options: Any) -> None:
     """Run episodes concurrently with a policy and report rewards per environment."""
     config = RolloutConfig(**options)
-    summary, _ = asyncio.run(run_rollout(config))
+    preflight(config)
+    summary, records = asyncio.run(run_rollout(config))
     print_summary(summary)
     if config.summary_json is not None:
         config.summary_json.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if config.plot is not None:
+        write_plot(config.plot, records, summary)
     failed = summary["errors"] + summary["verifier_errors"]
     if failed:
         click.echo(f"{failed} episode(s) failed; see the trajectories for details", err=True)
