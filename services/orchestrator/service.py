@@ -267,10 +267,7 @@ class Orchestrator:
             )
         try:
             async with asyncio.timeout_at(end):
-                # Endings of calls just cut go on (their callers' retries wait for the record); Resets just cut
-                # release what they made.
-                await self.episodes.wait_endings()
-                await self.episodes.wait_creations()  # admitted Resets finish, then get closed below
+                await self.episodes.wait_creations()  # admitted Resets finish (or, cut, release what they made)
                 if self.config.shutdown_mode == "close":
                     sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
                     sem = asyncio.Semaphore(32)
@@ -284,6 +281,9 @@ class Orchestrator:
                 else:
                     log.info("shutdown: handing sessions back (shutdown_mode=handoff)")
                 await self.pool.drain()
+                # Endings of calls just cut go on with the time left (their callers' retries elsewhere wait for
+                # the record); `stop` hands back the rest.
+                await self.episodes.wait_endings()
         except TimeoutError:
             log.error(
                 "shutdown: drain did not finish within %.1fs; what is left is handed back (instance TTLs "

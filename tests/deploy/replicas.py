@@ -8,6 +8,10 @@ config (`env_vars`), so a renamed setting fails here instead of being silently i
 `CountingProxy` sits in front of localfleet's control plane and counts requests per (method, path): it is
 how the reconciliation test sees every DELETE an orchestrator sends, including ones localfleet would
 answer idempotently.
+
+Episodes for these tests: `solutions` (the tasks' reference solutions, from ListTasks with
+`include_reference_solution`) and `run_episode` (one reference episode through the client, one tool call per
+turn, recording what every call answered in an `Outcome` as it goes).
 """
 
 from __future__ import annotations
@@ -21,21 +25,27 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import uvicorn
+from google.rpc import error_details_pb2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rlgate import AsyncClient
+from rlgate.policies import reference_solution
+from rlgate.protocol import ToolCall, render_assistant_turn
 from rlgate.runtime.config import env_vars
 from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
+from rlgate.v1 import orchestrator_pb2
 from tests.deploy.cli_contract import config_class
 from tests.support.ports import free_port
 
@@ -72,8 +82,11 @@ class Service:
         environ.update(self.env, PYTHONUNBUFFERED="1")
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlgate.cli", self.command], env=environ, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "rlgate.cli", self.command],
+                env=environ,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def ready(self) -> bool:
@@ -108,6 +121,18 @@ class Service:
             self.proc.kill()
             self.proc.wait(30)
 
+    def terminate(self, timeout: float) -> tuple[int | None, float]:
+        """SIGTERM (a graceful stop) and wait up to `timeout`: (exit code or None if still running, seconds
+        from the signal to the exit). Blocking: call through asyncio.to_thread."""
+        assert self.proc is not None and self.proc.poll() is None, f"{self.name} is not running"
+        sent = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        return code, time.monotonic() - sent
+
     def tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -132,35 +157,51 @@ class Replicas:
     def __post_init__(self) -> None:
         (self.directory / "logs").mkdir(parents=True, exist_ok=True)
         lf_port = free_port()
-        self._add("localfleet", "localfleet", lf_port, {
-            "RLGATE_LOCALFLEET_LISTEN": f"127.0.0.1:{lf_port}",
-            "RLGATE_LOCALFLEET_DATA_DIR": self.directory / "localfleet",
-        })
+        self._add(
+            "localfleet",
+            "localfleet",
+            lf_port,
+            {
+                "RLGATE_LOCALFLEET_LISTEN": f"127.0.0.1:{lf_port}",
+                "RLGATE_LOCALFLEET_DATA_DIR": self.directory / "localfleet",
+            },
+        )
         gateway_ports = [free_port() for _ in range(self.gateways)]
         for i, port in enumerate(gateway_ports, 1):
-            self._add(f"toolgateway-{i}", "toolgateway", port, {
-                "RLGATE_TOOLGATEWAY_LISTEN": f"127.0.0.1:{port}",
-                "RLGATE_STORE_URL": self.store_url,
-                "RLGATE_DATA_DIR": self.directory / f"toolgateway-{i}",
-                **self.gateway_settings,
-            })
+            self._add(
+                f"toolgateway-{i}",
+                "toolgateway",
+                port,
+                {
+                    "RLGATE_TOOLGATEWAY_LISTEN": f"127.0.0.1:{port}",
+                    "RLGATE_STORE_URL": self.store_url,
+                    "RLGATE_DATA_DIR": self.directory / f"toolgateway-{i}",
+                    **self.gateway_settings,
+                },
+            )
         for i in range(1, self.orchestrators + 1):
             port = free_port()
-            self._add(f"orchestrator-{i}", "orchestrator", port, {
-                "RLGATE_ORCHESTRATOR_LISTEN": f"127.0.0.1:{port}",
-                "RLGATE_STORE_URL": self.store_url,
-                "RLGATE_DATA_DIR": self.directory / f"orchestrator-{i}",
-                "RLGATE_RUN_ID": self.run_id,
-                "FLEET_BASE_URL": self.fleet_url or f"http://127.0.0.1:{lf_port}",
-                "FLEET_API_KEY": "localfleet",
-                # Each orchestrator hands out "its" gateway; any gateway serves any session.
-                "RLGATE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_ports[(i - 1) % len(gateway_ports)]}",
-                **self.orchestrator_settings,
-            })
+            self._add(
+                f"orchestrator-{i}",
+                "orchestrator",
+                port,
+                {
+                    "RLGATE_ORCHESTRATOR_LISTEN": f"127.0.0.1:{port}",
+                    "RLGATE_STORE_URL": self.store_url,
+                    "RLGATE_DATA_DIR": self.directory / f"orchestrator-{i}",
+                    "RLGATE_RUN_ID": self.run_id,
+                    "FLEET_BASE_URL": self.fleet_url or f"http://127.0.0.1:{lf_port}",
+                    "FLEET_API_KEY": "localfleet",
+                    # Each orchestrator hands out "its" gateway; any gateway serves any session.
+                    "RLGATE_GATEWAY_ADDRESS": f"127.0.0.1:{gateway_ports[(i - 1) % len(gateway_ports)]}",
+                    **self.orchestrator_settings,
+                },
+            )
 
     def _add(self, name: str, command: str, port: int, settings: dict[str, Any]) -> None:
-        self.services[name] = Service(name, command, port, checked_env(command, settings),
-                                      self.directory / "logs" / f"{name}.log")
+        self.services[name] = Service(
+            name, command, port, checked_env(command, settings), self.directory / "logs" / f"{name}.log"
+        )
 
     def named(self, command: str) -> list[Service]:
         return [s for s in self.services.values() if s.command == command]
@@ -201,8 +242,9 @@ class Replicas:
 
     def instances(self, run_id: str | None = None) -> list[dict[str, Any]]:
         query = f"?run_id={run_id}" if run_id else ""
-        request = urllib.request.Request(f"{self.localfleet.url}/v1/env/instances{query}",
-                                         headers={"Authorization": "Bearer localfleet"})
+        request = urllib.request.Request(
+            f"{self.localfleet.url}/v1/env/instances{query}", headers={"Authorization": "Bearer localfleet"}
+        )
         with urllib.request.urlopen(request, timeout=10) as reply:
             data: list[dict[str, Any]] = json.loads(reply.read())
             return [i for i in data if i.get("status") not in ("stopped", "terminated")]
@@ -216,10 +258,12 @@ class CountingProxy:
         self.port = free_port()
         self.requests: Counter[tuple[str, str]] = Counter()
         self._client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(60.0))
-        app = Starlette(routes=[Route("/{path:path}", self._forward,
-                                      methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
-        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                     lifespan="off"))
+        app = Starlette(
+            routes=[Route("/{path:path}", self._forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
+        )
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
+        )
 
     @property
     def url(self) -> str:
@@ -228,11 +272,13 @@ class CountingProxy:
     async def _forward(self, request: Request) -> Response:
         self.requests[(request.method, request.url.path)] += 1
         headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length"}}
-        reply = await self._client.request(request.method, request.url.path, params=request.query_params,
-                                           headers=headers, content=await request.body())
+        reply = await self._client.request(
+            request.method, request.url.path, params=request.query_params, headers=headers, content=await request.body()
+        )
         drop = {"content-length", "transfer-encoding", "connection", "content-encoding"}
-        return Response(reply.content, reply.status_code,
-                        {k: v for k, v in reply.headers.items() if k.lower() not in drop})
+        return Response(
+            reply.content, reply.status_code, {k: v for k, v in reply.headers.items() if k.lower() not in drop}
+        )
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[CountingProxy]:
@@ -248,3 +294,93 @@ class CountingProxy:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 await asyncio.wait_for(task, 30)
             await self._client.aclose()
+
+
+# ---- reference episodes --------------------------------------------------------------------------------
+@dataclass
+class Solution:
+    task_key: str
+    calls: list[ToolCall]
+    final_answer: str | None
+
+
+async def solutions(client: AsyncClient) -> list[Solution]:
+    """Every task's reference solution with at least one tool call (ListTasks with the answer keys)."""
+    tasks = await client.list_tasks(include_reference_solution=True)
+    found = []
+    for task in tasks:
+        if not task.reference_solution_json:
+            continue
+        ref = reference_solution(task)
+        calls = [ToolCall(str(c["name"]), dict(c.get("arguments") or {})) for c in ref.get("tool_calls") or []]
+        answer = ref.get("final_answer")
+        if calls:
+            found.append(Solution(task.key, calls, None if answer is None else str(answer)))
+    assert found, f"no task with a reference solution among {len(tasks)} tasks"
+    return found
+
+
+@dataclass
+class Outcome:
+    session_id: str = ""
+    reward: float | None = None
+    verification: str = ""
+    # request_id -> error kind of the answer; None while in flight or when the call raised (outcome unknown)
+    calls: dict[str, int | None] = field(default_factory=dict)
+
+
+async def run_episode(
+    client: AsyncClient, solution: Solution, index: int, outcome: Outcome, run_id: str, label: str
+) -> Outcome:
+    """The reference solution, one tool call per turn (each turn's text as a model would write it), then
+    the final answer. `outcome` is filled in as the episode goes, so even an episode that raises accounts
+    for every call it sent."""
+    ep = client.episode(
+        task_key=solution.task_key,
+        max_turns=len(solution.calls) + 2,
+        run_id=run_id,
+        labels={"test": label, "episode": str(index)},
+    )
+    async with ep:
+        outcome.session_id = ep.session_id
+        for i, call in enumerate(solution.calls):
+            request_id = f"ep{index}-call{i}-{uuid.uuid4().hex[:8]}"
+            outcome.calls[request_id] = None
+            reply = await ep.call_tool(call.name, call.arguments, request_id=request_id)
+            outcome.calls[request_id] = reply.result.error_kind
+            summary = orchestrator_pb2.ToolCallSummary(
+                name=call.name,
+                request_id=request_id,
+                is_error=reply.result.is_error,
+                error_kind=reply.result.error_kind,
+            )
+            step = await ep.step(assistant_text=render_assistant_turn([call]), tool_calls=[summary])
+            assert not step.done, f"{solution.task_key}: ended early ({step.done_reason})"
+            assert step.turn == i + 1, f"{outcome.session_id}: turn {i + 1} counted as {step.turn}"
+        final = await ep.turn(render_assistant_turn([], solution.final_answer, done=True))
+        assert final.done and final.turn == len(solution.calls) + 1, final.step
+        outcome.reward = final.reward
+        outcome.verification = final.verification_status
+    return outcome
+
+
+async def wait_until(predicate: Callable[[], Any], within: float, what: str) -> Any:
+    """Poll a blocking predicate (in a thread) until it returns something truthy."""
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(predicate)
+        if last:
+            return last
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
+
+
+def reason_of(err: BaseException) -> str:
+    """The ErrorInfo reason a client error carries ("" without one)."""
+    status = getattr(err, "rich_status", None)
+    for detail in getattr(status, "details", ()):
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""

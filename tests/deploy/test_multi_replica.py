@@ -1,11 +1,12 @@
 """Multi-replica correctness (issue 7): stateless replicas over one Redis store, as real processes.
 
 - A session created on one orchestrator is stepped, stated and closed on another, and a gateway that never
-  saw it serves its tools.
+  saw it serves its tools; once closed, its agent token is refused on every gateway, saying why.
 - 40 episodes through one client spread over two orchestrators and two gateways; one orchestrator and one
   gateway are SIGKILLed half-way. Every episode still ends and is scored, no tool runs twice, no instance
-  is left.
-- Reconciliation on two orchestrators at once deletes each orphan instance exactly once.
+  is left. (SIGTERM, a drain, mid-rollout: tests/orchestrator/test_drain_replicas.py.)
+- Reconciliation on two orchestrators at once deletes each orphan instance of this store exactly once, and
+  never an instance of the same run id that is not provably this store's.
 """
 
 from __future__ import annotations
@@ -13,21 +14,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlgate import AsyncClient, RetryPolicy
-from rlgate.convert import dict_from_struct
-from rlgate.protocol import ToolCall, render_assistant_turn
+from rlgate.errors import FailedPrecondition
+from rlgate.orchestrator.providers.base import INTENT_ENV_VAR
+from rlgate.orchestrator.provisioning import new_intent_id, store_identity
+from rlgate.store import open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2
-from tests.deploy.replicas import CountingProxy, Replicas
+from tests.deploy.replicas import (
+    CountingProxy,
+    Outcome,
+    Replicas,
+    reason_of,
+    run_episode,
+    solutions,
+    wait_until,
+)
 from tests.support.ports import IN_CI
 from tests.support.redis import RedisServer
 
@@ -35,8 +43,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 # The services this test runs as processes. While one of them is still being written the test is skipped
 # (locally) with the reason; under CI=true a missing one is a failure, never a silent skip.
-_NEEDED = ["rlgate.orchestrator.server", "rlgate.toolgateway.server", "rlgate.localfleet.server",
-           "rlgate.store.redis"]
+_NEEDED = ["rlgate.orchestrator.server", "rlgate.toolgateway.server", "rlgate.localfleet.server", "rlgate.store.redis"]
 _MISSING = [m for m in _NEEDED if importlib.util.find_spec(m) is None]
 if _MISSING:
     _reason = f"multi-replica test needs {', '.join(_MISSING)} (not in the tree yet)"
@@ -86,83 +93,6 @@ def make_replicas(tmp_path: Path, redis_server: RedisServer) -> Callable[..., Re
     return make
 
 
-# ---- tasks and their reference solutions ---------------------------------------------------------------
-@dataclass
-class Solution:
-    task_key: str
-    calls: list[ToolCall]
-    final_answer: str | None
-
-
-def reference_solution(task: common_pb2.TaskInfo) -> Solution | None:
-    """The task's reference solution (tool calls + final answer) from its metadata, when it has one."""
-    meta = dict_from_struct(task.metadata)
-    ref = meta.get("reference_solution") or meta.get("reference") or meta.get("solution")
-    if not isinstance(ref, dict):
-        return None
-    raw_calls = ref.get("tool_calls") or ref.get("calls") or []
-    calls = [ToolCall(c.get("name") or c.get("tool"), dict(c.get("arguments") or c.get("params") or {}))
-             for c in raw_calls]
-    answer = ref.get("final_answer")
-    return Solution(task.key, calls, None if answer is None else str(answer))
-
-
-async def solutions(client: AsyncClient) -> list[Solution]:
-    tasks = await client.list_tasks()
-    found = [s for s in (reference_solution(t) for t in tasks) if s is not None and s.calls]
-    assert found, f"no task with a reference solution among {len(tasks)} tasks"
-    return found
-
-
-# ---- one episode ---------------------------------------------------------------------------------------
-@dataclass
-class Outcome:
-    session_id: str = ""
-    reward: float | None = None
-    verification: str = ""
-    # request_id -> error kind of the answer; None while in flight or when the call raised (outcome unknown)
-    calls: dict[str, int | None] = field(default_factory=dict)
-
-
-async def run_episode(client: AsyncClient, solution: Solution, index: int, outcome: Outcome) -> Outcome:
-    """The reference solution, one tool call per turn (each turn's text as a model would write it), then
-    the final answer. `outcome` is filled in as the episode goes, so even an episode that raises accounts
-    for every call it sent."""
-    ep = client.episode(task_key=solution.task_key, max_turns=len(solution.calls) + 2, run_id=RUN_ID,
-                        labels={"test": "multi-replica", "episode": str(index)})
-    async with ep:
-        outcome.session_id = ep.session_id
-        for i, call in enumerate(solution.calls):
-            request_id = f"ep{index}-call{i}-{uuid.uuid4().hex[:8]}"
-            outcome.calls[request_id] = None
-            reply = await ep.call_tool(call.name, call.arguments, request_id=request_id)
-            outcome.calls[request_id] = reply.result.error_kind
-            summary = orchestrator_pb2.ToolCallSummary(name=call.name, request_id=request_id,
-                                                       is_error=reply.result.is_error,
-                                                       error_kind=reply.result.error_kind)
-            step = await ep.step(assistant_text=render_assistant_turn([call]), tool_calls=[summary])
-            assert not step.done, f"{solution.task_key}: ended early ({step.done_reason})"
-            assert step.turn == i + 1, f"{outcome.session_id}: turn {i + 1} counted as {step.turn}"
-            await asyncio.sleep(0.05 * (index % 3))  # spread the turns over time
-        final = await ep.turn(render_assistant_turn([], solution.final_answer, done=True))
-        assert final.done and final.turn == len(solution.calls) + 1, final.step
-        outcome.reward = final.reward
-        outcome.verification = final.verification_status
-    return outcome
-
-
-async def wait_until(predicate: Callable[[], Any], within: float, what: str) -> Any:
-    """Poll a blocking predicate (in a thread) until it returns something truthy."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(predicate)
-        if last:
-            return last
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
-
-
 # ---- tests ---------------------------------------------------------------------------------------------
 async def test_a_session_moves_freely_between_replicas(make_replicas: Callable[..., Replicas]) -> None:
     replicas = make_replicas()
@@ -172,8 +102,7 @@ async def test_a_session_moves_freely_between_replicas(make_replicas: Callable[.
         first, second = AsyncClient(o1), AsyncClient(o2)
         try:
             solution = (await solutions(first))[0]
-            reset = await first.reset(task_key=solution.task_key, run_id=RUN_ID,
-                                      max_turns=len(solution.calls) + 2)
+            reset = await first.reset(task_key=solution.task_key, run_id=RUN_ID, max_turns=len(solution.calls) + 2)
             assert reset.gateway_address == g1  # orchestrator-1 hands out gateway-1 ...
             # ... but gateway-2, which has never seen this session, serves its tools.
             tools = await second.list_tools(reset.agent_token, gateway=g2)
@@ -181,8 +110,9 @@ async def test_a_session_moves_freely_between_replicas(make_replicas: Callable[.
             summaries = []
             for i, call in enumerate(solution.calls):
                 gateway = (g2, g1)[i % 2]
-                reply = await second.call_tool(reset.agent_token, call.name, call.arguments, gateway=gateway,
-                                               request_id=f"call-{i}")
+                reply = await second.call_tool(
+                    reset.agent_token, call.name, call.arguments, gateway=gateway, request_id=f"call-{i}"
+                )
                 assert reply.result.error_kind in UPSTREAM_REACHED and not reply.result.is_error, reply
                 summaries.append(orchestrator_pb2.ToolCallSummary(name=call.name, request_id=f"call-{i}"))
             # The turn is stepped on orchestrator-2, the state read on orchestrator-1, closed on orchestrator-2.
@@ -199,6 +129,10 @@ async def test_a_session_moves_freely_between_replicas(make_replicas: Callable[.
             closed = await second.close_session(reset.session_id)
             assert closed.status == common_pb2.SESSION_STATUS_CLOSED and not closed.already_closed
             assert (await first.close_session(reset.session_id)).already_closed
+            for gateway in (g1, g2):  # the token of a closed session: refused everywhere, with the reason
+                with pytest.raises(FailedPrecondition) as refused:
+                    await first.list_tools(reset.agent_token, gateway=gateway)
+                assert reason_of(refused.value) == "SESSION_CLOSED", refused.value
             await wait_until(lambda: not replicas.instances(RUN_ID), 30, "the instance to be deleted")
         finally:
             await first.close()
@@ -210,8 +144,11 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
     async with started(replicas):
         orchestrators = replicas.named("orchestrator")
         gateways = replicas.named("toolgateway")
-        client = AsyncClient([s.address for s in orchestrators], gateway_addresses=[s.address for s in gateways],
-                             retry=RetryPolicy(max_attempts=100, max_backoff=2.0))
+        client = AsyncClient(
+            [s.address for s in orchestrators],
+            gateway_addresses=[s.address for s in gateways],
+            retry=RetryPolicy(max_attempts=100, max_backoff=2.0),
+        )
         try:
             plan = await solutions(client)
             before = await asyncio.to_thread(replicas.counters)
@@ -225,7 +162,9 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
                 nonlocal finished
                 async with limit:
                     partial.append(Outcome())
-                    result = await run_episode(client, plan[index % len(plan)], index, partial[-1])
+                    result = await run_episode(
+                        client, plan[index % len(plan)], index, partial[-1], RUN_ID, "multi-replica"
+                    )
                 finished += 1
                 if finished >= KILL_AFTER:
                     half_way.set()
@@ -239,7 +178,8 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             kill_task = asyncio.create_task(killer())
             try:
                 results = await asyncio.wait_for(
-                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=240)
+                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=240
+                )
             finally:
                 kill_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -251,8 +191,7 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             assert not failures, f"{sum(failures.values())} of {EPISODES} episodes raised: {dict(failures)}"
             outcomes = partial
             assert len(outcomes) == EPISODES
-            unscored = [(o.session_id, o.verification) for o in outcomes
-                        if o.verification != "OK" or o.reward is None]
+            unscored = [(o.session_id, o.verification) for o in outcomes if o.verification != "OK" or o.reward is None]
             assert not unscored, f"episodes without a score: {unscored}"
             unsure = {None, common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN}
             unknown = [o for o in outcomes if unsure & set(o.calls.values())]
@@ -267,7 +206,8 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             after = await asyncio.to_thread(replicas.counters)
             upstream = after["tool_calls"] - before["tool_calls"]
             assert reached <= upstream <= reached + maybe, (
-                f"localfleet ran {upstream} tool calls for {reached} answered (+{maybe} of unknown outcome)")
+                f"localfleet ran {upstream} tool calls for {reached} answered (+{maybe} of unknown outcome)"
+            )
             survivor = AsyncClient(orchestrators[1].address)
             try:
                 for o in outcomes:
@@ -288,7 +228,8 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
 
 
 async def test_concurrent_reconciliation_deletes_each_orphan_exactly_once(
-    make_replicas: Callable[..., Replicas], redis_server: RedisServer,
+    make_replicas: Callable[..., Replicas],
+    redis_server: RedisServer,
 ) -> None:
     import fleet
 
@@ -296,27 +237,47 @@ async def test_concurrent_reconciliation_deletes_each_orphan_exactly_once(
     async with started(probe, ["localfleet"]):
         proxy = CountingProxy(probe.localfleet.url)
         async with proxy.running():
-            # Orphans: instances of this run with no session or intent in the store (a lost store, a crash).
+            # Orphans: instances of this run naming intents of this store whose records are gone (a crash
+            # after the create). The orchestrators started below share the store, so its identity is theirs.
+            store = await open_store(redis_server.url)
+            try:
+                store_id = await store_identity(store)
+            finally:
+                await store.close()
             sdk = fleet.AsyncFleet(api_key="localfleet", base_url=probe.localfleet.url)
             envs = await sdk.list_envs()
             env_key = f"{envs[0].env_key}:{envs[0].default_version}" if envs[0].default_version else envs[0].env_key
             orphans = []
             for _ in range(6):
-                env = await sdk.make(env_key, run_id=RUN_ID, ttl_seconds=3600)
+                intent = {INTENT_ENV_VAR: new_intent_id("orch-gone", store_id)}
+                env = await sdk.make(env_key, run_id=RUN_ID, ttl_seconds=3600, env_variables=intent)
                 orphans.append(env.instance_id)
-            # A bystander of another run must be left alone.
+            # Left alone: a bystander of another run, and a stranger under this run id that no intent of this
+            # store names (another deployment configured with the same run id).
             bystander = (await sdk.make(env_key, run_id="someone-else", ttl_seconds=3600)).instance_id
+            stranger = (await sdk.make(env_key, run_id=RUN_ID, ttl_seconds=3600)).instance_id
             # Both orchestrators start at once against the same store: both reconcile at start-up and then
             # every RECONCILE_INTERVAL, racing for the lease.
-            replicas = Replicas(directory=probe.directory / "cluster", store_url=redis_server.url, run_id=RUN_ID,
-                                orchestrator_settings=ORCHESTRATOR_SETTINGS, fleet_url=proxy.url)
+            replicas = Replicas(
+                directory=probe.directory / "cluster",
+                store_url=redis_server.url,
+                run_id=RUN_ID,
+                orchestrator_settings=ORCHESTRATOR_SETTINGS,
+                fleet_url=proxy.url,
+            )
             replicas.services["localfleet"] = probe.localfleet  # reuse the running localfleet
             names = [s.name for s in replicas.named("orchestrator")]
             async with started(replicas, names):
-                await wait_until(lambda: not probe.instances(RUN_ID), SETTLE_S, "every orphan deleted")
+
+                def only_the_stranger_left() -> bool:
+                    return [i["instance_id"] for i in probe.instances(RUN_ID)] == [stranger]
+
+                await wait_until(only_the_stranger_left, SETTLE_S, "every orphan deleted")
                 await asyncio.sleep(3 * ORCHESTRATOR_SETTINGS["RLGATE_RECONCILE_INTERVAL_S"])  # more rounds
                 deletes = {i: proxy.requests[("DELETE", f"/v1/env/instances/{i}")] for i in orphans}
                 assert deletes == dict.fromkeys(orphans, 1), f"DELETE requests per orphan: {deletes}"
                 batch = [k for k in proxy.requests if k[0] == "DELETE" and k[1].endswith("/batch")]
                 assert not batch, "reconciliation must not batch-delete a whole run"
                 assert [i["instance_id"] for i in probe.instances("someone-else")] == [bystander]
+                assert only_the_stranger_left()
+                assert not proxy.requests[("DELETE", f"/v1/env/instances/{stranger}")]
