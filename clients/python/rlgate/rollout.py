@@ -465,7 +465,7 @@ def preflight(config: RolloutConfig) -> None:
     help=f"Seconds one tool call may take before the model sees an error (default 120) [env: {ENV_TOOL_TIMEOUT}]",
 )  # fmt: skip
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL trajectories")
-@click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Summary JSON")
 @click.option(
     "--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="Figure of reward, turn latency and episodes/s over time (.png, .svg, .pdf; needs matplotlib)",
