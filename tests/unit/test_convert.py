@@ -55,3 +55,11 @@ def test_model_text_with_undeliverable_arguments_is_an_error_observation() -> No
     turn = parse_assistant_text(text)
     assert not turn.tool_calls
     assert turn.errors and "nested deeper" in turn.errors[0]
+
+
+def test_json_text_refuses_a_lone_surrogate_instead_of_failing_to_encode_later() -> None:
+    from rlgate.convert import InvalidJsonValue, json_text
+
+    with pytest.raises(InvalidJsonValue, match="surrogate"):
+        json_text({"q": "model wrote \ud800"})
+    assert json_text({"q": "ünïcode"}) == '{"q":"ünïcode"}'

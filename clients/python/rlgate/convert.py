@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,12 +109,17 @@ def json_text(value: Any) -> str:
     Raises InvalidJsonValue (naming the place) for what JSON cannot carry or nests past the depth bound."""
     _check_depth(value, "$", 1, MAX_JSON_TEXT_DEPTH)
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as exc:  # NaN / Infinity
         ensure_finite(value)
         raise InvalidJsonValue(str(exc)) from exc
     except (TypeError, RecursionError) as exc:
         raise InvalidJsonValue(f"not a JSON value: {exc}") from exc
+    # A lone UTF-16 surrogate (what JSON's "\ud800" decodes to) has no UTF-8 form: the text could never be
+    # sent, so it is refused here rather than as a UnicodeEncodeError deep inside gRPC.
+    if _SURROGATE.search(text):
+        raise InvalidJsonValue("a string contains a lone UTF-16 surrogate (e.g. \\ud800), which JSON text cannot carry")
+    return text
 
 
 def parse_json_text(text: str | bytes, what: str = "$") -> Any:
@@ -175,6 +181,7 @@ def arguments_of(message: Any) -> dict[str, Any]:
 
 
 _EXACT_INT = 2**53
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _refuse_constant(name: str) -> Any:
