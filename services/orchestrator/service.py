@@ -37,7 +37,9 @@ from rlgate.store import OPEN_STATUSES, SessionStore, open_store
 
 log = logging.getLogger(__name__)
 
-STOP_STEP_S = 5.0  # bound of each step of `stop` (cancelled loops, the store and provider clients)
+STOP_STEP_S = 5.0  # bound of each step of `stop` (cancelled loops, the store and provider clients) ...
+STOP_TOTAL_S = 10.0  # ... and of all of them, each still getting STOP_FLOOR_S (the hand-back must be tried)
+STOP_FLOOR_S = 0.5
 IN_FLIGHT_SHARE = 0.75  # of drain_s, for in-flight RPCs and endings; the rest closes or hands back sessions
 
 
@@ -293,17 +295,23 @@ class Orchestrator:
 
     async def stop(self) -> None:
         """Cancel every background loop, hand back what is still in flight and release clients (after
-        `drain`, or alone in tests). Every step is bounded."""
+        `drain`, or alone in tests). Every step is bounded, and all of them together (`STOP_TOTAL_S`)."""
         self.episodes.accepting = False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + STOP_TOTAL_S
+
+        async def step(what: str, work: Awaitable[object]) -> None:
+            await bounded(what, max(STOP_FLOOR_S, min(STOP_STEP_S, end - loop.time())), work)
+
         for task in self._tasks:
             task.cancel()
-        await bounded("background loops", STOP_STEP_S, asyncio.gather(*self._tasks, return_exceptions=True))
+        await step("background loops", asyncio.gather(*self._tasks, return_exceptions=True))
         self._tasks.clear()
         # Endings not scored by now keep their request records PENDING: declared dead below, this process
         # hands them to the first retry on another replica, which finishes the scoring.
-        await bounded("unfinished endings", STOP_STEP_S, self.episodes.abandon_endings())
-        await bounded("handing back request records", STOP_STEP_S, self.store.heartbeat_owner(self.owner, 0))
-        await bounded("releasing the reconcile lease", STOP_STEP_S, self.reconciler.release_lease())
-        await bounded("closing the provider client", STOP_STEP_S, self.provider.close())
+        await step("unfinished endings", self.episodes.abandon_endings())
+        await step("handing back request records", self.store.heartbeat_owner(self.owner, 0))
+        await step("releasing the reconcile lease", self.reconciler.release_lease())
+        await step("closing the provider client", self.provider.close())
         if self._owns_store:
-            await bounded("closing the store", STOP_STEP_S, self.store.close())
+            await step("closing the store", self.store.close())

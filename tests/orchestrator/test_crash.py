@@ -1,5 +1,6 @@
 """The crash test: the orchestrator as a real process (`rlgate orchestrator`), SIGKILLed with sessions open
-and creates in flight, restarted; then SIGTERM with sessions open. Nothing may leak."""
+and creates in flight, restarted; then SIGTERM with sessions open. Nothing may leak. It runs on the default
+run id, which the store keeps: the restarted process reconciles what the killed one left."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import os
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+from rlgate.orchestrator.provisioning import default_run_id, store_identity
 from rlgate.store.sqlite import SqliteStore
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import REPO, instances_of
@@ -28,25 +29,45 @@ CREATE_DELAY_S = 4.0
 
 
 class OrchestratorProcess:
-    def __init__(self, lf: LocalfleetProcess, workdir: Path, run_id: str) -> None:
+    def __init__(self, lf: LocalfleetProcess, workdir: Path) -> None:
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.store_path = workdir / "store.db"
         self.log_path = workdir / "orchestrator.log"
         self.args = [
-            str(REPO / ".venv" / "bin" / "rlgate"), "orchestrator", "--listen", self.address,
-            "--store-url", f"sqlite:///{self.store_path}", "--fleet-base-url", lf.base_url,
-            "--fleet-api-key", "test", "--run-id", run_id, "--reconcile-interval-s", str(RECONCILE_S),
-            "--owner-ttl-s", str(OWNER_TTL_S), "--provision-timeout-s", "30", "--reset-timeout-s", "3",
-            "--drain-s", "30", "--gateway-address", "127.0.0.1:1", "--log-level", "INFO",
+            str(REPO / ".venv" / "bin" / "rlgate"),
+            "orchestrator",
+            "--listen",
+            self.address,
+            "--store-url",
+            f"sqlite:///{self.store_path}",
+            "--fleet-base-url",
+            lf.base_url,
+            "--fleet-api-key",
+            "test",
+            "--reconcile-interval-s",
+            str(RECONCILE_S),
+            "--owner-ttl-s",
+            str(OWNER_TTL_S),
+            "--provision-timeout-s",
+            "30",
+            "--reset-timeout-s",
+            "3",
+            "--drain-s",
+            "30",
+            "--gateway-address",
+            "127.0.0.1:1",
+            "--log-level",
+            "INFO",
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RLGATE_", "FLEET_"))}
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env, start_new_session=True
+            )
         wait_for_port(self.port, timeout=60)
 
     def signal(self, sig: int) -> None:
@@ -78,8 +99,9 @@ async def _orphans(lf: LocalfleetProcess, store: SqliteStore, run_id: str) -> li
     owned = set()
     cursor = ""
     while True:
-        page, cursor = await store.list_sessions(statuses=frozenset({"active", "done", "provisioning"}),
-                                                 limit=500, cursor=cursor)
+        page, cursor = await store.list_sessions(
+            statuses=frozenset({"active", "done", "provisioning"}), limit=500, cursor=cursor
+        )
         owned |= {s.instance_id for s in page}
         if not cursor:
             break
@@ -89,21 +111,33 @@ async def _orphans(lf: LocalfleetProcess, store: SqliteStore, run_id: str) -> li
 @pytest.mark.slow
 async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: LocalfleetProcess, tmp_path: Path) -> None:
     lf = crash_lf
-    run_id = f"crash-{uuid.uuid4().hex[:8]}"
-    orch = OrchestratorProcess(lf, tmp_path, run_id)
+    orch = OrchestratorProcess(lf, tmp_path)
     orch.start()
     store = await SqliteStore.open(str(orch.store_path))
+    run_id = default_run_id(await store_identity(store))  # what the process derived from its store
     try:
         async with grpc.aio.insecure_channel(orch.address) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
-            opened = await asyncio.gather(*(
-                stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, request_id=f"open-{i}", max_turns=50),
-                           timeout=120) for i in range(20)))
+            opened = await asyncio.gather(
+                *(
+                    stub.Reset(
+                        orchestrator_pb2.ResetRequest(task_key=TASK, request_id=f"open-{i}", max_turns=50), timeout=120
+                    )
+                    for i in range(20)
+                )
+            )
             assert len({r.session_id for r in opened}) == 20
 
             lf.set_faults({"environments": {"mailbox": {"create_delay_s": CREATE_DELAY_S}}})
-            in_flight = [asyncio.ensure_future(stub.Reset(orchestrator_pb2.ResetRequest(
-                task_key=TASK, request_id=f"inflight-{i}", max_turns=50), timeout=120)) for i in range(10)]
+            in_flight = [
+                asyncio.ensure_future(
+                    stub.Reset(
+                        orchestrator_pb2.ResetRequest(task_key=TASK, request_id=f"inflight-{i}", max_turns=50),
+                        timeout=120,
+                    )
+                )
+                for i in range(10)
+            ]
             await asyncio.sleep(1.5)  # the creates are now waiting inside localfleet
             orch.signal(signal.SIGKILL)
             orch.wait(10)
@@ -111,7 +145,7 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
             assert all(isinstance(r, grpc.aio.AioRpcError) for r in results)  # none answered before the crash
         lf.set_faults({})
 
-        orch.start()  # same store, same run id
+        orch.start()  # same store, so the same default run id
         killed_at = time.monotonic()
         # Within the reconcile interval (after the dead owner's TTL and the slow creates landing), every
         # instance of the run belongs to a live session.
@@ -124,26 +158,38 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
         assert orphans == [], f"orphans left after {bound}s:\n{orch.log()}"
         recovered_s = time.monotonic() - killed_at
         counters = lf.counters()
-        print(f"localfleet after recovery: created {counters['instances_created']}, "
-              f"deleted {counters['instances_deleted']}")
+        print(
+            f"localfleet after recovery: created {counters['instances_created']}, "
+            f"deleted {counters['instances_deleted']}"
+        )
         # Every create that landed after the crash was recognised by its intent and deleted.
         assert counters["instances_deleted"] == counters["instances_created"] - 20
 
         async with grpc.aio.insecure_channel(orch.address) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
-            steps = await asyncio.gather(*(stub.Step(orchestrator_pb2.StepRequest(session_id=r.session_id),
-                                                     timeout=60) for r in opened))
+            steps = await asyncio.gather(
+                *(stub.Step(orchestrator_pb2.StepRequest(session_id=r.session_id), timeout=60) for r in opened)
+            )
             assert all(s.turn == 1 and not s.done for s in steps)  # the live sessions still work
 
-            retried = await asyncio.gather(*(stub.Reset(orchestrator_pb2.ResetRequest(
-                task_key=TASK, request_id=f"inflight-{i}", max_turns=50), timeout=120) for i in range(10)))
+            retried = await asyncio.gather(
+                *(
+                    stub.Reset(
+                        orchestrator_pb2.ResetRequest(task_key=TASK, request_id=f"inflight-{i}", max_turns=50),
+                        timeout=120,
+                    )
+                    for i in range(10)
+                )
+            )
             assert len({r.session_id for r in retried}) == 10
             assert not {r.session_id for r in retried} & {r.session_id for r in opened}
-            again = await stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, request_id="inflight-0",
-                                                                   max_turns=50), timeout=60)
+            again = await stub.Reset(
+                orchestrator_pb2.ResetRequest(task_key=TASK, request_id="inflight-0", max_turns=50), timeout=60
+            )
             assert again.session_id == retried[0].session_id  # the retry is now recorded
-            steps = await asyncio.gather(*(stub.Step(orchestrator_pb2.StepRequest(session_id=r.session_id),
-                                                     timeout=60) for r in retried))
+            steps = await asyncio.gather(
+                *(stub.Step(orchestrator_pb2.StepRequest(session_id=r.session_id), timeout=60) for r in retried)
+            )
             assert all(s.turn == 1 for s in steps)
         await asyncio.sleep(RECONCILE_S + 1)
         assert await _orphans(lf, store, run_id) == []
