@@ -1,12 +1,14 @@
 """The session store: the one piece of state the orchestration and agent planes share.
 
 `open_store(url)` picks the backend: `sqlite:///path/to/file.db` (default; WAL, one machine) or
-`redis://host:port/db` (several replicas). Both implement `SessionStore` and pass the same test suite.
+`redis://host:port/db` (several replicas); `memory://` keeps everything in this process (logic tests, no
+file or server). All implement `SessionStore` and pass the same test suite.
 `StoreCorrupt` and `StoreFull` (both `StoreError`s) say why a store cannot serve; `SessionStore.health()`
 probes for them.
 """
 
 from rlgate.store.base import SessionStore, open_store
+from rlgate.store.memory import MemoryStore
 from rlgate.store.models import (
     OPEN_STATUSES,
     ConflictError,
@@ -29,6 +31,7 @@ __all__ = [
     "ConflictError",
     "Intent",
     "IntentState",
+    "MemoryStore",
     "RequestExists",
     "RequestRecord",
     "RequestState",

@@ -136,8 +136,13 @@ class SessionStore(abc.ABC):
         return await self._commit_writes(session, request, tool_call, new_request)
 
     @abc.abstractmethod
-    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
-                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
+    async def _commit_writes(
+        self,
+        session: Session | None,
+        request: tuple[str, str, str] | None,
+        tool_call: ToolCallEntry | None,
+        new_request: bool,
+    ) -> Session | None:
         """`commit` with its arguments checked: the backend's one round trip."""
 
     @abc.abstractmethod
@@ -209,13 +214,18 @@ class SessionStore(abc.ABC):
 
 
 async def open_store(url: str) -> SessionStore:
-    """Open a store from its URL: `sqlite:///abs/or/rel/path.db` or `redis://host:port/db`."""
+    """Open a store from its URL: `sqlite:///abs/or/rel/path.db`, `redis://host:port/db`, or `memory://[NAME]`
+    (in this process only, for tests: see rlgate.store.memory)."""
     if url.startswith("sqlite:///"):  # sqlite:///relative.db, sqlite:////absolute.db
         from rlgate.store.sqlite import SqliteStore
 
-        return await SqliteStore.open(url[len("sqlite:///"):])
+        return await SqliteStore.open(url[len("sqlite:///") :])
     if url.startswith(("redis://", "rediss://", "unix://")):
         from rlgate.store.redis import RedisStore
 
         return await RedisStore.open(url)
-    raise ValueError(f"unsupported store URL {url!r} (use sqlite:///path or redis://host:port/db)")
+    if url.startswith("memory://"):
+        from rlgate.store.memory import open_memory_store
+
+        return await open_memory_store(url)
+    raise ValueError(f"unsupported store URL {url!r} (use sqlite:///path, redis://host:port/db or memory://)")

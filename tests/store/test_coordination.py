@@ -1,8 +1,11 @@
-"""Request records, owner heartbeats, provisioning intents and leases, against both backends."""
+"""Request records, owner heartbeats, provisioning intents and leases, against every backend. Expiry is waited
+for by polling (bounded), never by a fixed sleep."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 
 from rlgate.store import Intent, IntentState, RequestState, SessionStore
 from tests.store.conftest import StoreFactory
@@ -10,9 +13,7 @@ from tests.store.conftest import StoreFactory
 
 async def test_claim_request_race_has_one_winner(store: SessionStore, open_another: StoreFactory) -> None:
     others = [store, await open_another(), await open_another()]
-    results = await asyncio.gather(
-        *(others[i % 3].claim_request("call:s1", "req-1", f"owner-{i}") for i in range(30))
-    )
+    results = await asyncio.gather(*(others[i % 3].claim_request("call:s1", "req-1", f"owner-{i}") for i in range(30)))
     winners = [record for record, created in results if created]
     assert len(winners) == 1
     winner = winners[0].owner
@@ -59,8 +60,7 @@ async def test_owner_heartbeat_expires(store: SessionStore) -> None:
     assert await store.owner_alive("orch-1")
     assert not await store.owner_alive("orch-2")
     await store.heartbeat_owner("orch-1", 0.3)  # the owner stops beating (SIGKILL): it lapses on its own
-    await asyncio.sleep(0.5)
-    assert not await store.owner_alive("orch-1")
+    assert await until(lambda: not_(store.owner_alive("orch-1")))
     await store.heartbeat_owner("orch-1", 30)
     assert await store.owner_alive("orch-1")
 
@@ -75,8 +75,16 @@ async def test_intents(store: SessionStore) -> None:
     assert await store.list_intents("run-none") == []
 
     await store.put_intent(
-        Intent("i1", "run-1", "mail:v1", state=IntentState.BOUND, instance_id="inst-9", session_id="s1",
-               created_at=t, updated_at=t + 5)
+        Intent(
+            "i1",
+            "run-1",
+            "mail:v1",
+            state=IntentState.BOUND,
+            instance_id="inst-9",
+            session_id="s1",
+            created_at=t,
+            updated_at=t + 5,
+        )
     )
     got = await store.get_intent("i1")
     assert got is not None and got.state == IntentState.BOUND and got.instance_id == "inst-9"
@@ -89,9 +97,7 @@ async def test_intents(store: SessionStore) -> None:
 
 async def test_lease_is_exclusive_expires_and_releases(store: SessionStore, open_another: StoreFactory) -> None:
     other = await open_another()
-    a, b = await asyncio.gather(
-        store.acquire_lease("reaper", "A", 30), other.acquire_lease("reaper", "B", 30)
-    )
+    a, b = await asyncio.gather(store.acquire_lease("reaper", "A", 30), other.acquire_lease("reaper", "B", 30))
     assert a != b  # exactly one contender holds it
     holder, loser = ("A", "B") if a else ("B", "A")
     holder_store, loser_store = (store, other) if a else (other, store)
@@ -102,8 +108,7 @@ async def test_lease_is_exclusive_expires_and_releases(store: SessionStore, open
     assert not await loser_store.acquire_lease("reaper", loser, 30)
 
     assert await holder_store.acquire_lease("reaper", holder, 0.3)  # last renewal, then the holder dies
-    await asyncio.sleep(0.5)  # expired: the other contender takes over
-    assert await loser_store.acquire_lease("reaper", loser, 30)
+    assert await until(lambda: loser_store.acquire_lease("reaper", loser, 30))  # expired: the other takes over
     assert not await holder_store.acquire_lease("reaper", holder, 30)
 
     await loser_store.release_lease("reaper", loser)
@@ -112,9 +117,30 @@ async def test_lease_is_exclusive_expires_and_releases(store: SessionStore, open
 
 
 async def test_lease_renewal_extends_it(store: SessionStore) -> None:
-    assert await store.acquire_lease("l", "A", 0.5)
-    await asyncio.sleep(0.3)
+    first_expiry = time.time() + 0.3
+    assert await store.acquire_lease("l", "A", 0.3)
     assert await store.acquire_lease("l", "A", 30)
-    await asyncio.sleep(0.4)  # past the first TTL: the renewal keeps it
+    await until_clock_passes(first_expiry)  # past the first TTL: the renewal keeps it
     assert not await store.acquire_lease("l", "B", 30)
     assert await store.acquire_lease("l", "A", 30)
+
+
+async def not_(check: Awaitable[bool]) -> bool:
+    return not await check
+
+
+async def until(check: Callable[[], Awaitable[bool]], limit_s: float = 10.0) -> bool:
+    """Polls `check` until it is true (True) or `limit_s` passes (False)."""
+    give_up = time.monotonic() + limit_s
+    while not await check():
+        if time.monotonic() > give_up:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def until_clock_passes(instant: float) -> None:
+    """Until the wall clock the stores judge expiry by (time.time()) is past `instant`: the TTL under test is
+    itself the time to wait."""
+    await asyncio.sleep(max(0.0, instant - time.time()) + 0.01)
+    assert time.time() > instant

@@ -1,9 +1,10 @@
-"""The fused hot-path operations, against both backends: `commit(..., new_request=True)` (a Step's turn and
+"""The fused hot-path operations, against every backend: `commit(..., new_request=True)` (a Step's turn and
 its DONE record without a prior claim) and `authorize_call` (a CallTool's token lookup and claim)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import time
 from typing import Any
@@ -13,6 +14,7 @@ import redis.asyncio
 
 from rlgate.store import (
     ConflictError,
+    MemoryStore,
     RequestExists,
     RequestRecord,
     RequestState,
@@ -49,8 +51,7 @@ def test_request_exists_is_a_conflict_that_pickles() -> None:
 async def test_new_request_commits_turn_and_done_record(store: SessionStore) -> None:
     created = await store.create_session(session("s1"))
     before = time.time()
-    updated = await store.commit(session=created.copy(turn=1), request=("step:s1", "r1", "resp-1"),
-                                 new_request=True)
+    updated = await store.commit(session=created.copy(turn=1), request=("step:s1", "r1", "resp-1"), new_request=True)
     assert updated is not None and updated.version == 2 and updated.turn == 1
     assert await store.get_session("s1") == updated
     record = await store.get_request("step:s1", "r1")
@@ -83,8 +84,9 @@ async def test_new_request_over_an_existing_record_writes_nothing(store: Session
         record = await store.get_request("step:s1", "r1")  # type: ignore[assignment]
     entry = ToolCallEntry("s1", 1, "r1", "search", finished_at=9_000.0)
     with pytest.raises(RequestExists) as caught:
-        await store.commit(session=created.copy(turn=1), request=("step:s1", "r1", "second-answer"),
-                           tool_call=entry, new_request=True)
+        await store.commit(
+            session=created.copy(turn=1), request=("step:s1", "r1", "second-answer"), tool_call=entry, new_request=True
+        )
     assert caught.value.record == record
     assert caught.value.record.state == existing
     stored = await store.get_session("s1")
@@ -113,8 +115,9 @@ async def test_new_request_losing_the_compare_and_set_writes_no_record(store: Se
     await store.update_session(created.copy(turn=5))
     entry = ToolCallEntry("s1", 1, "r1", "search")
     with pytest.raises(ConflictError) as caught:
-        await store.commit(session=created.copy(turn=1), request=("step:s1", "r1", "x"), tool_call=entry,
-                           new_request=True)
+        await store.commit(
+            session=created.copy(turn=1), request=("step:s1", "r1", "x"), tool_call=entry, new_request=True
+        )
     assert not isinstance(caught.value, RequestExists)
     assert await store.get_request("step:s1", "r1") is None
     assert await store.list_tool_calls("s1") == []
@@ -145,8 +148,9 @@ async def test_racing_new_requests_with_one_request_id_commit_once(
             current = await s.get_session("s1")
             assert current is not None
             try:
-                await s.commit(session=current.copy(turn=current.turn + 1),
-                               request=("step:s1", "r", f"by {i}"), new_request=True)
+                await s.commit(
+                    session=current.copy(turn=current.turn + 1), request=("step:s1", "r", f"by {i}"), new_request=True
+                )
                 return "committed"
             except RequestExists as exc:
                 return exc.record.result
@@ -227,9 +231,7 @@ async def test_authorize_scope_matches_for_non_ascii_session_ids(store: SessionS
 async def test_concurrent_authorize_has_one_winner(store: SessionStore, open_another: StoreFactory) -> None:
     stores = [store, await open_another(), await open_another()]
     await store.create_session(session("s1"))
-    results = await asyncio.gather(
-        *(stores[i % 3].authorize_call("tok-s1", "r1", f"gw-{i}") for i in range(20))
-    )
+    results = await asyncio.gather(*(stores[i % 3].authorize_call("tok-s1", "r1", f"gw-{i}") for i in range(20)))
     assert sum(created for _, _, created in results) == 1
     records = {r.owner for _, r, _ in results if r is not None}
     assert len(records) == 1 and all(s is not None and s.session_id == "s1" for s, _, _ in results)
@@ -244,13 +246,21 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
     async with store_losing_replies(redis_server) as (store, proxy):
         with_lost_reply = proxy.dropping_one_reply
         created = await store.create_session(session("s1"))
-        updated = await with_lost_reply(lambda: store.commit(
-            session=created.copy(turn=1), request=("step:s1", "r1", "resp"),
-            tool_call=ToolCallEntry("s1", 1, "", "t"), new_request=True))
+        updated = await with_lost_reply(
+            lambda: store.commit(
+                session=created.copy(turn=1),
+                request=("step:s1", "r1", "resp"),
+                tool_call=ToolCallEntry("s1", 1, "", "t"),
+                new_request=True,
+            )
+        )
         assert updated is not None and updated.version == 2 and updated.turn == 1
         assert await store.count_tool_calls("s1", 1) == 1
-        await with_lost_reply(lambda: store.commit(request=("call:s1", "r2", "out"),
-                                                   tool_call=ToolCallEntry("s1", 1, "", "t2"), new_request=True))
+        await with_lost_reply(
+            lambda: store.commit(
+                request=("call:s1", "r2", "out"), tool_call=ToolCallEntry("s1", 1, "", "t2"), new_request=True
+            )
+        )
         assert await store.count_tool_calls("s1", 1) == 2
         done = await store.get_request("call:s1", "r2")
         assert done is not None and done.state == RequestState.DONE and done.result == "out"
@@ -264,45 +274,45 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
 
 # -- a claim whose caller was cancelled -----------------------------------------------------------------------
 class _StoreBusy:
-    """Keeps the backend busy for `seconds` from another connection, so a claim queued behind it starts only
-    after its caller has given up: SQLite's write lock held by another process's connection, or a Lua script
-    spinning on the (single-threaded) Redis server."""
+    """Keeps the backend busy from another connection until the block exits, so a claim queued behind it starts
+    only after its caller has given up: SQLite's write lock held by another connection, Redis's writes paused
+    (CLIENT PAUSE WRITE holds every script until CLIENT UNPAUSE), the in-memory store paused."""
 
-    def __init__(self, backend: Backend, seconds: float) -> None:
-        self.backend, self.seconds = backend, seconds
+    def __init__(self, backend: Backend, store: SessionStore) -> None:
+        self.backend, self.store = backend, store
+        self._exit: contextlib.AsyncExitStack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> None:
-        if self.backend.redis is None:
-            self._conn = sqlite_files.hold_write_lock(self.backend.url.removeprefix("sqlite:///"))
-            asyncio.get_running_loop().call_later(self.seconds, self._conn.execute, "ROLLBACK")
+        if isinstance(self.store, MemoryStore):
+            await self._exit.enter_async_context(self.store.paused())
+        elif self.backend.redis is None:
+            conn = sqlite_files.hold_write_lock(self.backend.url.removeprefix("sqlite:///"))
+            self._exit.callback(conn.close)
+            self._exit.callback(conn.execute, "ROLLBACK")
         else:
             client = redis.asyncio.Redis.from_url(self.backend.url)
-            spin = "local t = redis.call('TIME'); local s = t[1] + t[2] / 1e6; " \
-                   "repeat t = redis.call('TIME') until t[1] + t[2] / 1e6 - s > tonumber(ARGV[1]); return 1"
-            self._task: asyncio.Future[Any] = asyncio.ensure_future(client.eval(spin, 0, self.seconds))
-            self._client = client
-            await asyncio.sleep(0.05)  # the script is running
+            self._exit.push_async_callback(client.aclose)
+            # Answered once the pause is in force; the cap only bounds a test that dies inside the block.
+            assert await client.client_pause(30_000, all=False)
+            self._exit.push_async_callback(client.client_unpause)
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.backend.redis is None:
-            await asyncio.sleep(self.seconds)
-            self._conn.close()
-        else:
-            await self._task
-            await self._client.aclose()
+        await self._exit.aclose()
 
 
 @pytest.mark.parametrize("op", ["claim_request", "authorize_call"])
-async def test_a_claim_landing_after_its_caller_gave_up_is_released(store: SessionStore, backend: Backend,
-                                                                     op: str) -> None:
+async def test_a_claim_landing_after_its_caller_gave_up_is_released(
+    store: SessionStore, backend: Backend, op: str
+) -> None:
     await store.create_session(session("s1"))
     scope = "call:s1" if op == "authorize_call" else "step:s1"
-    claim = (store.authorize_call("tok-s1", "r1", "me") if op == "authorize_call"
-             else store.claim_request(scope, "r1", "me"))
-    async with _StoreBusy(backend, 0.6):
+    claim = (
+        store.authorize_call("tok-s1", "r1", "me") if op == "authorize_call" else store.claim_request(scope, "r1", "me")
+    )
+    async with _StoreBusy(backend, store):
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(claim, 0.2)
-    for _ in range(100):
+    for _ in range(100):  # the claim lands now, then its release (bounded polling)
         if await store.get_request(scope, "r1") is None:
             break
         await asyncio.sleep(0.05)

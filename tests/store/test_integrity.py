@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from rlgate.store import (
+    MemoryStore,
     Session,
     SessionStatus,
     SessionStore,
@@ -36,8 +37,16 @@ from tests.support.redis import RedisServer
 async def fill(store: SessionStore, n: int = 200) -> None:
     """Sessions with labels and logged calls: enough rows for tables and indexes over several pages."""
     for i in range(n):
-        await store.create_session(Session(session_id=f"s{i:04d}", env_key="mail:v1", run_id="r", labels={"k": "v"},
-                                           status=SessionStatus.ACTIVE, token_hash=f"t{i}"))
+        await store.create_session(
+            Session(
+                session_id=f"s{i:04d}",
+                env_key="mail:v1",
+                run_id="r",
+                labels={"k": "v"},
+                status=SessionStatus.ACTIVE,
+                token_hash=f"t{i}",
+            )
+        )
         await store.append_tool_call(ToolCallEntry(f"s{i:04d}", 1, "c1", "search", result_summary="x" * 300))
 
 
@@ -92,8 +101,9 @@ async def test_a_file_with_a_garbage_header_is_refused_at_open(tmp_path: Path) -
     assert str(path.resolve()) in str(refused.value) and "docs/operations.md" in str(refused.value)
 
 
-async def test_a_quick_check_over_its_budget_opens_with_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_quick_check_over_its_budget_opens_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     path = await filled_file(tmp_path / "store.db")
     monkeypatch.setattr(sqlite_store, "QUICK_CHECK_BUDGET_S", -1.0)  # out of time at the first look at the clock
     monkeypatch.setattr(sqlite_store, "_QUICK_CHECK_STEPS", 1)
@@ -111,7 +121,9 @@ async def test_health_passes_and_leaves_nothing_behind(store: SessionStore, back
     await store.acquire_lease("leader", "me", 60)
     for _ in range(3):
         await store.health()
-    if backend.redis is None:
+    if isinstance(store, MemoryStore):
+        assert list(store.data.leases) == ["leader"]
+    elif backend.redis is None:
         with sqlite_files.connection(backend.url.removeprefix("sqlite:///"), read_only=True) as conn:
             assert list(conn.execute("SELECT name FROM leases")) == [("leader",)]
     else:
@@ -237,8 +249,11 @@ def test_the_documented_salvage_gives_back_a_store_that_opens(tmp_path: Path) ->
         asyncio.run(SqliteStore.open(str(broken)))
 
     def shell(db: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([sys.executable, "-m", "apsw.sqlite_extra", "sqlite3_shell", str(db), *args],
-                              capture_output=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "apsw.sqlite_extra", "sqlite3_shell", str(db), *args],
+            capture_output=True,
+            timeout=60,
+        )
 
     version = shell(broken, "PRAGMA user_version").stdout.strip()
     assert version == b"2"

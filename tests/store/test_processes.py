@@ -9,17 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rlgate.store import Session, SessionStore
 from tests.store import worker
 from tests.store.conftest import Backend
 
+pytestmark = pytest.mark.backends("sqlite", "redis")  # another process opens the store: not the in-memory one
 WORKER = Path(worker.__file__)
 
 
 async def run_worker(url: str, *args: str, limit_s: float = 90.0) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(WORKER), url, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        str(WORKER),
+        url,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), limit_s)

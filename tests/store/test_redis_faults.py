@@ -41,8 +41,14 @@ async def redis_store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:
 async def test_restart_keeps_every_record(redis_server: RedisServer, redis_store: RedisStore) -> None:
     for i in range(40):
         await redis_store.create_session(
-            Session(session_id=f"s{i}", env_key="e", status=SessionStatus.ACTIVE, token_hash=f"t{i}",
-                    run_id="r", labels={"k": "v"})
+            Session(
+                session_id=f"s{i}",
+                env_key="e",
+                status=SessionStatus.ACTIVE,
+                token_hash=f"t{i}",
+                run_id="r",
+                labels={"k": "v"},
+            )
         )
         await redis_store.append_tool_call(ToolCallEntry(f"s{i}", 1, "req", "tool"))
     await redis_store.claim_request("reset", "q1", "owner")
@@ -102,11 +108,11 @@ async def test_operations_ride_out_a_restart(redis_server: RedisServer, redis_st
             await asyncio.sleep(0.01)
 
     tasks = [asyncio.create_task(creator(n)) for n in range(4)] + [asyncio.create_task(incrementer())]
-    await asyncio.sleep(0.3)
+    await until(lambda: len(created) >= 4 and increments > 0)  # every writer is going
     down_at = time.monotonic()
     await redis_server.restart_async(kill=True, down_for=1.0)
     up_at = time.monotonic()
-    await asyncio.sleep(0.3)
+    await until(lambda: sum(start > up_at for start, _ in spans) >= 4)  # writes go on after the outage
     stop.set()
     await asyncio.gather(*tasks)
 
@@ -145,6 +151,14 @@ async def test_open_unreachable_is_store_error() -> None:
     with pytest.raises(StoreError):
         await RedisStore.open(f"redis://127.0.0.1:{free_port()}/0", retry_s=0.3)
     assert time.monotonic() - started < 10
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 10.0) -> None:
+    """Until `condition()` holds (polled; AssertionError after `limit_s`)."""
+    give_up = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < give_up, "condition not met in time"
+        await asyncio.sleep(0.01)
 
 
 class ReplyDroppingProxy:
@@ -191,13 +205,16 @@ class ReplyDroppingProxy:
             return
         self._writers.add(server_w)
         muted = False
+        swallowed = asyncio.Event()  # the server answered the muted request: it ran
 
         async def downstream() -> None:
             with contextlib.suppress(ConnectionError):
                 while data := await server_r.read(65536):
-                    if not muted:
-                        client_w.write(data)
-                        await client_w.drain()
+                    if muted:
+                        swallowed.set()
+                        continue
+                    client_w.write(data)
+                    await client_w.drain()
 
         relay = asyncio.create_task(downstream())
         try:
@@ -207,7 +224,7 @@ class ReplyDroppingProxy:
                     muted = True
                     server_w.write(data)
                     await server_w.drain()
-                    await asyncio.sleep(0.2)  # the server runs it; its reply is swallowed
+                    await asyncio.wait_for(swallowed.wait(), 10)  # the server ran it; its reply is swallowed
                     self.dropped += 1
                     break
                 server_w.write(data)
@@ -239,8 +256,9 @@ async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisS
     async with store_losing_replies(redis_server) as (store, proxy):
         with_lost_reply = proxy.dropping_one_reply
         s = await with_lost_reply(
-            lambda: store.create_session(Session(session_id="s1", env_key="e", token_hash="t1",
-                                                 status=SessionStatus.ACTIVE))
+            lambda: store.create_session(
+                Session(session_id="s1", env_key="e", token_hash="t1", status=SessionStatus.ACTIVE)
+            )
         )
         assert s.version == 1
         s2 = await with_lost_reply(lambda: store.update_session(replace(s, turn=1)))
@@ -254,15 +272,20 @@ async def test_retried_writes_after_a_lost_reply_apply_once(redis_server: RedisS
         assert await store.count_tool_calls("s1", 1) == 1
         # A composite commit: the retry recognises its own update and applies nothing twice, not even
         # the append of an entry without a request_id (which append_tool_call alone could not dedupe).
-        s3 = await with_lost_reply(lambda: store.commit(
-            session=stored.copy(turn=2), request=("step:s1", "r2", "done-2"),
-            tool_call=ToolCallEntry("s1", 1, "", "t2")))
+        s3 = await with_lost_reply(
+            lambda: store.commit(
+                session=stored.copy(turn=2),
+                request=("step:s1", "r2", "done-2"),
+                tool_call=ToolCallEntry("s1", 1, "", "t2"),
+            )
+        )
         assert s3 is not None and s3.version == 3 and s3.turn == 2
         assert await store.count_tool_calls("s1", 1) == 2
         done = await store.get_request("step:s1", "r2")
         assert done is not None and done.state == RequestState.DONE and done.result == "done-2"
-        await with_lost_reply(lambda: store.commit(
-            request=("call:s1", "r3", "done-3"), tool_call=ToolCallEntry("s1", 1, "r3", "t3")))
+        await with_lost_reply(
+            lambda: store.commit(request=("call:s1", "r3", "done-3"), tool_call=ToolCallEntry("s1", 1, "r3", "t3"))
+        )
         assert await store.count_tool_calls("s1", 1) == 3
         assert await with_lost_reply(lambda: store.acquire_lease("l", "me", 30))
         assert not await store.acquire_lease("l", "other", 30)

@@ -1,5 +1,5 @@
 """Sessions: CRUD, compare-and-set, the token index, listing, the tool-call log, retention, invariants.
-Runs against both backends (see conftest.py)."""
+Runs against every backend (see conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from rlgate.store import (
     OPEN_STATUSES,
     ConflictError,
+    MemoryStore,
     RequestState,
     Session,
     SessionStatus,
@@ -210,8 +211,16 @@ async def test_list_by_non_ascii_labels(store: SessionStore) -> None:
 
 async def test_count_open_sessions(store: SessionStore) -> None:
     assert await store.count_open_sessions() == 0
-    for i, status in enumerate([SessionStatus.PROVISIONING, SessionStatus.ACTIVE, SessionStatus.DONE,
-                                SessionStatus.CLOSED, SessionStatus.EXPIRED, SessionStatus.FAILED]):
+    for i, status in enumerate(
+        [
+            SessionStatus.PROVISIONING,
+            SessionStatus.ACTIVE,
+            SessionStatus.DONE,
+            SessionStatus.CLOSED,
+            SessionStatus.EXPIRED,
+            SessionStatus.FAILED,
+        ]
+    ):
         await store.create_session(make_session(f"s{i}", status=status))
     assert await store.count_open_sessions() == 3
     s = await store.get_session("s1")
@@ -300,13 +309,15 @@ async def test_invariants_catch_a_broken_index(store: SessionStore, backend: Bac
     await store.create_session(make_session("s1", status=SessionStatus.ACTIVE, token_hash="t1"))
     assert await store.check_invariants() == []
     if backend.name == "sqlite":
-        path = backend.url[len("sqlite:///"):]
+        path = backend.url[len("sqlite:///") :]
 
         def corrupt() -> None:
             with sqlite_files.connection(path) as conn:
                 conn.execute("UPDATE sessions SET token_hash = 'other' WHERE session_id = 's1'")
 
         await asyncio.to_thread(corrupt)
+    elif isinstance(store, MemoryStore):
+        del store.data.tokens["t1"]
     else:
         client = aioredis.Redis.from_url(backend.url, socket_timeout=5)
         try:
@@ -320,13 +331,15 @@ async def test_invariants_catch_a_broken_index(store: SessionStore, backend: Bac
 async def test_corrupt_record_is_store_error(store: SessionStore, backend: Backend) -> None:
     await store.create_session(make_session("s1"))
     if backend.name == "sqlite":
-        path = backend.url[len("sqlite:///"):]
+        path = backend.url[len("sqlite:///") :]
 
         def corrupt() -> None:
             with sqlite_files.connection(path) as conn:
                 conn.execute("UPDATE sessions SET data = '{not json' WHERE session_id = 's1'")
 
         await asyncio.to_thread(corrupt)
+    elif isinstance(store, MemoryStore):
+        store.data.sessions["s1"] = "{not json"
     else:
         client = aioredis.Redis.from_url(backend.url, socket_timeout=5)
         try:
@@ -340,8 +353,9 @@ async def test_corrupt_record_is_store_error(store: SessionStore, backend: Backe
 async def test_updates_touching_one_indexed_field_keep_every_index_in_step(store: SessionStore) -> None:
     """A write changes only what differs (SQLite skips unchanged index columns and label rows): each
     kind of change on its own must still reach its index."""
-    s = await store.create_session(make_session("s1", run_id="r1", labels={"a": "1"}, status=SessionStatus.ACTIVE,
-                                                token_hash="t1"))
+    s = await store.create_session(
+        make_session("s1", run_id="r1", labels={"a": "1"}, status=SessionStatus.ACTIVE, token_hash="t1")
+    )
     s = await store.update_session(replace(s, turn=1))  # nothing indexed changes
     assert [x.session_id for x in (await store.list_sessions(labels={"a": "1"}, run_id="r1"))[0]] == ["s1"]
     s = await store.update_session(replace(s, labels={"a": "2", "b": "3"}))  # labels only
