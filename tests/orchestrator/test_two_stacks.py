@@ -28,6 +28,7 @@ from rlgate.store.sqlite import SqliteStore
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.redis import RedisServer
 
 TASK = "mailbox-count-unread-from-kenji"
 ANSWER = "3"
@@ -100,6 +101,19 @@ async def test_a_stores_identity_is_made_once_and_kept(tmp_path: Path) -> None:
         assert await store_identity(other) != ids[0]
     finally:
         for store in (first, again, other):
+            await store.close()
+
+
+@pytest.mark.redis
+async def test_a_redis_stores_identity_is_one_for_every_process(redis_server: RedisServer) -> None:
+    stores = [await open_store(redis_server.url) for _ in range(3)]
+    try:
+        ids = await asyncio.gather(*(store_identity(s) for s in stores))  # concurrent first uses
+        assert len(set(ids)) == 1
+        await stores[0].prune(closed_before=float("inf"), requests_before=float("inf"))
+        assert await store_identity(stores[1]) == ids[0]
+    finally:
+        for store in stores:
             await store.close()
 
 
