@@ -77,6 +77,12 @@ class Audit:
     secrets: set[str] = field(default_factory=lambda: {API_KEY, FLEET_API_KEY})
     log_files: list[Path] = field(default_factory=list)
     texts: list[tuple[str, str]] = field(default_factory=list)  # (where, text): metrics scrapes, error details
+    labels: dict[str, str] = field(default_factory=dict)  # secret -> what it is, when not an agent token
+
+    def secret(self, value: str, label: str) -> None:
+        """Another secret to look for (e.g. the parts of a key split by a stray byte), under `label`."""
+        self.secrets.add(value)
+        self.labels[value] = label
 
     def token(self, token: str) -> str:
         """Remember an agent token's secret: `rlg1.<session_id>.<secret>` names its session, which is no
@@ -109,7 +115,7 @@ class Audit:
                 for i in range(len(word) - PREFIX + 1):
                     secret = prefixes.get(word[i : i + PREFIX])
                     if secret is not None:
-                        found.append(f"{where}: {_kind(secret)} {secret[:4]}…")
+                        found.append(f"{where}: {self.labels.get(secret) or _kind(secret)} {secret[:4]}…")
 
         for path in self.log_files:
             try:
@@ -118,6 +124,21 @@ class Audit:
                 continue
         for where, text in self.texts:
             scan(where, text)
+        return found
+
+    def forged_lines(self, prefix: str) -> list[str]:
+        """'<file>:<line number>: <line>' for every log line that starts with `prefix`: a message that smuggled
+        a line break followed by text shaped like a log line. Lines are split as Python's str.splitlines
+        does (every Unicode line break, NEL and the separators included), not only at newlines."""
+        found = []
+        for path in self.log_files:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.startswith(prefix):
+                    found.append(f"{path}:{number}: {line[:160]!r}")
         return found
 
 

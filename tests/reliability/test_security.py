@@ -1,7 +1,8 @@
 """Security: the plane-split matrix, token lifecycles, TLS, and a scan for secrets in everything the servers
 wrote during the suite (logs of every stack, /metrics scrapes, every error detail the tests received).
 
-Keep `test_no_secret_anywhere` last: it scans what the modules before it (bad input, faults, load) left.
+Keep `test_no_forged_log_line_anywhere` and `test_no_secret_anywhere` last: they scan what the modules before
+them (bad input, faults, hostile, load) left.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tests.reliability.harness import (
     orchestrator_stub,
     start_stack,
 )
+from tests.support.hostile_mcp import FORGED_PREFIX
 
 SC = grpc.StatusCode
 T = 30.0
@@ -449,6 +451,14 @@ def test_tls(stack: AuditedStack, tmp_path: Path, figures: Figures) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
+
+
+def test_no_forged_log_line_anywhere(audit: Audit, figures: Figures) -> None:
+    """No line of any log of the whole reliability session starts like the log lines test_hostile's tool names
+    and upstream errors tried to forge after a line break."""
+    forged = audit.forged_lines(FORGED_PREFIX)
+    figures.record("security", "forged_log_lines", {"log_files": len(audit.log_files), "forged": forged[:20]})
+    assert forged == []
 
 
 def test_no_secret_anywhere(stack: AuditedStack, audit: Audit, figures: Figures) -> None:
