@@ -13,8 +13,8 @@ so racing tasks interleave between calls), then runs to completion without await
 atomic for tasks and for threads). A caller cancelled before its call ran wrote nothing, so the store has no
 abandoned claims to release.
 
-Test hooks, for failures the real backends only produce under load or damage: `fail(method, error, times=)`
-makes calls of a method raise before they touch anything; `paused()` holds every call until it exits (a store
+Test hooks, for failures the real backends only produce under load or damage: `fail(method, error, times=,
+after=)` makes calls of a method raise before they touch anything; `paused()` holds every call until it exits (a store
 busy elsewhere); `data` is the shared state, for tests that damage it behind the store's back.
 """
 
@@ -74,7 +74,7 @@ class MemoryData:
     lock: threading.RLock = field(default_factory=threading.RLock)
     # `MemoryStore.paused()`: calls wait while this is set (one waiter event per pause).
     pause: asyncio.Event | None = None
-    # `MemoryStore.fail()`: method -> [error, calls left (None: until cleared)]
+    # `MemoryStore.fail()`: method -> [error, calls left (None: until healed), calls spared before the first]
     faults: dict[str, list[Any]] = field(default_factory=dict)
 
 
@@ -105,12 +105,14 @@ class MemoryStore(SessionStore):
         return f"MemoryStore({URL_PREFIX}{self.data.name})"
 
     # -- test hooks -------------------------------------------------------------------------------------
-    def fail(self, method: str, error: BaseException | None = None, *, times: int | None = 1) -> None:
-        """The next `times` calls of `method` (a `SessionStore` method name; None: every call until `heal`)
-        raise `error` (default: StoreError) before touching anything. Shared with every view of the data."""
+    def fail(self, method: str, error: BaseException | None = None, *, times: int | None = 1, after: int = 0) -> None:
+        """After `after` more calls of `method` (a `SessionStore` method name) succeed, the next `times` calls
+        (None: every call until `heal`) raise `error` (default: StoreError) before touching anything. Shared
+        with every view of the data."""
         if not callable(getattr(SessionStore, method, None)):
             raise ValueError(f"SessionStore has no method {method!r}")
-        self.data.faults[method] = [error or StoreError(f"memory store: injected failure of {method}"), times]
+        error = error or StoreError(f"memory store: injected failure of {method}")
+        self.data.faults[method] = [error, times, after]
 
     def heal(self, method: str | None = None) -> None:
         """Stop failing `method` (every method when None)."""
@@ -141,13 +143,16 @@ class MemoryStore(SessionStore):
         self._open()
         fault = self.data.faults.get(method)
         if fault is not None:
-            error, left = fault
-            if left is not None:
-                if left <= 1:
-                    self.data.faults.pop(method, None)
-                else:
-                    fault[1] = left - 1
-            raise error
+            error, left, spared = fault
+            if spared > 0:
+                fault[2] = spared - 1
+            else:
+                if left is not None:
+                    if left <= 1:
+                        self.data.faults.pop(method, None)
+                    else:
+                        fault[1] = left - 1
+                raise error
         with self.data.lock:
             return op()
 
@@ -495,12 +500,12 @@ class MemoryStore(SessionStore):
                     problems.append(f"session {sid}: stored under another id than its record's")
                 if session.token_hash and data.tokens.get(session.token_hash) != sid:
                     problems.append(f"session {sid}: token index does not point at it")
-            for token, sid in data.tokens.items():
-                raw = data.sessions.get(sid)
-                if raw is None:
-                    problems.append(f"token index points at missing session {sid}")
-                elif token != _current_token(raw):
-                    problems.append(f"session {sid}: token index holds a token that is not its current one")
+            for token, holder in data.tokens.items():
+                held = data.sessions.get(holder)
+                if held is None:
+                    problems.append(f"token index points at missing session {holder}")
+                elif token != _current_token(held):
+                    problems.append(f"session {holder}: token index holds a token that is not its current one")
             for state in {r.state for r in data.requests.values()}:
                 if state not in {s.value for s in RequestState}:
                     problems.append(f"request records in unknown state {state!r}")
