@@ -399,10 +399,13 @@ class Client:
         retry: RetryPolicy | None = None,
         timeouts: Timeouts | None = None,
         settings: ClientSettings | None = None,
+        channel: grpc.Channel | None = None,
     ) -> None:
         given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
         self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
-        self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, _sync_channel)
+        # `channel`: every call of both services on this one channel instead of dialling (a test's fake channel).
+        factory = _sync_channel if channel is None else lambda *_: channel
+        self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, factory)
 
     def _run(self, call: _Call[grpc.Channel]) -> Any:
         state = self._core.retry_state(call)
