@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlgate.runtime.config import setting
+from rlgate.runtime.config import SettingError, setting
 
 
 @dataclass
@@ -48,8 +48,13 @@ class OrchestratorConfig:
                                           "How often to reconcile the store with the provider")
     retention_s: float = setting(86400.0, "RLGATE_RETENTION_S", "Keep closed sessions and records this long")
     drain_s: float = setting(20.0, "RLGATE_DRAIN_S", "Shutdown: time to close sessions and finish RPCs")
-    mcp_envs: str = setting("", "RLGATE_MCP_ENVS",
-                            "mcp provider: MCP endpoints per env, e.g. 'calc:v1=http://127.0.0.1:9000/mcp|URL2'")
+    mcp_envs: str = setting(
+        "",
+        "RLGATE_MCP_ENVS",
+        "mcp provider: MCP environments NAME=URL[|URL...], comma-separated, e.g. "
+        "'calc=http://127.0.0.1:9000/mcp|http://127.0.0.1:9001/mcp'; endpoint order is precedence on tool-name "
+        "collisions; every URL must be http(s) with a path (checked at start)",
+    )
     pool_on_close: bool = setting(False, "RLGATE_POOL_ON_CLOSE",
                                   "Close resets an instance back into its warm pool (when below target)")
     capacity_wait_s: float = setting(30.0, "RLGATE_CAPACITY_WAIT_S",
@@ -58,6 +63,9 @@ class OrchestratorConfig:
                                         "Timeout of one control-plane call (delete, list, heartbeat)")
     health_timeout_s: float = setting(5.0, "RLGATE_HEALTH_TIMEOUT_S", "Warm-pool hand-out health check timeout")
     tools_timeout_s: float = setting(20.0, "RLGATE_TOOLS_TIMEOUT_S", "Tool discovery (MCP tools/list) timeout")
+    tools_refresh_s: float = setting(
+        300.0, "RLGATE_TOOLS_REFRESH_S", "Maximum age of a cached tool list for Reset (the toolgateway's setting)"
+    )
     reap_interval_s: float = setting(5.0, "RLGATE_REAP_INTERVAL_S", "How often TTL/idle reaping runs")
     owner_ttl_s: float = setting(15.0, "RLGATE_OWNER_TTL_S",
                                  "This process counts as dead in the store this long after its last beat")
@@ -67,3 +75,12 @@ class OrchestratorConfig:
     metrics_listen: str = setting("", "RLGATE_ORCHESTRATOR_METRICS", "Prometheus /metrics HOST:PORT (empty: off)")
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
     log_json: bool = setting(False, "RLGATE_LOG_JSON", "Log as JSON lines")
+
+    def __post_init__(self) -> None:
+        if self.mcp_envs:  # a mistyped endpoint fails the start, rather than leaving its environment without it
+            from rlgate.orchestrator.providers.mcp import parse_mcp_envs
+
+            try:
+                parse_mcp_envs(self.mcp_envs)
+            except ValueError as exc:
+                raise SettingError("mcp_envs", str(exc)) from None

@@ -379,7 +379,8 @@ class EpisodeManager:
         if existing is not None:  # a retried Reset whose first owner died after registering the session
             _check_registered(existing, params, env_key, max_turns)
             return await self._resume_registered(existing, task)
-        modality = task.modality if task else "tool_use"
+        tool_filter = self.provider.session_filter(env_key, task)  # modality, allow / deny
+        modality = tool_filter["modality"]
         await self._admit_session()
         handle: InstanceHandle | None = None
         intent: Intent | None = None
@@ -388,7 +389,6 @@ class EpisodeManager:
             handle, intent, reused = await self._acquire(env_key, task, deadline)
             claimed = intent.intent_id if intent is not None and reused else ""
             handle, intent = await self._reset_instance(handle, intent, reused, env_key, task, deadline)
-            tool_filter = {"modality": modality}
             tools = await self.tools.get(
                 env_key, handle.endpoints, tool_filter, per_instance=self.provider.manages_instances
             )
@@ -728,7 +728,11 @@ class EpisodeManager:
             if session.instance
             else InstanceHandle(instance_id=session.instance_id, env_key=session.env_key)
         )
-        outcome = await self.verifier.run(task, handle, final_answer)
+        calls = None
+        if task is not None and self.provider.wants_tool_calls(task):
+            calls = await self.store.list_tool_calls(session.session_id, session.episode)
+        extra = {} if calls is None else {"tool_calls": calls}
+        outcome = await self.verifier.run(task, handle, final_answer, **extra)
         episode = session.episode
 
         def record(s: Session) -> bool:

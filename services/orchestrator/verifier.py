@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, Retryable, TaskDef
@@ -49,14 +51,16 @@ class Verifier:
         self._retries = max(0, retries)
         self._backoff = backoff_s
 
-    async def run(self, task: TaskDef | None, handle: InstanceHandle, final_answer: str | None) -> Outcome:
+    async def run(self, task: TaskDef | None, handle: InstanceHandle, final_answer: str | None,
+                  tool_calls: Sequence[Any] | None = None) -> Outcome:
+        """`tool_calls`: the episode's tool-call log, for providers that score with it."""
         start = time.perf_counter()
         if task is None or not self._provider.can_verify(task):
             outcome = Outcome(VerificationStatus.SKIPPED, message="the task defines no verifier")
         else:
             attempts = [0]
             try:
-                outcome = await asyncio.wait_for(self._attempts(task, handle, final_answer, attempts),
+                outcome = await asyncio.wait_for(self._attempts(task, handle, final_answer, attempts, tool_calls),
                                                  self._timeout)
             except TimeoutError:
                 outcome = Outcome(VerificationStatus.TIMEOUT,
@@ -72,13 +76,14 @@ class Verifier:
         return outcome
 
     async def _attempts(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None,
-                        attempts: list[int]) -> Outcome:
+                        attempts: list[int], tool_calls: Sequence[Any] | None) -> Outcome:
+        extra = {} if tool_calls is None else {"tool_calls": tool_calls}
         delay = self._backoff
         last = ""
         for attempt in range(1, self._retries + 2):
             attempts[0] = attempt
             try:
-                result = await self._provider.verify(task, handle, final_answer, timeout_s=self._timeout)
+                result = await self._provider.verify(task, handle, final_answer, timeout_s=self._timeout, **extra)
             except Retryable as exc:
                 last = str(exc)
                 log.warning("verifier attempt %d: infrastructure failure: %s", attempt, exc)

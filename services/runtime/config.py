@@ -18,9 +18,21 @@ T = TypeVar("T")
 C = TypeVar("C")
 
 
-def setting(default: Any, env: str, help: str, *, flag: str | None = None, secret: bool = False) -> Any:
-    """Declare a config field. `flag` defaults to --field-name; `secret` hides the value in logs and --help."""
-    meta = {"env": env, "help": help, "flag": flag, "secret": secret}
+class SettingError(ValueError):
+    """A setting's value is unusable (raised by a config class's `__post_init__`); the CLI reports it as a
+    one-line usage error naming the flag and the environment variable."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def setting(
+    default: Any, env: str, help: str, *, flag: str | None = None, secret: bool = False, repeatable: bool = False
+) -> Any:
+    """Declare a config field. `flag` defaults to --field-name; `secret` hides the value in logs and --help;
+    `repeatable` (list fields): the flag may be given several times, each value comma-separated too."""
+    meta = {"env": env, "help": help, "flag": flag, "secret": secret, "repeatable": repeatable}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -74,8 +86,13 @@ def click_options(cls: type[C]) -> Callable[[Callable[..., Any]], Callable[..., 
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(**kwargs: Any) -> Any:
-            names = {f.name for f, _ in fields_of(cls)}
-            config = cls(**{k: v for k, v in kwargs.items() if k in names and v is not None})
+            names = {f.name: f for f, _ in fields_of(cls)}
+            try:
+                config = cls(**{k: v for k, v in kwargs.items() if k in names and v is not None})
+            except SettingError as exc:
+                f = names.get(exc.field)
+                hint = f"'{_flag_name(f)}' / {f.metadata['env']}" if f is not None else None
+                raise click.BadParameter(str(exc), param_hint=hint) from None
             rest = {k: v for k, v in kwargs.items() if k not in names}
             return fn(config=config, **rest)
 
@@ -83,30 +100,59 @@ def click_options(cls: type[C]) -> Callable[[Callable[..., Any]], Callable[..., 
         wrapper.__doc__ = fn.__doc__
         cmd: Callable[..., Any] = wrapper
         for f, kind in reversed(fields_of(cls)):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+                )
             )
             shown = "(hidden)" if f.metadata["secret"] else default
             help_text = f"{f.metadata['help']} [env: {f.metadata['env']}; default: {shown}]"
             if kind is bool:
                 opt = click.option(
-                    f"{_flag_name(f)}/--no-{_flag_name(f)[2:]}", f.name, default=None, envvar=f.metadata["env"],
-                    help=help_text, show_envvar=False,
+                    f"{_flag_name(f)}/--no-{_flag_name(f)[2:]}",
+                    f.name,
+                    default=None,
+                    envvar=f.metadata["env"],
+                    help=help_text,
+                    show_envvar=False,
+                )
+            elif kind == list[str] and f.metadata.get("repeatable"):
+                opt = click.option(
+                    _flag_name(f),
+                    f.name,
+                    multiple=True,
+                    type=_CommaSeparated(),
+                    envvar=f.metadata["env"],
+                    help=help_text + " (repeatable, or comma-separated)",
+                    callback=lambda _c, _p, v: [item for value in v for item in _parse(list[str], value)] or None,
                 )
             elif kind == list[str]:
                 opt = click.option(
-                    _flag_name(f), f.name, default=None, envvar=f.metadata["env"],
+                    _flag_name(f),
+                    f.name,
+                    default=None,
+                    envvar=f.metadata["env"],
                     help=help_text + " (comma-separated)",
                     callback=lambda _c, _p, v: None if v is None else _parse(list[str], v),
                 )
             else:
                 click_type = {int: int, float: float}.get(kind, str)
-                opt = click.option(_flag_name(f), f.name, type=click_type, default=None,
-                                   envvar=f.metadata["env"], help=help_text)
+                opt = click.option(
+                    _flag_name(f), f.name, type=click_type, default=None, envvar=f.metadata["env"], help=help_text
+                )
             cmd = opt(cmd)
         return cmd
 
     return decorate
+
+
+class _CommaSeparated(click.ParamType):
+    """A repeatable flag's values; its environment variable is one comma-separated value."""
+
+    name = "text"
+    envvar_list_splitter = ","
 
 
 def redacted(config: Any) -> dict[str, Any]:

@@ -13,10 +13,11 @@ from rlgate.runtime.config import _flag_name, fields_of
 def _configs() -> list[tuple[str, type]]:
     from rlgate.localfleet.config import LocalfleetConfig
     from rlgate.orchestrator.config import OrchestratorConfig
+    from rlgate.runtime.stack import UpConfig
     from rlgate.toolgateway.config import GatewayConfig
 
     return [("rlgate orchestrator", OrchestratorConfig), ("rlgate toolgateway", GatewayConfig),
-            ("rlgate localfleet", LocalfleetConfig)]
+            ("rlgate localfleet", LocalfleetConfig), ("rlgate up", UpConfig)]
 
 
 def render() -> str:
@@ -33,7 +34,8 @@ def render() -> str:
         for f, _kind in fields_of(cls):
             default = f.default if not callable(f.default_factory) else f.default_factory()  # type: ignore[misc]
             shown = "(secret)" if f.metadata["secret"] else f"`{default}`" if default not in ("", []) else "(empty)"
-            lines.append(f"| `{_flag_name(f)}` | `{f.metadata['env']}` | {shown} | {f.metadata['help']} |")
+            meaning = f.metadata["help"].replace("|", "\\|")  # a pipe in the text would end the table cell
+            lines.append(f"| `{_flag_name(f)}` | `{f.metadata['env']}` | {shown} | {meaning} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""The local stack: localfleet + orchestrator + toolgateway as three processes on loopback.
+"""The local stack: localfleet + orchestrator + toolgateway as three processes on loopback — or, on your own
+MCP servers (`rlgate up --mcp NAME=URL`), the orchestrator (mcp provider) and the toolgateway alone.
 
 One implementation serves `rlgate up` (foreground, until Ctrl-C), the end-to-end test fixture and the
 benchmarks. Each service runs as `python -m rlgate.cli <service> ...` with its own log file under
@@ -20,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlgate.runtime.config import setting
 from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 
 SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
@@ -48,12 +50,40 @@ def free_port() -> int:
 
 
 @dataclass
+class UpConfig:
+    """`rlgate up`: its flags and environment variables (the port variables are docker-compose's too)."""
+
+    data_dir: str = setting(".rlgate", "RLGATE_DATA_DIR", "Store, instance databases and logs")
+    orchestrator_port: int = setting(50051, "RLGATE_ORCHESTRATOR_PORT", "Orchestrator port on loopback (0 = free)")
+    gateway_port: int = setting(50052, "RLGATE_TOOLGATEWAY_PORT", "Toolgateway port on loopback (0 = free)")
+    localfleet_port: int = setting(
+        8765, "RLGATE_LOCALFLEET_PORT", "localfleet port on loopback (0 = free; localfleet does not run with --mcp)"
+    )
+    mcp: list[str] = setting(  # noqa: RUF009
+        [],
+        "RLGATE_MCP_ENVS",
+        "Your own MCP servers instead of localfleet: NAME=URL[|URL...] (episodes by env key NAME; endpoint order "
+        "is precedence on tool-name collisions)",
+        flag="--mcp",
+        repeatable=True,
+    )
+    tasks: str = setting(
+        "",
+        "RLGATE_TASKS_FILE",
+        "Task file (JSON); with --mcp: tasks of those environments, their modality and tool filters",
+        flag="--tasks",
+    )
+
+
+@dataclass
 class StackSettings:
     data_dir: Path
     localfleet_port: int = 0  # 0 = pick a free port
     orchestrator_port: int = 0
     gateway_port: int = 0
     store_url: str = ""  # empty: SQLite under data_dir
+    mcp_envs: list[str] = field(default_factory=list)  # NAME=URL|URL: the mcp provider, no localfleet
+    tasks_file: str = ""
     env: dict[str, str] = field(default_factory=dict)  # extra environment for all three (RLGATE_*, FLEET_*)
     localfleet_args: list[str] = field(default_factory=list)
     orchestrator_args: list[str] = field(default_factory=list)
@@ -69,8 +99,10 @@ class LocalStack:
         s.data_dir = Path(s.data_dir).resolve()
         s.data_dir.mkdir(parents=True, exist_ok=True)
         (s.data_dir / "logs").mkdir(exist_ok=True)
+        # On your own MCP servers there is no instance platform to run.
+        self.services = tuple(n for n in SERVICES if n != "localfleet") if s.mcp_envs else SERVICES
         self.ports = {
-            "localfleet": s.localfleet_port or free_port(),
+            "localfleet": (s.localfleet_port or free_port()) if "localfleet" in self.services else 0,
             "orchestrator": s.orchestrator_port or free_port(),
             "toolgateway": s.gateway_port or free_port(),
         }
@@ -99,13 +131,34 @@ class LocalStack:
         s = self.settings
         base = [sys.executable, "-m", "rlgate.cli", name]
         if name == "localfleet":
-            return [*base, "--listen", f"127.0.0.1:{self.ports[name]}",
-                    "--data-dir", str(s.data_dir / "localfleet"), *s.localfleet_args]
+            return [
+                *base,
+                "--listen",
+                f"127.0.0.1:{self.ports[name]}",
+                "--data-dir",
+                str(s.data_dir / "localfleet"),
+                *s.localfleet_args,
+            ]
         if name == "toolgateway":
             return [*base, "--listen", self.gateway_address, "--store-url", self.store_url, *s.gateway_args]
-        return [*base, "--listen", self.orchestrator_address, "--store-url", self.store_url,
-                "--fleet-base-url", self.localfleet_url, "--gateway-address", self.gateway_address,
-                *s.orchestrator_args]
+        provider = (
+            ["--provider", "mcp", "--mcp-envs", ",".join(s.mcp_envs)]
+            if s.mcp_envs
+            else ["--fleet-base-url", self.localfleet_url]
+        )
+        tasks = ["--tasks-file", str(Path(s.tasks_file).resolve())] if s.tasks_file else []
+        return [
+            *base,
+            "--listen",
+            self.orchestrator_address,
+            "--store-url",
+            self.store_url,
+            *provider,
+            *tasks,
+            "--gateway-address",
+            self.gateway_address,
+            *s.orchestrator_args,
+        ]
 
     def _environ(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RLGATE_", "FLEET_"))}
@@ -131,7 +184,10 @@ class LocalStack:
         log = self.log_path(name).open("ab")
         try:
             self.procs[name] = subprocess.Popen(
-                self._command(name), stdout=log, stderr=subprocess.STDOUT, env=self._environ(),
+                self._command(name),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._environ(),
                 start_new_session=True,  # Ctrl-C in `rlgate up` reaches us; we stop children in order
             )
         finally:
@@ -163,7 +219,7 @@ class LocalStack:
 
     def start(self, timeout: float = 60.0) -> LocalStack:
         try:
-            for name in SERVICES:
+            for name in self.services:
                 self.start_service(name, timeout)
         except BaseException:
             self.stop()
@@ -196,7 +252,7 @@ class LocalStack:
 
     def stop(self, timeout: float = 30.0) -> dict[str, int | None]:
         """SIGTERM in reverse start order (orchestrator first), SIGKILL after `timeout`."""
-        return {name: self.stop_service(name, timeout) for name in reversed(SERVICES)}
+        return {name: self.stop_service(name, timeout) for name in reversed(self.services)}
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -220,15 +276,26 @@ class LocalStack:
             return shlex.quote(shown)
 
         grpcurl = command("grpcurl") if (bin_dir / "grpcurl").exists() else "grpcurl"
+        if self.settings.mcp_envs:
+            platform = [
+                f"  mcp           {env}   (your MCP server; Reset by env key)" for env in self.settings.mcp_envs
+            ]
+        else:
+            platform = [f"  localfleet    {self.localfleet_url}   (Fleet API; FLEET_BASE_URL)"]
         lines = [
             "rlgate local stack is up",
-            f"  localfleet    {self.localfleet_url}   (Fleet API; FLEET_BASE_URL)",
+            *platform,
             f"  orchestrator  {self.orchestrator_address}   (Reset/Step/State/Close)",
             f"  toolgateway   {self.gateway_address}   (ListTools/CallTool, agent token)",
             f"  store         {self.store_url}",
             f"  logs          {self.settings.data_dir / 'logs'}",
             "try (in another terminal, in this directory):",
-            f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30",
+        ]
+        if not self.settings.mcp_envs or self.settings.tasks_file:
+            lines.append(
+                f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30"
+            )
+        lines += [
             f"  {grpcurl} -plaintext {self.orchestrator_address} list",
             f"  {grpcurl} -plaintext -d '{{\"page_size\": 3}}' {self.orchestrator_address} "
             "rlgate.v1.OrchestratorService/ListTasks",
@@ -237,7 +304,10 @@ class LocalStack:
             lines.append("  (grpcurl: any build on PATH; `make test` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
         if not activated:
             lines.append(f"  (or `source {command('activate')}` first, then plain `rlgate ...`)")
-        lines.append("Ctrl-C stops everything (sessions are closed, instances deleted).")
+        lines.append(
+            "Ctrl-C stops everything (sessions are closed"
+            + ("; your MCP servers keep running)." if self.settings.mcp_envs else ", instances deleted).")
+        )
         return "\n".join(lines)
 
 
@@ -263,8 +333,7 @@ def run_foreground(settings: StackSettings) -> int:
         while not stopping:
             for name, proc in stack.procs.items():
                 if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping. Log:\n{stack.tail(name)}",
-                          file=sys.stderr)
+                    print(f"{name} exited with {proc.returncode}; stopping. Log:\n{stack.tail(name)}", file=sys.stderr)
                     stopping, code = True, 1
             time.sleep(0.5)
     finally:

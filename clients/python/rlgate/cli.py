@@ -66,23 +66,53 @@ def _service_commands() -> None:
 
         run(config)
 
+    from rlgate.runtime.stack import UpConfig
 
     @cli.command("up")
-    @click.option("--data-dir", default=".rlgate", envvar="RLGATE_DATA_DIR", show_default=True,
-                  help="Store, instance databases and logs [env: RLGATE_DATA_DIR]")
-    @click.option("--orchestrator-port", default=50051, show_default=True, help="Orchestrator port (0 = free)")
-    @click.option("--gateway-port", default=50052, show_default=True, help="Toolgateway port (0 = free)")
-    @click.option("--localfleet-port", default=8765, show_default=True, help="localfleet port (0 = free)")
-    def up(data_dir: str, orchestrator_port: int, gateway_port: int, localfleet_port: int) -> None:
-        """Run localfleet + orchestrator + toolgateway locally on loopback (embedded defaults)."""
+    @click_options(UpConfig)
+    def up(config: UpConfig) -> None:
+        """Run the stack locally on loopback: localfleet + orchestrator + toolgateway (embedded defaults), or with
+        --mcp NAME=URL the orchestrator and toolgateway on your own MCP servers (no localfleet)."""
         from pathlib import Path
 
         from rlgate.runtime.stack import StackSettings, run_foreground
 
-        raise SystemExit(run_foreground(StackSettings(
-            data_dir=Path(data_dir), localfleet_port=localfleet_port,
-            orchestrator_port=orchestrator_port, gateway_port=gateway_port,
-        )))
+        if config.mcp:
+            _check_mcp_setup(config.mcp, config.tasks)
+        raise SystemExit(
+            run_foreground(
+                StackSettings(
+                    data_dir=Path(config.data_dir),
+                    localfleet_port=config.localfleet_port,
+                    orchestrator_port=config.orchestrator_port,
+                    gateway_port=config.gateway_port,
+                    mcp_envs=config.mcp,
+                    tasks_file=config.tasks,
+                )
+            )
+        )
+
+
+def _check_mcp_setup(mcp: list[str], tasks_file: str) -> None:
+    """`rlgate up --mcp`: the endpoints and the task file as the orchestrator will read them, checked before
+    anything starts, each problem as one line."""
+    import asyncio
+    from pathlib import Path
+
+    from rlgate.orchestrator.providers.base import ProviderError
+    from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
+
+    try:
+        provider = McpProvider(parse_mcp_envs(mcp))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--mcp' / RLGATE_MCP_ENVS") from None
+    if not tasks_file:
+        return
+    try:
+        text = Path(tasks_file).read_text(encoding="utf-8")
+        asyncio.run(provider.parse_task_file(text))
+    except (OSError, ValueError, ProviderError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'--tasks' / RLGATE_TASKS_FILE") from None
 
 
 _service_commands()

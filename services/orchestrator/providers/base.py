@@ -8,6 +8,7 @@ the orchestrator can map them onto gRPC statuses without knowing the platform.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,9 +72,15 @@ class InstanceHandle:
 
     def to_record(self) -> dict[str, Any]:
         return {
-            "instance_id": self.instance_id, "env_key": self.env_key, "root_url": self.root_url,
-            "manager_url": self.manager_url, "endpoints": list(self.endpoints), "status": self.status,
-            "run_id": self.run_id, "env_variables": dict(self.env_variables), "raw": self.raw,
+            "instance_id": self.instance_id,
+            "env_key": self.env_key,
+            "root_url": self.root_url,
+            "manager_url": self.manager_url,
+            "endpoints": list(self.endpoints),
+            "status": self.status,
+            "run_id": self.run_id,
+            "env_variables": dict(self.env_variables),
+            "raw": self.raw,
         }
 
     @classmethod
@@ -96,12 +103,13 @@ class TaskDef:
     env_variables: dict[str, Any] = field(default_factory=dict)
     verifier_code: str = ""
     mcp_endpoints: list[str] = field(default_factory=list)  # mcp provider: the task's own endpoints
+    expected_answer: Any = None  # an answer key the final answer is compared with (mcp provider)
+    tool_filter: dict[str, list[str]] = field(default_factory=dict)  # the task's allow / deny tool patterns
     sdk_task: Any = None  # fleet.Task when loaded through the SDK
 
     @property
     def env_key(self) -> str:
         return f"{self.env_id}:{self.version}" if self.version else self.env_id
-
 
 
 @dataclass
@@ -112,6 +120,22 @@ class VerifierRun:
     score: float | None = None
     message: str = ""
     stdout: str = ""
+
+
+def score_of(result: Any) -> float | None:
+    """A verifier's return value as a score, or None when it is not one (never a silent 0)."""
+    if isinstance(result, bool):
+        return 1.0 if result else 0.0
+    if isinstance(result, int | float):
+        return float(result)
+    if isinstance(result, dict) and "score" in result:
+        return score_of(result["score"])
+    if isinstance(result, str):
+        try:
+            return float(result)
+        except ValueError:
+            return None
+    return None
 
 
 class Provider(abc.ABC):
@@ -125,8 +149,16 @@ class Provider(abc.ABC):
         """Tasks the platform serves (used when no task file is configured)."""
 
     @abc.abstractmethod
-    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
-                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+    async def create(
+        self,
+        env_key: str,
+        *,
+        env_variables: dict[str, Any],
+        run_id: str,
+        ttl_s: int,
+        heartbeat_interval_s: int,
+        timeout_s: float,
+    ) -> InstanceHandle:
         """Create an instance and return it running. Never retried here: the caller owns retry policy."""
 
     @abc.abstractmethod
@@ -150,15 +182,38 @@ class Provider(abc.ABC):
         """Live instances tagged with `run_id` (reconciliation)."""
 
     @abc.abstractmethod
-    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
-                     timeout_s: float) -> VerifierRun:
-        """Run the task's verifier once. Raises `Retryable` for infrastructure failures."""
+    async def verify(
+        self,
+        task: TaskDef,
+        handle: InstanceHandle,
+        final_answer: str | None,
+        *,
+        timeout_s: float,
+        tool_calls: Sequence[Any] | None = None,
+    ) -> VerifierRun:
+        """Run the task's verifier once. Raises `Retryable` for infrastructure failures. `tool_calls`: the
+        episode's tool-call log (`store.ToolCallEntry`s), given when `wants_tool_calls(task)`."""
 
     async def parse_task(self, obj: dict[str, Any]) -> TaskDef:
         """One task of a task file, in Fleet's format (providers may attach their own objects)."""
         from rlgate.orchestrator.tasks import task_from_json
 
         return task_from_json(obj)
+
+    async def parse_task_file(self, text: str) -> list[TaskDef]:
+        """Every task of a task file (`tasks.parse_task_file`); `envs` is the mcp provider's."""
+        from rlgate.orchestrator.tasks import parse_task_file
+
+        return [await self.parse_task(entry) for entry in parse_task_file(text).entries]
+
+    def session_filter(self, env_key: str, task: TaskDef | None) -> dict[str, Any]:
+        """The tool filter a new session gets (`Session.tool_filter`, applied by Reset's list and the
+        gateway): the modality, and the task's allow / deny patterns."""
+        return {"modality": task.modality if task else "tool_use", **(task.tool_filter if task else {})}
+
+    def wants_tool_calls(self, task: TaskDef) -> bool:
+        """Whether `verify` reads the episode's tool-call log (the caller fetches it only then)."""
+        return False
 
     def can_verify(self, task: TaskDef) -> bool:
         """Whether the task defines scoring this provider can run (else verification is SKIPPED)."""

@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import httpx
@@ -43,6 +43,7 @@ from rlgate.orchestrator.providers.base import (
     Retryable,
     TaskDef,
     VerifierRun,
+    score_of,
 )
 from rlgate.orchestrator.tasks import task_from_json
 
@@ -89,15 +90,21 @@ class FleetProvider(Provider):
 
     name = "fleet"
 
-    def __init__(self, base_url: str, api_key: str, *, request_timeout: float = 30.0,
-                 max_connections: int = 200) -> None:
+    def __init__(
+        self, base_url: str, api_key: str, *, request_timeout: float = 30.0, max_connections: int = 200
+    ) -> None:
         # No retry transport: the SDK default retries 404 (so "gone" looks like a hang) and waits minutes.
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=min(10.0, request_timeout)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
-        self._fleet = AsyncFleet(api_key=api_key or None, base_url=base_url.rstrip("/") or None,
-                                 httpx_client=self._http, max_retries=0, timeout=request_timeout)
+        self._fleet = AsyncFleet(
+            api_key=api_key or None,
+            base_url=base_url.rstrip("/") or None,
+            httpx_client=self._http,
+            max_retries=0,
+            timeout=request_timeout,
+        )
         # One runner-token resolution per client (as the SDK intends), not one per rebuilt instance object:
         # every `_env()` would otherwise pay a control-plane round trip before its first manager call.
         self._runner_tokens = RunnerTokenProvider(self._fleet.client)
@@ -110,8 +117,7 @@ class FleetProvider(Provider):
         await self._http.aclose()
 
     # -- helpers ----------------------------------------------------------------------------------------
-    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], timeout_s: float, *,
-                    attempts: int = 1) -> T:
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]], timeout_s: float, *, attempts: int = 1) -> T:
         """Run an SDK call under `timeout_s` (total), retrying transient failures of idempotent calls."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -145,9 +151,15 @@ class FleetProvider(Provider):
         version = env.version or ""
         env_key = f"{env.env_key}:{version}" if version and ":" not in env.env_key else env.env_key
         return InstanceHandle(
-            instance_id=env.instance_id, env_key=env_key, root_url=root, manager_url=manager,
-            endpoints=[f"{root}mcp", f"{root}api/v1/mcp"] if root else [], status=env.status or "",
-            run_id=env.run_id or "", env_variables=dict(env.env_variables or {}), raw=raw,
+            instance_id=env.instance_id,
+            env_key=env_key,
+            root_url=root,
+            manager_url=manager,
+            endpoints=[f"{root}mcp", f"{root}api/v1/mcp"] if root else [],
+            status=env.status or "",
+            run_id=env.run_id or "",
+            env_variables=dict(env.env_variables or {}),
+            raw=raw,
         )
 
     # -- tasks ------------------------------------------------------------------------------------------
@@ -155,11 +167,17 @@ class FleetProvider(Provider):
         async def fetch() -> list[TaskDef]:
             out = []
             for sdk_task in await self._fleet.load_tasks():  # GET /v1/tasks, verifiers built by the SDK
-                task = task_from_json({
-                    "key": sdk_task.key, "prompt": sdk_task.prompt, "env_id": sdk_task.env_id,
-                    "version": sdk_task.version, "metadata": sdk_task.metadata or {},
-                    "env_variables": sdk_task.env_variables or {}, "verifier_code": sdk_task.verifier_func or "",
-                })  # modality and max_turns ride in metadata (TaskResponse has no field for them)
+                task = task_from_json(
+                    {
+                        "key": sdk_task.key,
+                        "prompt": sdk_task.prompt,
+                        "env_id": sdk_task.env_id,
+                        "version": sdk_task.version,
+                        "metadata": sdk_task.metadata or {},
+                        "env_variables": sdk_task.env_variables or {},
+                        "verifier_code": sdk_task.verifier_func or "",
+                    }
+                )  # modality and max_turns ride in metadata (TaskResponse has no field for them)
                 task.sdk_task = sdk_task
                 out.append(task)
             return out
@@ -181,12 +199,24 @@ class FleetProvider(Provider):
         return task
 
     # -- instances --------------------------------------------------------------------------------------
-    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
-                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+    async def create(
+        self,
+        env_key: str,
+        *,
+        env_variables: dict[str, Any],
+        run_id: str,
+        ttl_s: int,
+        heartbeat_interval_s: int,
+        timeout_s: float,
+    ) -> InstanceHandle:
         async def make() -> AsyncEnv:
             return await self._fleet.make(
-                env_key, env_variables=env_variables, run_id=run_id, ttl_seconds=ttl_s,
-                heartbeat_interval=heartbeat_interval_s, timeout=timeout_s,
+                env_key,
+                env_variables=env_variables,
+                run_id=run_id,
+                ttl_seconds=ttl_s,
+                heartbeat_interval=heartbeat_interval_s,
+                timeout=timeout_s,
                 max_wait_seconds=max(1, int(timeout_s) - 2),
             )
 
@@ -220,23 +250,27 @@ class FleetProvider(Provider):
 
     async def delete(self, instance_id: str, *, timeout_s: float) -> None:
         try:
-            await self._call(f"delete {instance_id}", lambda: self._fleet.delete(instance_id), timeout_s,
-                             attempts=3)
+            await self._call(f"delete {instance_id}", lambda: self._fleet.delete(instance_id), timeout_s, attempts=3)
         except InstanceGone:
             return  # 404 on delete: already done
 
     async def heartbeat(self, instance_id: str, *, timeout_s: float) -> None:
-        await self._call(f"heartbeat {instance_id}", lambda: self._fleet.heartbeat(instance_id), timeout_s,
-                         attempts=2)
+        await self._call(f"heartbeat {instance_id}", lambda: self._fleet.heartbeat(instance_id), timeout_s, attempts=2)
 
     async def list_instances(self, run_id: str, *, timeout_s: float) -> list[InstanceHandle]:
-        envs = await self._call("list instances", lambda: self._fleet.instances(run_id=run_id), timeout_s,
-                                attempts=3)
+        envs = await self._call("list instances", lambda: self._fleet.instances(run_id=run_id), timeout_s, attempts=3)
         return [self._handle(e) for e in envs if e.status in ("pending", "running") and e.run_id == run_id]
 
     # -- verification -----------------------------------------------------------------------------------
-    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
-                     timeout_s: float) -> VerifierRun:
+    async def verify(
+        self,
+        task: TaskDef,
+        handle: InstanceHandle,
+        final_answer: str | None,
+        *,
+        timeout_s: float,
+        tool_calls: Sequence[Any] | None = None,
+    ) -> VerifierRun:
         """One run through the SDK's remote path (`Task.verify_detailed_async` -> /v1/verifiers/execute)."""
         sdk_task: FleetTask | None = task.sdk_task
         if sdk_task is None:
@@ -267,22 +301,6 @@ class FleetProvider(Provider):
                 message = f"{error['type']}: {error.get('message', '')}".strip()
             return VerifierRun(success=False, message=str(message), stdout=stdout)
         return VerifierRun(success=True, score=score_of(response.result), stdout=stdout)
-
-
-def score_of(result: Any) -> float | None:
-    """A verifier's return value as a score, or None when it is not one (never a silent 0)."""
-    if isinstance(result, bool):
-        return 1.0 if result else 0.0
-    if isinstance(result, int | float):
-        return float(result)
-    if isinstance(result, dict) and "score" in result:
-        return score_of(result["score"])
-    if isinstance(result, str):
-        try:
-            return float(result)
-        except ValueError:
-            return None
-    return None
 
 
 def _accepts(verifier: Any, name: str) -> bool:
