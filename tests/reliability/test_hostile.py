@@ -48,20 +48,25 @@ from tests.support.hostile_mcp import (
 SC = grpc.StatusCode
 ERA_NAMES = ("modern", "legacy")
 PHASES = ("reset", "list", "call")
-TOOLS_TIMEOUT_S = 3.0  # the orchestrator's discovery bound (--tools-timeout-s)
-RESET_DEADLINE_S = 12.0
+TOOLS_TIMEOUT_S = 10.0 if FULL else 3.0  # the orchestrator's discovery bound (--tools-timeout-s)
+RESET_DEADLINE_S = 60.0 if FULL else 12.0
 CALL_DEADLINE_S = 5.0
+DRIP_DEADLINE_S = 2.5  # the drip is ended by the caller's deadline: a short one keeps the suite quick
 CAPPED_S = 4.0  # attacks a size limit ends (not a deadline) must end within this
 BENIGN_LATENCY_S = 3.0  # a call on a well-behaved upstream while an attack runs (two shared cores)
 NEVER = {SC.INTERNAL, SC.UNKNOWN, SC.CANCELLED, SC.DATA_LOSS, SC.UNIMPLEMENTED}
 # Sizes: quick in `make test`, full with RLGATE_FULL=1.
+TOOLS = 50_000 if FULL else 10_000  # in the many-tools listing
 HOSTILE_ARGS = (
-    ["--huge-bytes", str(1 << 30), "--tools", "50000", "--depth", "100000"]
+    ["--huge-bytes", str(1 << 30), "--tools", str(TOOLS), "--depth", "100000"]
     if FULL
-    else ["--huge-bytes", str(100 << 20), "--tools", "10000", "--depth", "10000"]
+    else ["--huge-bytes", str(100 << 20), "--tools", str(TOOLS), "--depth", "10000"]
 )
-RSS_PEAK_MB = 160.0  # growth over the case's start, at the sampled peak
-RSS_KEPT_MB = 64.0  # growth still there after the case
+RSS_PEAK_MB = 160.0  # growth over a case's start, at the sampled peak, in either plane
+RSS_PEAK_PER_TOOL_KB = 8.0  # and for the many-tools listing, per tool on top (a parsed tool costs ~6 KB)
+# The gateway's growth over the whole module, after every attack (freed memory a process keeps from the
+# allocator counts too: a per-case "after" is not a leak measure, the module's end is)
+RSS_KEPT_MB = 96.0
 MAX_DETAIL_CHARS = 8192  # a status message (grpc-message) the caller sees
 pytestmark = pytest.mark.timeout(1200 if FULL else 400)
 
@@ -150,8 +155,15 @@ class Clients:
     channels: list[grpc.aio.Channel]
 
 
+@pytest.fixture(scope="module")
+def rss_at_start(stack: AuditedStack) -> dict[str, float]:
+    """Both planes' RSS (MB) before the first attack."""
+    return {name: psutil.Process(stack.procs[name].pid).memory_info().rss / 2**20
+            for name in ("toolgateway", "orchestrator")}  # fmt: skip
+
+
 @pytest.fixture
-async def clients(stack: AuditedStack) -> Any:
+async def clients(stack: AuditedStack, rss_at_start: dict[str, float]) -> Any:
     orch_channel = grpc.aio.insecure_channel(stack.orchestrator_address)
     gw_channel = grpc.aio.insecure_channel(stack.gateway_address)
     c = Clients(
@@ -301,7 +313,7 @@ async def run_case(
     return case
 
 
-def check(case: Case, figures: Figures) -> None:
+def check(case: Case, figures: Figures, peak_mb: float = RSS_PEAK_MB) -> None:
     """The promises every attack must keep."""
     figures.append("hostile", asdict(case))
     for p in case.probes:
@@ -310,8 +322,7 @@ def check(case: Case, figures: Figures) -> None:
     assert case.benign_calls > 0 and case.benign_failures == [], case
     assert case.benign_max_s < BENIGN_LATENCY_S, case
     for name, mb in case.rss.items():
-        assert mb["peak_mb"] - mb["before_mb"] < RSS_PEAK_MB, (name, case)
-        assert mb["after_mb"] - mb["before_mb"] < RSS_KEPT_MB, (name, case)
+        assert mb["peak_mb"] - mb["before_mb"] < peak_mb, (name, case)
 
 
 async def reset(stack: AuditedStack, c: Clients, case: Case, key: str) -> orchestrator_pb2.ResetResponse | None:
@@ -348,9 +359,11 @@ async def call_tool(
     return reply  # type: ignore[no-any-return]
 
 
-async def list_tools(stack: AuditedStack, c: Clients, case: Case, token: str) -> toolgateway_pb2.ListToolsResponse:
+async def list_tools(
+    stack: AuditedStack, c: Clients, case: Case, token: str, deadline_s: float = CALL_DEADLINE_S
+) -> toolgateway_pb2.ListToolsResponse:
     p, reply = await probe(
-        "ListTools", c.gw.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=CALL_DEADLINE_S,
+        "ListTools", c.gw.ListTools(toolgateway_pb2.ListToolsRequest(), timeout=deadline_s,
                                     metadata=bearer(token)), stack.audit
     )  # fmt: skip
     if reply is not None:
@@ -369,12 +382,14 @@ async def list_tools(stack: AuditedStack, c: Clients, case: Case, token: str) ->
 async def test_transport_attack(
     stack: AuditedStack, clients: Clients, figures: Figures, era: str, attack: str, phase: str
 ) -> None:
+    deadline = DRIP_DEADLINE_S if attack == "drip" else CALL_DEADLINE_S
+
     async def steps(case: Case) -> None:
         session = await reset(stack, clients, case, task_key(era, attack, phase))
         try:
             if session is not None:
-                await list_tools(stack, clients, case, session.agent_token)
-                await call_tool(stack, clients, case, session.agent_token, "echo", {"text": "hi"})
+                await list_tools(stack, clients, case, session.agent_token, deadline)
+                await call_tool(stack, clients, case, session.agent_token, "echo", {"text": "hi"}, deadline)
         finally:
             await close(stack, clients, session)
 
@@ -388,7 +403,7 @@ async def test_transport_attack(
         assert attacked.result.startswith("is_error"), case
     else:
         assert attacked.status in {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}, case
-    bound = (RESET_DEADLINE_S if phase == "reset" else CALL_DEADLINE_S) + 1.0
+    bound = (TOOLS_TIMEOUT_S if phase == "reset" else deadline) + 1.0
     assert attacked.seconds < (bound if attack == "drip" else CAPPED_S), case
     if phase != "reset":  # the attack did not reach the orchestrator's Reset
         assert case.status("Reset") == "OK", case
@@ -477,7 +492,8 @@ async def test_ref_cycle_schemas_called(stack: AuditedStack, clients: Clients, f
 
 @pytest.mark.parametrize("era", ERA_NAMES)
 async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figures, era: str) -> None:
-    """10,000 tools (50,000 in the full set): Reset and ListTools return them all, the last one is callable."""
+    """10,000 tools (50,000 in the full set; a listing of 8 MB, the reply limit, holds ~55,000): Reset and
+    ListTools return them all, the last one is callable."""
     counts: dict[str, int] = {}
 
     async def steps(case: Case) -> None:
@@ -485,7 +501,7 @@ async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figure
         try:
             if session is not None:
                 counts["reset"] = len(session.tools)
-                listed = await list_tools(stack, clients, case, session.agent_token)
+                listed = await list_tools(stack, clients, case, session.agent_token, RESET_DEADLINE_S)
                 counts["list"] = len(listed.tools) if listed is not None else -1
                 last = session.tools[-1].name
                 await call_tool(stack, clients, case, session.agent_token, last, {"n": 10**9})
@@ -493,9 +509,9 @@ async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figure
             await close(stack, clients, session)
 
     case = await run_case(stack, clients, era, "many-tools", "call", steps)
-    check(case, figures)
+    check(case, figures, RSS_PEAK_MB + TOOLS * RSS_PEAK_PER_TOOL_KB / 1024)
     figures.record("hostile_many_tools", era, {"counts": counts, "probes": [asdict(p) for p in case.probes]})
-    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] >= 10_000, case
+    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] == TOOLS, case
 
 
 @pytest.mark.parametrize("era", ERA_NAMES)
@@ -702,6 +718,16 @@ async def test_nel_does_not_forge_a_log_line(stack: AuditedStack, clients: Clien
     check(case, figures)
     forged = stack.audit.forged_lines(NEL_FORGED_PREFIX)
     assert forged == [], forged
+
+
+def test_gateway_memory_after_every_attack(
+    stack: AuditedStack, rss_at_start: dict[str, float], figures: Figures
+) -> None:
+    """After every attack above, the gateway is back near where it started: nothing an upstream sent stayed."""
+    now = {name: psutil.Process(stack.procs[name].pid).memory_info().rss / 2**20 for name in rss_at_start}
+    figures.record("hostile_wire", "rss_module_mb", {n: {"start": round(rss_at_start[n], 1), "end": round(now[n], 1)}
+                                                      for n in now})  # fmt: skip
+    assert now["toolgateway"] - rss_at_start["toolgateway"] < RSS_KEPT_MB, (rss_at_start, now)
 
 
 def test_no_forged_log_line(audit: Audit, figures: Figures) -> None:
