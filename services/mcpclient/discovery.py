@@ -13,6 +13,7 @@ from rlgate.mcpclient.catalog import ToolCatalog, union_tools
 from rlgate.mcpclient.connect import list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
+from rlgate.runtime import tracing
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ async def discover_tools(
     settings = http or HttpSettings.shared()
 
     async def one(url: str) -> list[mt.Tool]:
-        async with asyncio.timeout(timeout), open_client(url, settings, timeout) as client:
-            return await list_tools_forwarding(client)
+        attributes = {"mcp.method.name": "tools/list", "url.full": url.split("?", 1)[0]}  # a query may hold a key
+        with tracing.span("upstream tools/list", attributes):
+            async with asyncio.timeout(timeout), open_client(url, settings, timeout) as client:
+                return await list_tools_forwarding(client)
 
     results = await asyncio.gather(*(one(u) for u in endpoints), return_exceptions=True)
     per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []

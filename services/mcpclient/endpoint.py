@@ -32,7 +32,7 @@ from rlgate.mcpclient.errors import (
 )
 from rlgate.mcpclient.link import Link, SharedTools
 from rlgate.mcpclient.transport import Exchange, exchange
-from rlgate.runtime import metrics
+from rlgate.runtime import metrics, tracing
 
 if TYPE_CHECKING:
     from rlgate.mcpclient.pool import UpstreamPool
@@ -156,27 +156,31 @@ class EndpointClient:
                     raise EndpointNotFound(self.not_found)
                 if self.tools is not None:
                     return self.tools
-            listed_before = self.tools_at
-            for attempt in range(2):
-                try:
-                    link, client = await self._get_link(timeout_s)
-                    if self.tools_at == listed_before:  # not just listed by a new connection
-                        await self._relist(link, client)
-                except EndpointNotFound:
-                    raise
-                except MCPError as exc:
-                    if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and attempt == 0:
-                        self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
-                        continue
-                    raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
-                except CallNotSent:
-                    if attempt == 0 and self._link is not None and self._link.dead:
-                        continue
-                    raise
-                if self.not_found:
-                    raise EndpointNotFound(self.not_found)
-                return self.tools if self.tools is not None else []
-            raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
+            with tracing.span("upstream tools/list", self._span_attributes("tools/list")):
+                return await self._list(timeout_s)
+
+    async def _list(self, timeout_s: float) -> list[mt.Tool]:
+        listed_before = self.tools_at
+        for attempt in range(2):
+            try:
+                link, client = await self._get_link(timeout_s)
+                if self.tools_at == listed_before:  # not just listed by a new connection
+                    await self._relist(link, client)
+            except EndpointNotFound:
+                raise
+            except MCPError as exc:
+                if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and attempt == 0:
+                    self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
+                    continue
+                raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
+            except CallNotSent:
+                if attempt == 0 and self._link is not None and self._link.dead:
+                    continue
+                raise
+            if self.not_found:
+                raise EndpointNotFound(self.not_found)
+            return self.tools if self.tools is not None else []
+        raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
 
     # -- calls ----------------------------------------------------------------------------------------------
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
@@ -184,9 +188,22 @@ class EndpointClient:
         (ReplyTooLarge among them)."""
         self.calls += 1
         try:
-            return await self._call(name, arguments, timeout_s)
+            if not tracing.recording():  # no span's name and attributes to build
+                return await self._call(name, arguments, timeout_s)
+            with tracing.span(f"upstream tools/call {name}", self._span_attributes("tools/call", name)) as span:
+                result = await self._call(name, arguments, timeout_s)
+                if result.is_error:
+                    span.set_attribute("error.type", "tool_error")
+                return result
         finally:
             self.calls -= 1
+
+    def _span_attributes(self, method: str, tool: str = "") -> dict[str, str]:
+        """An upstream call's span attributes (the URL without its query, which may carry a credential)."""
+        attributes = {"mcp.method.name": method, "url.full": self.url.split("?", 1)[0]}
+        if tool:
+            attributes["gen_ai.tool.name"] = tool
+        return attributes
 
     async def _call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
         deadline = time.monotonic() + timeout_s

@@ -20,7 +20,8 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
   nothing consumes server pushes, and it would hold a connection, a task and buffers per client.
 
 The SDK runs each request in a copy of the caller's context (it propagates contextvars for tracing), so the
-transport finds the call's `Exchange` in `current_exchange`.
+transport finds the call's `Exchange` in `current_exchange`, and the call's trace context, which it sends as
+W3C `traceparent` / `tracestate` headers (the SDK writes the same into the request's `_meta`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import httpx2
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
 from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
+from rlgate.runtime import tracing
 
 MAX_REPLY_BYTES = 8 * 2**20
 KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
@@ -217,6 +219,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if _standalone_stream(request):
             return httpx2.Response(405, request=request)
+        tracing.inject_headers(request.headers)  # the call's trace, as `_meta` carries it in the body
         ex = current_exchange.get()
         url = str(request.url)
         # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task.

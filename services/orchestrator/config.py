@@ -75,6 +75,12 @@ class OrchestratorConfig:
     metrics_listen: str = setting("", "RLGATE_ORCHESTRATOR_METRICS", "Prometheus /metrics HOST:PORT (empty: off)")
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
     log_json: bool = setting(False, "RLGATE_LOG_JSON", "Log as JSON lines")
+    otlp_endpoint: str = setting(
+        "",
+        "RLGATE_OTLP_ENDPOINT",
+        "OpenTelemetry: export spans over OTLP/gRPC to this endpoint, e.g. http://collector:4317 (empty: the "
+        "standard OTEL_EXPORTER_OTLP_ENDPOINT if set, else tracing off)",
+    )
 
     def __post_init__(self) -> None:
         if self.mcp_envs:  # a mistyped endpoint fails the start, rather than leaving its environment without it

@@ -33,6 +33,7 @@ from rlgate.orchestrator.views import (
     tool_call_entry,
     verification,
 )
+from rlgate.runtime import tracing
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import (
@@ -334,6 +335,7 @@ class EpisodeManager:
         handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
         return handle, intent, False
 
+    @tracing.traced("rlgate.instance_reset", env_key="env_key")
     async def _reset_instance(
         self,
         handle: InstanceHandle,

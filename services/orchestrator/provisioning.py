@@ -39,6 +39,7 @@ from rlgate.orchestrator.providers.base import (
     RateLimited,
     Retryable,
 )
+from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import NotFound, ResourceExhausted, RlgateError, Unavailable, clip
 from rlgate.store import Intent, IntentState, SessionStore, StoreError
@@ -108,6 +109,7 @@ class Provisioner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
 
+    @tracing.traced("rlgate.provision", env_key="env_key")
     async def create(
         self,
         env_key: str,
@@ -241,6 +243,7 @@ class Provisioner:
         intent.updated_at = time.time()
         await self._store.put_intent(intent)
 
+    @tracing.traced("rlgate.release", instance_id="instance_id")
     async def release(self, instance_id: str, intent_id: str) -> bool:
         """Delete an instance (404 counts as done) and then its intent. On failure the intent stays DELETING
         and reconciliation retries. Returns whether the instance is confirmed gone."""

@@ -24,6 +24,7 @@ import grpc
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
+from rlgate.runtime import tracing
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
@@ -256,6 +257,7 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
 def run(config: OrchestratorConfig) -> None:
     """`rlgate orchestrator`: serve until SIGTERM/SIGINT, then drain."""
     setup_logging(config.log_level, config.log_json, service="orchestrator")
+    tracing.setup("rlgate-orchestrator", config.otlp_endpoint)
     try:
         check_listen(config)
     except InsecureListenError as exc:

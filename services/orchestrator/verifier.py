@@ -17,6 +17,7 @@ from typing import Any
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, Retryable, TaskDef
+from rlgate.runtime import tracing
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Verifier:
         self._retries = max(0, retries)
         self._backoff = backoff_s
 
+    @tracing.traced("rlgate.verify")
     async def run(self, task: TaskDef | None, handle: InstanceHandle, final_answer: str | None,
                   tool_calls: Sequence[Any] | None = None) -> Outcome:
         """`tool_calls`: the episode's tool-call log, for providers that score with it."""
@@ -73,6 +75,7 @@ class Verifier:
         metrics.VERIFY_SECONDS.labels(outcome.status).observe(outcome.elapsed_ms / 1000)
         log.info("verification %s score=%s attempts=%d %.0fms %s", outcome.status, outcome.score,
                  outcome.attempts, outcome.elapsed_ms, outcome.message)
+        _annotate(tracing.current_span(), outcome)
         return outcome
 
     async def _attempts(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None,
@@ -102,3 +105,13 @@ class Verifier:
             return Outcome(VerificationStatus.OK, score=result.score, stdout=result.stdout)
         return Outcome(VerificationStatus.ERROR,
                        message=f"verifier infrastructure failed after {self._retries + 1} attempts: {last}")
+
+
+def _annotate(span: tracing.Span, outcome: Outcome) -> None:
+    """The outcome on the verifier's span (a no-op span when tracing is off)."""
+    span.set_attribute("rlgate.verification.status", outcome.status)
+    span.set_attribute("rlgate.verification.attempts", outcome.attempts)
+    if outcome.score is not None:
+        span.set_attribute("rlgate.verification.score", outcome.score)
+    if outcome.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT):
+        span.set_status(tracing.StatusCode.ERROR, outcome.status)

@@ -1,7 +1,9 @@
 """Cross-cutting concerns as grpc.aio server interceptors, so handlers hold only their RPC's logic.
 
-- `ContextInterceptor`: trace id from `x-rlgate-trace-id` into the logging context; unexpected exceptions
-  become INTERNAL with a generic message (details stay in the server log, never secrets in the reply).
+- `ContextInterceptor`: the caller's trace (W3C `traceparent`, else `x-rlgate-trace-id`) into the logging
+  context and, when tracing is on, a SERVER span per RPC (`rlgate.runtime.tracing`); an arriving trace is
+  passed on to upstreams either way. Unexpected exceptions become INTERNAL with a generic message (details
+  stay in the server log, never secrets in the reply).
 - `ApiKeyInterceptor`: `authorization: Bearer <key>` checked against configured keys (constant-time, by hash).
 - `MetricsInterceptor`: RPC counts by method and status code, latency histograms (Prometheus).
 
@@ -19,9 +21,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 
-from rlgate.runtime.auth import bearer_token, token_hash
-from rlgate.runtime.logs import TRACE_HEADER, session_id_var, trace_id_var
+from rlgate.runtime import tracing
+from rlgate.runtime.auth import bearer_token, session_of_token, token_hash
+from rlgate.runtime.logs import session_id_var, trace_id_var
 
 log = logging.getLogger(__name__)
 
@@ -72,16 +76,9 @@ def _unary(handler: grpc.RpcMethodHandler | None) -> bool:
     )
 
 
-def _trace_id(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == TRACE_HEADER:
-            text = value if isinstance(value, str) else value.decode("latin-1")
-            return text[:64]
-    return os.urandom(8).hex()
-
-
 class ContextInterceptor(grpc.aio.ServerInterceptor):
-    """Sets the trace id for the RPC, parses the request, and turns unexpected exceptions into a clean INTERNAL.
+    """Takes on the caller's trace (log trace id, span, context passed on), parses the request, and turns
+    unexpected exceptions into a clean INTERNAL.
 
     Must be the first (outermost) interceptor: it takes over request parsing, so that bytes that are not a
     valid message (corrupt, another RPC's message, nested past protobuf's depth limit) are the caller's
@@ -105,11 +102,11 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
     def _build(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         inner: Handler = handler.unary_unary
         parse = handler.request_deserializer
+        service, _, name = method.lstrip("/").rpartition("/")
+        span_name = method.lstrip("/")
+        span_attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
-        async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-            trace = _trace_id(context)
-            trace_id_var.set(trace)
-            session_id_var.set("-")
+        async def run(raw: Any, context: grpc.aio.ServicerContext, trace: str) -> Any:
             try:
                 request = parse(raw) if parse is not None else raw
             except Exception as exc:
@@ -121,9 +118,35 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
                 return await inner(request, context)
             except grpc.aio.AbortError:
                 raise
-            except Exception:
+            except Exception as exc:
                 log.exception("unhandled error in %s", method)
+                tracing.current_span().record_exception(exc)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
+
+        async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            header, remote = tracing.incoming(context.invocation_metadata())
+            session_id_var.set("-")
+            if tracing.recording():
+                parent = remote.parent if remote is not None else None
+                with tracing.server_span(span_name, span_attributes, parent, header) as span:
+                    trace = remote.trace_id if remote else header or tracing.trace_id_of(span)
+                    trace_id_var.set(trace)
+                    if remote is None and header:
+                        span.set_attribute("rlgate.trace_id", header)
+                    try:
+                        return await run(raw, context, trace)
+                    finally:
+                        tracing.end_rpc(span, context.code(), session_id_var.get())
+            if remote is None:  # nothing to pass on
+                trace = header or os.urandom(16).hex()
+                trace_id_var.set(trace)
+                return await run(raw, context, trace)
+            trace_id_var.set(remote.trace_id)
+            token = otel_context.attach(remote.context)  # the mcp SDK and the transports pass it on
+            try:
+                return await run(raw, context, remote.trace_id)
+            finally:
+                otel_context.detach(token)
 
         return grpc.unary_unary_rpc_method_handler(
             behaviour, request_deserializer=None, response_serializer=handler.response_serializer
@@ -131,7 +154,8 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <api key>` on every non-exempt RPC when keys are configured."""
+    """Requires `authorization: Bearer <api key>` on every non-exempt RPC when keys are configured, and
+    refuses an agent token always (UNAUTHENTICATED)."""
 
     def __init__(self, api_keys: Iterable[str]) -> None:
         self._hashes = [token_hash(k) for k in api_keys if k]
@@ -146,13 +170,18 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if not self._hashes or details.method.startswith(EXEMPT_PREFIXES):
+        if details.method.startswith(EXEMPT_PREFIXES):
             return handler
         token = bearer_token(details.invocation_metadata)
-        ok = token is not None and any(hmac.compare_digest(token_hash(token), h) for h in self._hashes)
-        if ok:
+        if token is not None and session_of_token(token) is not None:
+            # An agent token never reaches the orchestration plane, with or without API keys (RFC 001).
+            reason = "an agent token cannot call the orchestration plane; use an API key"
+        elif not self._hashes or (
+            token is not None and any(hmac.compare_digest(token_hash(token), h) for h in self._hashes)
+        ):
             return handler
-        reason = "missing API key (authorization: Bearer <key>)" if token is None else "invalid API key"
+        else:
+            reason = "missing API key (authorization: Bearer <key>)" if token is None else "invalid API key"
 
         def wrap(_inner: Handler) -> Handler:
             async def deny(_request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -1,7 +1,9 @@
 """Structured logging with a per-request trace id and session id carried in context variables.
 
-Every log line written while serving an RPC carries the caller's `x-rlgate-trace-id` (or a generated one)
-and, once known, the session id. Secrets never reach logs: configs are logged through `config.redacted`.
+Every log line written while serving an RPC carries the RPC's trace id and, once known, the session id.
+`ContextInterceptor` sets the trace id: the trace-id of the caller's W3C `traceparent`, else its
+`x-rlgate-trace-id`, else the new trace's (tracing on) or a random one, so a line's trace id finds the
+RPC's spans (rlgate.runtime.tracing). Secrets never reach logs: configs are logged through `config.redacted`.
 
 A log line is one line whatever a message contains: tool names, arguments and upstream errors are written
 by agents and upstreams, so control characters in a message are escaped (a newline in a tool name cannot

@@ -63,3 +63,9 @@ class GatewayConfig:
     drain_s: float = setting(10.0, "RLGATE_DRAIN_S", "Shutdown: time to finish in-flight calls")
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
     log_json: bool = setting(False, "RLGATE_LOG_JSON", "Log as JSON lines")
+    otlp_endpoint: str = setting(
+        "",
+        "RLGATE_OTLP_ENDPOINT",
+        "OpenTelemetry: export spans over OTLP/gRPC to this endpoint, e.g. http://collector:4317 (empty: the "
+        "standard OTEL_EXPORTER_OTLP_ENDPOINT if set, else tracing off)",
+    )

@@ -14,6 +14,7 @@ import grpc
 
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.transport import HttpSettings
+from rlgate.runtime import tracing
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
 from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor
@@ -162,6 +163,7 @@ async def _main(config: GatewayConfig) -> None:
 def run(config: GatewayConfig) -> None:
     """The `rlgate toolgateway` command: serve until SIGTERM/SIGINT, then drain."""
     setup_logging(config.log_level, config.log_json, service="toolgateway")
+    tracing.setup("rlgate-toolgateway", config.otlp_endpoint)
     log.info("toolgateway config: %s", redacted(config))
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(config))

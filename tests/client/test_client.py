@@ -304,7 +304,7 @@ async def test_metadata_per_call(server: ScriptedServer) -> None:
     tools = server.script.seen["CallTool"]
     assert [s.metadata["authorization"] for s in tools] == ["Bearer token-a", "Bearer token-b", "Bearer token-c"]
     assert [s.metadata[TRACE_HEADER] for s in tools[:2]] == ["trace-a", "trace-b"]
-    assert len(tools[2].metadata[TRACE_HEADER]) == 16  # generated per call
+    assert len(tools[2].metadata[TRACE_HEADER]) == 32  # generated per call (a W3C-sized trace id)
 
 
 def test_tls_with_root_certificates() -> None:

@@ -3,7 +3,8 @@
 
 Both are thin shells over `_Core`, which owns everything they share: settings, channel options and
 credentials, round-robin address pools, request building (request ids are always generated), metadata
-(API key on the orchestrator, agent token on the gateway, the trace id) and the retry policy
+(API key on the orchestrator, agent token on the gateway, the trace: `x-rlgate-trace-id` and, when an
+OpenTelemetry span is current, its W3C `traceparent`; see `rlgate._tracing`) and the retry policy
 (`rlgate.retry`). The shells differ only in how they call a stub and how they sleep.
 
 Sync channels are thread-safe: one `Client` serves every thread of a process (the SkyRL adapter shares one).
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 
+from rlgate._tracing import TRACE_HEADER, trace_metadata
+from rlgate._tracing import new_trace_id as new_trace_id  # re-exported: part of this module's API
 from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
 from rlgate.retry import RetryPolicy, RetryState
@@ -37,7 +40,6 @@ from rlgate.v1 import (
 if TYPE_CHECKING:
     from rlgate.episode import AsyncEpisode, Episode
 
-TRACE_HEADER = "x-rlgate-trace-id"
 ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
 ENV_API_KEY = "RLGATE_API_KEY"
 ENV_GATEWAY = "RLGATE_GATEWAY"
@@ -49,10 +51,6 @@ C = TypeVar("C")
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
-
-
-def new_trace_id() -> str:
-    return uuid.uuid4().hex[:16]
 
 
 def split_addresses(addresses: str | Iterable[str]) -> tuple[str, ...]:
@@ -236,7 +234,7 @@ class _Core(Generic[C]):
     def _orchestrator_call(
         self, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
     ) -> _Call[C]:
-        metadata = [(TRACE_HEADER, trace_id or new_trace_id())]
+        metadata = trace_metadata(trace_id)
         if self.settings.api_key:
             metadata.append(("authorization", f"Bearer {self.settings.api_key}"))
         return _Call(
@@ -324,7 +322,7 @@ class _Core(Generic[C]):
     def _gateway_call(
         self, gateway: str | None, agent_token: str, method: str, request: Any, trace_id: str | None, timeout: float
     ) -> _Call[C]:
-        metadata = [(TRACE_HEADER, trace_id or new_trace_id()), ("authorization", f"Bearer {agent_token}")]
+        metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
         return _Call(
             self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
         )

@@ -46,6 +46,7 @@ from rlgate.orchestrator.providers.base import (
     score_of,
 )
 from rlgate.orchestrator.tasks import task_from_json
+from rlgate.runtime import tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -97,6 +98,7 @@ class FleetProvider(Provider):
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=min(10.0, request_timeout)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            event_hooks={"request": [tracing.httpx_request_hook]},  # W3C trace context on every Fleet call
         )
         self._fleet = AsyncFleet(
             api_key=api_key or None,
