@@ -40,13 +40,16 @@ def _b64(obj: Any) -> str:
 
 # ---- the unpickler, without a server ----
 
+
 def test_sdk_shaped_arguments_decode() -> None:
     payload = _b64({"args": (None, "x", {"env": "abc"}), "kwargs": {"final_answer": "42"}})
     args, kwargs = decode_verifier_args(payload)
     assert kwargs == {"final_answer": "42"}
     assert split_env_marker(args) == ("abc", ["x"])
-    assert loads_data(pickle.dumps({"a": [1, 2.5, None, True, b"x", (1,)], "s": {1}})) == \
-        {"a": [1, 2.5, None, True, b"x", (1,)], "s": {1}}
+    assert loads_data(pickle.dumps({"a": [1, 2.5, None, True, b"x", (1,)], "s": {1}})) == {
+        "a": [1, 2.5, None, True, b"x", (1,)],
+        "s": {1},
+    }
 
 
 def test_a_pickled_function_is_refused() -> None:
@@ -73,11 +76,14 @@ def test_malformed_payloads_are_refused() -> None:
 
 # ---- execution, against a real localfleet ----
 
+
 @pytest.fixture(scope="module")
 def lf() -> Iterator[LocalfleetProcess]:
-    with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments",
-                           env={"SUPER_SECRET_TOKEN": "do-not-leak"},
-                           extra_args=["--verifier-memory-mb", "512"]) as proc:
+    with LocalfleetProcess(
+        environments="tests.support.localfleet:tiny_environments",
+        env={"SUPER_SECRET_TOKEN": "do-not-leak"},
+        extra_args=["--verifier-memory-mb", "512"],
+    ) as proc:
         yield proc
 
 
@@ -98,23 +104,37 @@ def bundle(code: str) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def execute(lf: LocalfleetProcess, instance_id: str, code: str, *, timeout: int = 30,
-            kwargs: dict[str, Any] | None = None, args: str | None = None,
-            bundle_b64: str | None = None) -> httpx.Response:
-    body = {"key": "t", "sha256": "", "bundle": bundle_b64 or bundle(code), "function_name": "verify",
-            "timeout": timeout,
-            "args": args or _b64({"args": (None, {"env": instance_id}), "kwargs": kwargs or {}}),
-            "args_array": [{"env": instance_id}]}
+def execute(
+    lf: LocalfleetProcess,
+    instance_id: str,
+    code: str,
+    *,
+    timeout: int = 30,
+    kwargs: dict[str, Any] | None = None,
+    args: str | None = None,
+    bundle_b64: str | None = None,
+) -> httpx.Response:
+    body = {
+        "key": "t",
+        "sha256": "",
+        "bundle": bundle_b64 or bundle(code),
+        "function_name": "verify",
+        "timeout": timeout,
+        "args": args or _b64({"args": (None, {"env": instance_id}), "kwargs": kwargs or {}}),
+        "args_array": [{"env": instance_id}],
+    }
     return httpx.post(f"{lf.base_url}/v1/verifiers/execute", json=body, headers=AUTH, timeout=120)
 
 
 def test_a_verifier_scores(lf: LocalfleetProcess, instance: str) -> None:
-    code = ("def verify(env, final_answer=None):\n"
-            "    env.instance.load()\n"
-            "    n = len(env.db('current').table('notes').all())\n"
-            "    print('notes:', n)\n"
-            "    return TASK_SUCCESSFUL_SCORE if n == 50 and final_answer == 'ok' else TASK_FAILED_SCORE\n"
-            "def helper():\n    return 0\n")
+    code = (
+        "def verify(env, final_answer=None):\n"
+        "    env.instance.load()\n"
+        "    n = len(env.db('current').table('notes').all())\n"
+        "    print('notes:', n)\n"
+        "    return TASK_SUCCESSFUL_SCORE if n == 50 and final_answer == 'ok' else TASK_FAILED_SCORE\n"
+        "def helper():\n    return 0\n"
+    )
     r = execute(lf, instance, code, kwargs={"final_answer": "ok"})
     assert r.status_code == 200, r.text
     out = r.json()
@@ -132,8 +152,7 @@ def test_a_verifier_that_raises_is_a_failure_not_a_zero(lf: LocalfleetProcess, i
 
 
 def test_a_verifier_past_its_timeout_is_a_failure(lf: LocalfleetProcess, instance: str) -> None:
-    code = ("import time\n"
-            "def verify(env, final_answer=None):\n    print('sleeping')\n    time.sleep(60)\n    return 1\n")
+    code = "import time\ndef verify(env, final_answer=None):\n    print('sleeping')\n    time.sleep(60)\n    return 1\n"
     started = time.monotonic()
     out = execute(lf, instance, code, timeout=1).json()
     assert time.monotonic() - started < 20
@@ -147,7 +166,8 @@ def test_the_loop_stays_responsive_while_verifiers_run(lf: LocalfleetProcess, in
     results: list[Any] = []
     t = threading.Thread(target=lambda: results.append(execute(lf, instance, code).json()))
     t.start()
-    time.sleep(0.5)
+    assert lf.pid is not None
+    assert _running_children(psutil.Process(lf.pid)), "the verifier subprocess never started"
     started = time.monotonic()
     assert httpx.get(f"{lf.base_url}/health", timeout=10).status_code == 200
     assert time.monotonic() - started < 1.5
@@ -156,17 +176,21 @@ def test_the_loop_stays_responsive_while_verifiers_run(lf: LocalfleetProcess, in
 
 
 def test_the_subprocess_is_isolated(lf: LocalfleetProcess, instance: str) -> None:
-    code = ("import os, sqlite3\n"
-            "def verify(env, final_answer=None):\n"
-            "    assert 'SUPER_SECRET_TOKEN' not in os.environ, 'environment leaked'\n"
-            "    conn = sqlite3.connect('current.db')\n"  # the copy in the run's own directory
-            "    conn.execute('DELETE FROM notes'); conn.commit()\n"
-            "    return sorted(os.environ)\n")
+    code = (
+        "import os, sqlite3\n"
+        "def verify(env, final_answer=None):\n"
+        "    assert 'SUPER_SECRET_TOKEN' not in os.environ, 'environment leaked'\n"
+        "    conn = sqlite3.connect('current.db')\n"  # the copy in the run's own directory
+        "    conn.execute('DELETE FROM notes'); conn.commit()\n"
+        "    return sorted(os.environ)\n"
+    )
     out = execute(lf, instance, code).json()
     assert out["success"] is True, out
     assert set(out["result"]) <= {"PATH", "HOME", "LANG", "TMPDIR", "LC_CTYPE"}
-    q = httpx.post(f"{lf.base_url}/instances/{instance}/api/v1/env/resources/sqlite/current/query",
-                   json={"query": "SELECT COUNT(*) FROM notes"}).json()
+    q = httpx.post(
+        f"{lf.base_url}/instances/{instance}/api/v1/env/resources/sqlite/current/query",
+        json={"query": "SELECT COUNT(*) FROM notes"},
+    ).json()
     assert q["rows"] == [[50]]  # the instance's database was not touched
 
 
@@ -178,13 +202,18 @@ def test_memory_is_limited(lf: LocalfleetProcess, instance: str) -> None:
 
 def test_a_pickled_function_is_refused_over_http(lf: LocalfleetProcess, instance: str, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    payload = base64.b64encode(pickle.dumps({"args": (None, _Exploit(str(marker)), {"env": instance}),
-                                             "kwargs": {}})).decode()
+    payload = base64.b64encode(
+        pickle.dumps({"args": (None, _Exploit(str(marker)), {"env": instance}), "kwargs": {}})
+    ).decode()
     r = execute(lf, instance, "def verify(env, x=None):\n    return 1\n", args=payload)
     assert r.status_code == 400 and "refused global" in r.json()["detail"]
     assert not marker.exists()
-    r = execute(lf, instance, "def verify(env, x=None):\n    return 1\n",
-                args=_b64({"args": (None, lambda: 1, {"env": instance}), "kwargs": {}}))
+    r = execute(
+        lf,
+        instance,
+        "def verify(env, x=None):\n    return 1\n",
+        args=_b64({"args": (None, lambda: 1, {"env": instance}), "kwargs": {}}),
+    )
     assert r.status_code == 400 and "refused global" in r.json()["detail"]
 
 
@@ -192,8 +221,9 @@ def test_bundle_cache_and_bad_requests(lf: LocalfleetProcess, instance: str) -> 
     code = "def verify(env, final_answer=None):\n    return 1\n"
     b64 = bundle(code)
     sha = hashlib.sha256(base64.b64decode(b64)).hexdigest()
-    assert httpx.get(f"{lf.base_url}/v1/verifiers/check", params={"sha256": sha}, headers=AUTH).json() == \
-        {"success": False}
+    assert httpx.get(f"{lf.base_url}/v1/verifiers/check", params={"sha256": sha}, headers=AUTH).json() == {
+        "success": False
+    }
     assert execute(lf, instance, code, bundle_b64=b64).json()["result"] == 1
     assert httpx.get(f"{lf.base_url}/v1/verifiers/check", params={"sha256": sha}, headers=AUTH).json()["success"]
     body = {"sha256": "f" * 64, "args": _b64({"args": (None, {"env": instance}), "kwargs": {}})}
@@ -208,12 +238,21 @@ def test_bundle_cache_and_bad_requests(lf: LocalfleetProcess, instance: str) -> 
 
 def test_manager_execute_verifier_function(lf: LocalfleetProcess, instance: str) -> None:
     url = f"{lf.base_url}/instances/{instance}/api/v1/env/execute_verifier_function"
-    ok = httpx.post(url, json={"function_code": "def v(before, after, transcript=None):\n"
-                                                 "    return 1 if transcript == 'yes' else 0\n",
-                               "function_name": "v", "text_solution": "yes"}, timeout=60).json()
+    ok = httpx.post(
+        url,
+        json={
+            "function_code": "def v(before, after, transcript=None):\n    return 1 if transcript == 'yes' else 0\n",
+            "function_name": "v",
+            "text_solution": "yes",
+        },
+        timeout=60,
+    ).json()
     assert ok["success"] is True and ok["result"] == 1
-    bad = httpx.post(url, json={"function_code": "def v(env, final_answer=None):\n    raise KeyError('x')\n",
-                                "function_name": "v"}, timeout=60).json()
+    bad = httpx.post(
+        url,
+        json={"function_code": "def v(env, final_answer=None):\n    raise KeyError('x')\n", "function_name": "v"},
+        timeout=60,
+    ).json()
     assert bad["success"] is False and bad["error"].startswith("KeyError")
 
 
@@ -224,16 +263,21 @@ def test_a_running_verifier_dies_with_localfleet() -> None:
         code = "import time\ndef verify(env, final_answer=None):\n    time.sleep(120)\n    return 1\n"
         threading.Thread(target=lambda: _swallow(lambda: execute(proc, iid, code)), daemon=True).start()
         assert proc.pid is not None
-        parent = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 20
-        children: list[psutil.Process] = []
-        while not children and time.monotonic() < deadline:
-            children = parent.children()
-            time.sleep(0.05)
+        children = _running_children(psutil.Process(proc.pid))
         assert children, "the verifier subprocess never started"
         proc.kill()
         _, alive = psutil.wait_procs(children, timeout=10)
         assert not alive
+
+
+def _running_children(parent: psutil.Process, within_s: float = 20.0) -> list[psutil.Process]:
+    """The child processes of `parent` once it has one (a verifier running), polled; [] after `within_s`."""
+    deadline = time.monotonic() + within_s
+    children: list[psutil.Process] = parent.children()
+    while not children and time.monotonic() < deadline:
+        time.sleep(0.05)
+        children = parent.children()
+    return children
 
 
 def _swallow(fn: Any) -> None:
