@@ -27,7 +27,8 @@ import grpc
 from google.rpc import error_details_pb2
 
 from rlgate import protocol
-from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id, new_trace_id
+from rlgate._tracing import EpisodeTrace, new_trace_id
+from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id
 from rlgate.convert import json_text
 from rlgate.errors import DeadlineExceeded, InvalidArgument, RlgateError, VerifierError
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
@@ -184,7 +185,10 @@ class _EpisodeBase:
         self.task_key = task_key
         # Bound of one tool call made by `turn` (None: the client's call_tool timeout).
         self.tool_timeout_s = tool_timeout_setting(tool_timeout_s)
+        # One trace per episode: the span "episode" when OpenTelemetry is there (see rlgate._tracing).
         self.trace_id = trace_id or new_trace_id()
+        self._given_trace_id = bool(trace_id)
+        self._trace = EpisodeTrace()
         self.instructions = instructions
         self.raise_on_verifier_error = raise_on_verifier_error
         self._reset_request_id = new_request_id()
@@ -202,8 +206,24 @@ class _EpisodeBase:
         self.closed = False
         self._close_lock = threading.Lock()
 
+    def _begin_trace(self) -> None:
+        """A new episode, a new trace: the span "episode" starts (its trace id is the episode's), or without
+        one a next episode of the session gets a new trace id (unless the caller chose one)."""
+        traced = self._trace.start(
+            {"rlgate.task_key": self.task_key, "rlgate.env_key": str(self._reset_fields.get("env_key") or "")}
+        )
+        if traced:
+            self.trace_id = traced
+        elif self.reset_response is not None and not self._given_trace_id:
+            self.trace_id = new_trace_id()
+
+    def _reset_failed(self, err: BaseException) -> None:
+        if self.reset_response is None:  # no episode started: its span ends here
+            self._trace.end(err)
+
     # -- what Reset told us
     def _reset_done(self, response: orchestrator_pb2.ResetResponse) -> None:
+        self._trace.set("rlgate.session_id", response.session_id)
         self.reset_response = response
         self.closed = False
         self.last_step = None
@@ -331,6 +351,11 @@ class _EpisodeBase:
         return result
 
     def _check_verification(self, step: orchestrator_pb2.StepResponse) -> None:
+        if step.done:
+            self._trace.set("rlgate.done_reason", done_reason_name(step.done_reason))
+            self._trace.set("rlgate.verification.status", verification_status_name(step.verification.status))
+            if step.HasField("reward"):
+                self._trace.set("rlgate.reward", step.reward)
         if step.done and step.verification.status in _FAILED_VERIFICATION and self.raise_on_verifier_error:
             raise VerifierError(
                 step.verification.message or "the verifier produced no score",
@@ -364,25 +389,30 @@ class Episode(_EpisodeBase):
         fields = dict(self._reset_fields)
         if self.reset_response is not None:
             fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+        self._begin_trace()
         try:
-            response = self.client.reset(trace_id=self.trace_id, **fields)
+            with self._trace.active():
+                response = self.client.reset(trace_id=self.trace_id, **fields)
         except RlgateError as err:
             if self._lost_reset(err) and self.reset_response is None:
                 self._close_lost_reset()
+            self._reset_failed(err)
             raise
         self._reset_done(response)
         return response
 
     def _close_lost_reset(self) -> None:
         try:
-            self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+            with self._trace.active():
+                self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     def list_tools(self) -> list[common_pb2.ToolSpec]:
-        return self.client.list_tools(
-            self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
-        )
+        with self._trace.active():
+            return self.client.list_tools(
+                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+            )
 
     def call_tool(
         self,
@@ -392,25 +422,28 @@ class Episode(_EpisodeBase):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        return self.client.call_tool(
-            self.agent_token,
-            name,
-            arguments,
-            request_id=request_id,
-            gateway=self._gateway(self.client.settings),
-            trace_id=self.trace_id,
-            timeout=timeout,
-        )
+        with self._trace.active():
+            return self.client.call_tool(
+                self.agent_token,
+                name,
+                arguments,
+                request_id=request_id,
+                gateway=self._gateway(self.client.settings),
+                trace_id=self.trace_id,
+                timeout=timeout,
+            )
 
     def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
         """Report a turn yourself (assistant_text=, tool_calls=, final_answer=, done=)."""
-        step = self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+        with self._trace.active():
+            step = self.client.step(self.session_id, trace_id=self.trace_id, **fields)
         self.last_step = step
         self._check_verification(step)
         return step
 
     def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
-        return self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
+        with self._trace.active():
+            return self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
 
     def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
@@ -425,14 +458,19 @@ class Episode(_EpisodeBase):
             except RlgateError as err:
                 response = self._call_refused(err, self.client.settings)
             records.append(self._record(call, request_id, response))
-        step = self.client.step(self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records))
+        with self._trace.active():
+            step = self.client.step(self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records))
         return self._finish(text, parsed, records, step)
 
     def close(self) -> None:
         """Close the session (idempotent)."""
         session_id = self._start_close()
         if session_id is not None:
-            self.client.close_session(session_id, trace_id=self.trace_id)
+            try:
+                with self._trace.active():
+                    self.client.close_session(session_id, trace_id=self.trace_id)
+            finally:
+                self._trace.end()
 
     def __enter__(self) -> Episode:
         if self.reset_response is None:
@@ -459,29 +497,35 @@ class AsyncEpisode(_EpisodeBase):
         fields = dict(self._reset_fields)
         if self.reset_response is not None:
             fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+        self._begin_trace()
         try:
-            response = await self.client.reset(trace_id=self.trace_id, **fields)
+            with self._trace.active():
+                response = await self.client.reset(trace_id=self.trace_id, **fields)
         except RlgateError as err:
             if self._lost_reset(err) and self.reset_response is None:
                 await self._close_lost_reset()
+            self._reset_failed(err)
             raise
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as err:
             if self.reset_response is None:
                 await asyncio.shield(self._close_lost_reset())
+            self._reset_failed(err)
             raise
         self._reset_done(response)
         return response
 
     async def _close_lost_reset(self) -> None:
         try:
-            await self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+            with self._trace.active():
+                await self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     async def list_tools(self) -> list[common_pb2.ToolSpec]:
-        return await self.client.list_tools(
-            self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
-        )
+        with self._trace.active():
+            return await self.client.list_tools(
+                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+            )
 
     async def call_tool(
         self,
@@ -491,24 +535,29 @@ class AsyncEpisode(_EpisodeBase):
         request_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 -- the gRPC deadline of the call, as in the client
     ) -> toolgateway_pb2.CallToolResponse:
-        return await self.client.call_tool(
-            self.agent_token,
-            name,
-            arguments,
-            request_id=request_id,
-            gateway=self._gateway(self.client.settings),
-            trace_id=self.trace_id,
-            timeout=timeout,
-        )
+        with self._trace.active():
+            return await self.client.call_tool(
+                self.agent_token,
+                name,
+                arguments,
+                request_id=request_id,
+                gateway=self._gateway(self.client.settings),
+                trace_id=self.trace_id,
+                timeout=timeout,
+            )
 
     async def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
-        step = await self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+        with self._trace.active():
+            step = await self.client.step(self.session_id, trace_id=self.trace_id, **fields)
         self.last_step = step
         self._check_verification(step)
         return step
 
     async def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
-        return await self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
+        with self._trace.active():
+            return await self.client.state(
+                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id
+            )
 
     async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
@@ -522,15 +571,20 @@ class AsyncEpisode(_EpisodeBase):
             except RlgateError as err:
                 response = self._call_refused(err, self.client.settings)
             records.append(self._record(call, request_id, response))
-        step = await self.client.step(
-            self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records)
-        )
+        with self._trace.active():
+            step = await self.client.step(
+                self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records)
+            )
         return self._finish(text, parsed, records, step)
 
     async def close(self) -> None:
         session_id = self._start_close()
         if session_id is not None:
-            await self.client.close_session(session_id, trace_id=self.trace_id)
+            try:
+                with self._trace.active():
+                    await self.client.close_session(session_id, trace_id=self.trace_id)
+            finally:
+                self._trace.end()
 
     async def __aenter__(self) -> AsyncEpisode:
         if self.reset_response is None:
