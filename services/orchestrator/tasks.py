@@ -69,8 +69,8 @@ def tool_filter_of(obj: Any, what: str) -> dict[str, list[str]]:
 
 def explicit_modality(obj: dict[str, Any]) -> str:
     """The modality a task entry names itself (top level, then metadata), or ""."""
-    metadata = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    for source in (obj, metadata):
+    metadata = obj.get("metadata")
+    for source in (obj, metadata if isinstance(metadata, dict) else {}):
         for name in _MODALITY_KEYS:
             if source.get(name):
                 return str(source[name])
