@@ -98,8 +98,13 @@ class ToolCache:
                     f"tool discovery failed: {exc}", reason="TOOLS_UNAVAILABLE", retry_after_s=2.0
                 ) from exc
         else:
-            per_endpoint = await asyncio.gather(*(self._list_own(url) for url in endpoints))
-            catalog = union_tools(zip(endpoints, per_endpoint, strict=True)).filtered(tool_filter)
+            try:  # the first wrong endpoint answers; the other listings are cancelled
+                async with asyncio.TaskGroup() as group:
+                    listings = [group.create_task(self._list_own(url)) for url in endpoints]
+            except BaseExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+            per_endpoint = [(url, listing.result()) for url, listing in zip(endpoints, listings, strict=True)]
+            catalog = union_tools(per_endpoint).filtered(tool_filter)
         specs = catalog.specs()
         if not specs and not per_instance:  # every endpoint answered: the filter (configuration) left nothing
             raise FailedPrecondition(
