@@ -10,11 +10,11 @@ upstream (MCP calls, Fleet's HTTP API).
   current context into the request's `_meta` (`traceparent`, `tracestate`; SEP-414).
 - Out: `inject_headers` writes the current context as W3C headers (the MCP transport, Fleet's httpx client).
 
-Off by default, and then free: without an SDK tracer provider no span is created (`recording()` is False,
-`span` returns one shared null context) and an arriving `traceparent` is only parsed and passed on, so
-upstreams still see the caller's trace. `setup` installs the SDK with an OTLP exporter when
-`--otlp-endpoint` / `RLGATE_OTLP_ENDPOINT` or the standard `OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT` is set;
-the SDK and exporter are imported only then. See docs/observability.md.
+Off by default, and then cheap (under a microsecond per RPC, docs/observability.md): without an SDK tracer
+provider no span is created (`recording()` is False, `span` returns one shared null context) and an arriving
+`traceparent` is only parsed (once per episode) and passed on, so upstreams still see the caller's trace.
+`setup` installs the SDK with an OTLP exporter when `--otlp-endpoint` / `RLGATE_OTLP_ENDPOINT` or the standard
+`OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT` is set; the SDK and exporter are imported only then.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 TRACER_NAME = "rlgate"
 
-# version 00: "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; later versions may append fields.
 MAX_HEADER = 512  # longer `traceparent` / `tracestate` values are ignored (as OpenTelemetry's propagator does)
+# version 00: "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>"; later versions may append fields.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 _HEX_ID = re.compile(r"[0-9a-fA-F]{1,32}")
 _OFF: contextlib.AbstractContextManager[Span] = contextlib.nullcontext(trace.INVALID_SPAN)
@@ -278,7 +278,8 @@ def setup(service: str, endpoint: str = "", *, exporter: Any = None) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=_id_generator())
+    named = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service}  # the operator's name wins
+    provider = TracerProvider(resource=Resource.create(named), id_generator=_id_generator())
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:

@@ -14,6 +14,8 @@ import asyncio
 import io
 import json
 import logging
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,6 +27,7 @@ import grpc
 import pytest
 import uvicorn
 from opentelemetry import trace
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -40,7 +43,7 @@ from rlgate.runtime.logs import setup_logging
 from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
-from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.localfleet import tiny_environments
 from tests.support.ports import free_port
 
@@ -288,6 +291,61 @@ async def test_a_caller_with_only_x_rlgate_trace_id_keeps_it(stack: Stack, expor
     assert [_attrs(s)["rlgate.trace_id"] for s in calls] == [hex_id, text_id]
     assert calls[0].context.trace_id == int(hex_id, 16) and calls[0].parent is None
     assert calls[1].context.trace_id != int(hex_id, 16) and calls[1].parent is None
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC trace receiver keeping what it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, Any]] = []  # (service.name, span)
+        self.received = asyncio.Event()
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.aio.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        for resource_spans in request.resource_spans:
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                self.spans.extend((attributes.get("service.name", ""), span) for span in scope_spans.spans)
+        self.received.set()
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+async def test_a_service_exports_its_spans_over_otlp(tmp_path: Path) -> None:
+    """`rlgate toolgateway --otlp-endpoint` (a process of its own) sends its spans to an OTLP collector,
+    continuing the caller's trace."""
+    collector = Collector()
+    receiver = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, receiver)
+    otlp_port = receiver.add_insecure_port("127.0.0.1:0")
+    await receiver.start()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_BSP_SCHEDULE_DELAY"] = "50"  # export within 50 ms, not 5 s
+    gateway = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlgate.cli", "toolgateway", "--listen", f"127.0.0.1:{port}",
+        "--data-dir", str(tmp_path), "--drain-s", "0", "--otlp-endpoint", f"http://127.0.0.1:{otlp_port}",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    trace_hex, parent_hex = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            await asyncio.wait_for(channel.channel_ready(), WAIT_S)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(
+                    toolgateway_pb2.ListToolsRequest(),
+                    metadata=[("traceparent", f"00-{trace_hex}-{parent_hex}-01")],
+                    timeout=10,
+                )
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # no agent token: a span all the same
+        await asyncio.wait_for(collector.received.wait(), WAIT_S)
+    finally:
+        gateway.terminate()
+        await gateway.wait()
+        await receiver.stop(0)
+    (service, span), *_ = collector.spans
+    assert service == "rlgate-toolgateway" and span.name == "rlgate.v1.ToolGatewayService/ListTools"
+    assert (span.trace_id.hex(), span.parent_span_id.hex()) == (trace_hex, parent_hex)
 
 
 def test_traceparent_parsing() -> None:
