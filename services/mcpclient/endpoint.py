@@ -1,4 +1,5 @@
-"""A session's connection to one MCP endpoint: the current `Link`, its cached tool list, and tool calls.
+"""A session's connection to one MCP endpoint: the current `Link` (its own, or the URL's common one the pool
+hands out), its cached tool list, and tool calls.
 
 Every call goes through the link's SDK session (`Client.call_tool`), in either era. What the transport saw
 of the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
@@ -21,7 +22,6 @@ from mcp import Client, MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
-from rlgate.mcpclient.connect import list_tools_forwarding
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -78,12 +78,15 @@ class EndpointClient:
         async with self._lock:  # single flight: concurrent callers share one handshake
             link = self._link
             if link is None or link.dead:
-                if link is not None and link.ready.done() and not link.ready.exception():
-                    _rebuilds.labels("connection_lost").inc()
-                settings = self._pool.settings
-                link = self._link = Link(self.url, settings.http, settings.upstream_timeout_s, self._pool.tool_lists)
-                link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
-                link.task = self._pool.spawn(link.run(), f"mcp-owner {self.url}")
+                if link is not None:
+                    if link.ready.done() and not link.ready.exception():
+                        _rebuilds.labels("connection_lost").inc()
+                    self._pool.release(link)
+                link = self._link = self._pool.link(self.url)
+                if link.ready.done():  # a common link already open: its listing is this endpoint's at once
+                    self._adopt_listing(link, link.ready)
+                else:
+                    link.ready.add_done_callback(functools.partial(self._adopt_listing, link))
         if link.ready.done():  # the usual case: no waiter task to build
             link.ready.result()  # raises the handshake's error
         else:
@@ -105,7 +108,7 @@ class EndpointClient:
                 log.info("endpoint dropped from the session's tools: %s", exc)
             self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
         elif exc is None:
-            self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+            self.not_found, self.tools, self.tools_at = "", link.tools, link.listed_at
             self._shared = link.shared  # keeps the interned list alive while this endpoint caches it
 
     def retire(self) -> bool:
@@ -123,19 +126,25 @@ class EndpointClient:
         ):
             return False
         self._link = None
-        link.stop()  # its owner task exits the client
+        self._pool.release(link)  # a private link's owner task exits the client
         return True
 
-    def _discard(self, link: Link, reason: str) -> None:
+    def _discard(self, link: Link, reason: str, *, broken: bool = False) -> None:
+        """Stop using `link` after a failure: a private link is closed; a URL's common link only when
+        `broken`, since one request's failure (answered per request by the transport) says nothing about
+        the calls other sessions have in flight on it."""
         if self._link is link:
             self._link = None
             _rebuilds.labels(reason).inc()
-        link.stop()
+            self._pool.release(link, broken=broken)
+        elif broken or not link.common:
+            link.stop()
 
     # -- tools ----------------------------------------------------------------------------------------------
-    async def _relist(self, link: Link, client: Client) -> None:
-        link.set_tools(await list_tools_forwarding(client))
-        self.not_found, self.tools, self.tools_at = "", link.tools, time.monotonic()
+    async def _relist(self, link: Link, since: float) -> None:
+        """The link's listing, at least as recent as `since` (re-listed unless it is), as this endpoint's."""
+        await link.relist(since)
+        self.not_found, self.tools, self.tools_at = "", link.tools, link.listed_at
         self._shared = link.shared
 
     def cached(self) -> list[mt.Tool] | EndpointNotFound | None:
@@ -156,16 +165,17 @@ class EndpointClient:
                     raise EndpointNotFound(self.not_found)
                 if self.tools is not None:
                     return self.tools
+            # A listing at least this recent will do: one made since now (a refresh), or within the refresh
+            # age (e.g. the URL's common link, listed for another session).
+            since = time.monotonic() - (0.0 if refresh else self._pool.settings.tools_refresh_s)
             with tracing.span("upstream tools/list", self._span_attributes("tools/list")):
-                return await self._list(timeout_s)
+                return await self._list(timeout_s, since)
 
-    async def _list(self, timeout_s: float) -> list[mt.Tool]:
-        listed_before = self.tools_at
+    async def _list(self, timeout_s: float, since: float) -> list[mt.Tool]:
         for attempt in range(2):
             try:
-                link, client = await self._get_link(timeout_s)
-                if self.tools_at == listed_before:  # not just listed by a new connection
-                    await self._relist(link, client)
+                link, _ = await self._get_link(timeout_s)
+                await self._relist(link, since)  # a no-op when a new connection has just listed
             except EndpointNotFound:
                 raise
             except MCPError as exc:
@@ -214,9 +224,7 @@ class EndpointClient:
             link, client = await self._get_link(remaining)
             # A client that has not listed the tool lists first (idempotent), so the SDK knows its
             # x-mcp-header arguments and never has to re-list around the call.
-            if name not in link.names and not await self._list_before_call(
-                link, client, name, deadline, last=attempt == 1
-            ):
+            if name not in link.names and not await self._list_before_call(link, name, deadline, last=attempt == 1):
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -233,18 +241,18 @@ class EndpointClient:
                     raise CallRejected(f"malformed tools/call result: {exc}", PARSE_ERROR) from exc
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
                     # The client's streams were already closed: nothing was written.
-                    self._discard(link, "connection_lost")
+                    self._discard(link, "connection_lost", broken=True)
                     if attempt == 0:
                         continue
                     raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
         raise CallNotSent(f"{self.url}: could not send {name!r}")
 
-    async def _list_before_call(self, link: Link, client: Client, name: str, deadline: float, *, last: bool) -> bool:
+    async def _list_before_call(self, link: Link, name: str, deadline: float, *, last: bool) -> bool:
         """List the tools on `link` before calling `name`; False: the link died, try again on a new one.
         Nothing of the call has been sent yet, so every failure here is CallNotSent or a CallTimedOut
         that was not sent."""
         try:
-            await asyncio.wait_for(self._relist(link, client), max(deadline - time.monotonic(), 0.001))
+            await asyncio.wait_for(self._relist(link, time.monotonic()), max(deadline - time.monotonic(), 0.001))
         except TimeoutError as exc:
             raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
         except MCPError as exc:
@@ -278,8 +286,8 @@ class EndpointClient:
     async def close(self) -> None:
         link, self._link = self._link, None
         if link is not None:
-            link.stop()
-            if link.task is not None:
+            self._pool.release(link)
+            if not link.common and link.task is not None:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(asyncio.shield(link.task), 5.0)
                 if not link.task.done():

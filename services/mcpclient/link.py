@@ -4,7 +4,9 @@ mcp 2.x constraints this is built around (docs/toolgateway.md, "Upstream clients
 - a `Client` must be exited in the task that entered it -> each lives inside its owner task (`Link.run`);
   callers in other tasks only call its methods (concurrent calls are multiplexed by JSON-RPC id);
 - a client can die (its transport task group ended, a legacy session the server forgot answers -32600
-  forever) -> the link is marked dead and its `EndpointClient` builds a new one.
+  forever) -> the link is marked dead and its `EndpointClient` builds a new one;
+- a client of a stateless era (2026-07-28) holds nothing of one session, so one link per URL may serve
+  every session on that URL (`common`, handed out by the pool); a legacy-era client is its session's.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 import weakref
 
 import anyio
 import mcp_types as mt
 from mcp import Client
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
@@ -28,6 +32,8 @@ log = logging.getLogger(__name__)
 
 _open_clients = metrics.gauge("rlgate_toolgateway_upstream_clients", "Open upstream MCP clients")
 _connects = metrics.counter("rlgate_toolgateway_upstream_connects_total", "Upstream MCP handshakes", ["result"])
+
+STATELESS_ERAS = frozenset(MODERN_PROTOCOL_VERSIONS)  # no session on the server: a client may serve many
 
 
 class SharedTools:
@@ -66,7 +72,9 @@ class Link:
     tool discovery (every page): the session's catalog needs it, and on 2026-07-28 connections the SDK
     mirrors `x-mcp-header` arguments into request headers only for tools this client has listed."""
 
-    def __init__(self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner) -> None:
+    def __init__(
+        self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner, *, common: bool = False
+    ) -> None:
         self.url = url
         self._http = http
         self._timeout = timeout_s
@@ -74,8 +82,12 @@ class Link:
         self.client: Client | None = None
         self.era = ""
         self.dead = False
+        self.common = common  # serves every session on its URL (the pool counts `users`), else one session's
+        self.users = 0
         self.shared = SharedTools([])
         self.names: frozenset[str] = frozenset()
+        self.listed_at = 0.0  # monotonic time of the listing in `shared`
+        self._listing = asyncio.Lock()  # single flight: sessions sharing the link share one re-listing
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "unretrieved"
         self._stop = anyio.Event()
@@ -85,9 +97,24 @@ class Link:
     def tools(self) -> list[mt.Tool]:
         return self.shared.tools
 
+    @property
+    def stateless(self) -> bool:
+        return self.era in STATELESS_ERAS
+
     def set_tools(self, tools: list[mt.Tool]) -> None:
         self.shared = self._interner.intern(tools)
         self.names = frozenset(t.name for t in tools)
+        self.listed_at = time.monotonic()
+
+    async def relist(self, since: float) -> None:
+        """Make the link's tool list at least as recent as `since` (monotonic): listed again unless a
+        listing that recent exists or lands while waiting for another caller's."""
+        async with self._listing:
+            if self.listed_at < since:
+                client = self.client
+                if client is None:
+                    raise CallNotSent(f"{self.url}: connection closed before tools/list was sent")
+                self.set_tools(await list_tools_forwarding(client))
 
     async def run(self) -> None:
         opened = False

@@ -1,5 +1,10 @@
-"""Every upstream client of a process: sessions' upstreams, their owner tasks, and the janitor that closes
-the clients of sessions that ended or went idle.
+"""Every upstream client of a process: sessions' upstreams, the links (SDK clients) they use, their owner tasks,
+and the janitor that closes the clients of sessions that ended or went idle.
+
+A URL whose server speaks a stateless era (2026-07-28) gets one common link, which every session on that URL
+uses: one handshake, one tool listing per refresh and one connection pool instead of one of each per
+session. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the server keeps
+a session per client), each session's endpoint client has a link of its own.
 
 State here is a cache: any replica rebuilds it from the session store and the upstreams.
 """
@@ -7,14 +12,20 @@ State here is a cache: any replica rebuilds it from the session store and the up
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2
+
 from rlgate.mcpclient.errors import CallNotSent
-from rlgate.mcpclient.link import ToolListInterner
+from rlgate.mcpclient.link import Link, ToolListInterner
 from rlgate.mcpclient.session import SessionUpstreams
 from rlgate.mcpclient.transport import HttpSettings
 
@@ -25,6 +36,7 @@ JANITOR_CONCURRENCY = 16  # store reads of one janitor pass in flight at once
 # closed right after its last call (the usual end of an episode) is noticed within one interval, while
 # long-idle open sessions cost few store reads.
 IDLE_BACKOFF = 8.0
+ERAS_KEPT = 4096  # URLs whose era is remembered (least recently used forgotten first)
 
 
 @dataclass
@@ -36,6 +48,9 @@ class PoolSettings:
     tools_refresh_s: float = 300.0  # re-list tools at most this old
     janitor_interval_s: float = 1.0  # how often idle/closed sessions are looked for
     http: HttpSettings = field(default_factory=HttpSettings.shared)
+    # HTTP connections of a URL's common link: HTTP/1.1 carries one call at a time, so this bounds the calls
+    # in flight to that URL from this process (more wait for a connection, within their deadline).
+    common_max_connections: int = 1024
 
 
 class UpstreamPool:
@@ -48,6 +63,15 @@ class UpstreamPool:
         self._janitor: asyncio.Task[None] | None = None
         self._closed = False
         self.tool_lists = ToolListInterner()
+        self._links: set[Link] = set()  # every link whose owner task runs
+        self._common: dict[str, Link] = {}  # url -> its common link
+        self._stateless: OrderedDict[str, bool] = OrderedDict()  # url -> whether its server's era is stateless
+        http = self.settings.http
+        n = self.settings.common_max_connections
+        limits = httpx2.Limits(
+            max_connections=n, max_keepalive_connections=n, keepalive_expiry=http.limits.keepalive_expiry
+        )
+        self._common_http = dataclasses.replace(http, limits=limits)
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         if self._closed:
@@ -70,8 +94,64 @@ class UpstreamPool:
         fresh = self._sessions[session_id] = SessionUpstreams(session_id, endpoints, self)
         return fresh
 
+    # -- links ------------------------------------------------------------------------------------------------
+    def link(self, url: str) -> Link:
+        """A link for an endpoint client of `url`, counted as used until `release`d: the URL's common link
+        while one is open; else a new link, common from the start when the URL's era is known to be
+        stateless, else private to the caller."""
+        current = self._common.get(url)
+        if current is not None and not current.dead:
+            current.users += 1
+            return current
+        stateless = self._stateless.get(url, False)
+        settings = self.settings
+        link = Link(
+            url,
+            self._common_http if stateless else settings.http,
+            settings.upstream_timeout_s,
+            self.tool_lists,
+            common=stateless,
+        )
+        link.users = 1
+        if stateless:
+            self._common[url] = link
+        link.ready.add_done_callback(functools.partial(self._learn_era, link))
+        link.task = self.spawn(link.run(), f"mcp-owner {url}")
+        self._links.add(link)
+        link.task.add_done_callback(functools.partial(self._link_ended, link))
+        return link
+
+    def release(self, link: Link, *, broken: bool = False) -> None:
+        """An endpoint client no longer uses `link`. A private link is closed; a common one when its last
+        user leaves, or at once when it is `broken` (its client cannot carry calls any more)."""
+        link.users -= 1
+        if not link.common or broken or link.users <= 0:
+            self._forget_common(link)
+            link.stop()
+
+    def _learn_era(self, link: Link, ready: asyncio.Future[None]) -> None:
+        if ready.cancelled() or ready.exception() is not None:
+            self._forget_common(link)
+            return
+        self._stateless[link.url] = link.stateless
+        self._stateless.move_to_end(link.url)
+        while len(self._stateless) > ERAS_KEPT:
+            self._stateless.popitem(last=False)
+        if link.common and not link.stateless:  # the server changed era: its client is one session's now
+            self._forget_common(link)
+            link.stop()
+
+    def _forget_common(self, link: Link) -> None:
+        if self._common.get(link.url) is link:
+            del self._common[link.url]
+
+    def _link_ended(self, link: Link, task: asyncio.Task[None]) -> None:
+        self._links.discard(link)
+        self._forget_common(link)
+
     def open_clients(self) -> int:
-        return sum(s.connected_count() for s in self._sessions.values())
+        """Upstream clients connected now (a common link counts once)."""
+        return sum(1 for link in self._links if link.client is not None and not link.dead)
 
     async def close_session(self, session_id: str) -> None:
         ups = self._sessions.pop(session_id, None)
@@ -124,6 +204,13 @@ class UpstreamPool:
             self._janitor.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        links, self._common = list(self._links), {}
+        for link in links:
+            link.stop()
+        owners = [link.task for link in links if link.task is not None]
+        if owners:
+            with contextlib.suppress(TimeoutError):  # each client exits in its owner task; bounded
+                await asyncio.wait_for(asyncio.gather(*owners, return_exceptions=True), 5.0)
         self._closed = True
         for task in list(self._tasks):
             task.cancel()

@@ -135,8 +135,5 @@ class SessionUpstreams:
             self.in_flight -= 1
             self.last_used = time.monotonic()
 
-    def connected_count(self) -> int:
-        return sum(1 for c in self.clients.values() if c.connected)
-
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients.values()))

@@ -98,6 +98,7 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
             client_idle_s=config.client_idle_s,
             tools_refresh_s=config.tools_refresh_s,
             janitor_interval_s=config.janitor_interval_s,
+            common_max_connections=config.upstream_common_max_connections,
             http=HttpSettings.create(
                 connect_timeout=config.connect_timeout_s,
                 max_connections=config.upstream_max_connections,
