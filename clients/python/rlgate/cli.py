@@ -159,6 +159,7 @@ def version() -> None:
 
 
 def main() -> None:
+    """The `rlgate` console script."""
     cli()
 
 

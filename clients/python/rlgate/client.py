@@ -5,7 +5,11 @@ Both are thin shells over `_Core`, which owns everything they share: settings, c
 credentials, round-robin address pools, request building (request ids are always generated), metadata
 (API key on the orchestrator, agent token on the gateway, the trace: `x-rlgate-trace-id` and, when an
 OpenTelemetry span is current, its W3C `traceparent`; see `rlgate._tracing`) and the retry policy
-(`rlgate.retry`). The shells differ only in how they call a stub and how they sleep.
+(`rlgate.retry`). The shells differ only in how they call a stub and how they sleep; their methods have the
+same explicit, typed parameters (tests/client/test_signatures.py keeps them so), so a misspelt keyword is a
+type-check error and a TypeError before anything is sent. A value a request cannot hold (a label that is
+not a string, a timeout that is not a number) is a TypeError or ValueError naming the parameter, never a
+protobuf message about "bad argument type".
 
 Sync channels are thread-safe: one `Client` serves every thread of a process (the SkyRL adapter shares one).
 grpc.aio channels belong to the event loop that created them: use an `AsyncClient` on one loop."""
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
+import reprlib
 import threading
 import time
 import uuid
@@ -23,11 +29,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from rlgate._tracing import TRACE_HEADER, trace_metadata
 from rlgate._tracing import new_trace_id as new_trace_id  # re-exported: part of this module's API
 from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
+from rlgate.protocol import DEFAULT_INSTRUCTIONS
 from rlgate.retry import RetryPolicy, RetryState
 from rlgate.v1 import (
     common_pb2,
@@ -47,24 +56,46 @@ ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
 PAGE_SIZE = 1000
 
 C = TypeVar("C")
+M = TypeVar("M", bound=Message)
 
 
 def new_request_id() -> str:
+    """A fresh request id (32 hex digits): every attempt of one call reuses it, so the server runs it once."""
     return uuid.uuid4().hex
 
 
+def _shown(value: object) -> str:
+    """A value as an error message shows it: its type and a bounded repr."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
 def split_addresses(addresses: str | Iterable[str]) -> tuple[str, ...]:
-    """`"a:1,b:2"` or `["a:1", "b:2"]` -> `("a:1", "b:2")`."""
-    items = addresses.split(",") if isinstance(addresses, str) else list(addresses)
-    out = tuple(a.strip() for a in items if a and a.strip())
+    """`"a:1,b:2"` or `["a:1", "b:2"]` -> `("a:1", "b:2")`; blanks are dropped, at least one must remain."""
+    if isinstance(addresses, str):
+        items: list[object] = list(addresses.split(","))
+    elif isinstance(addresses, Iterable):
+        items = list(addresses)
+    else:
+        raise TypeError(
+            f"addresses must be 'host:port', 'host1:port1,host2:port2' or an iterable of 'host:port' strings, "
+            f"not {_shown(addresses)}"
+        )
+    for item in items:
+        if not isinstance(item, str):
+            raise TypeError(f"each address must be a 'host:port' string, not {_shown(item)} (in {addresses!r})")
+    out = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
     if not out:
-        raise ValueError("at least one address (host:port) is required")
+        raise ValueError(
+            f"no address in {addresses!r}: expected 'host:port', 'host1:port1,host2:port2' or a list of them"
+        )
     return out
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Default deadline of each logical call (all attempts and backoff included), in seconds."""
+    """Default deadline of each logical call (all attempts and backoff included), in seconds.
+
+    A call's own `timeout=` replaces its default; `ClientSettings.timeouts` sets them for a client."""
 
     reset: float = 600.0  # provisioning may queue behind an instance limit
     step: float = 300.0  # the final step runs the verifier
@@ -91,8 +122,25 @@ class ClientSettings:
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> ClientSettings:
-        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY and RLGATE_TLS_ROOT_CERTS (a PEM file path)."""
+    def from_env(
+        cls,
+        *,
+        api_key: str | None = None,
+        tls: bool | None = None,
+        root_certificates: bytes | None = None,
+        tls_server_name: str | None = None,
+        gateway_addresses: str | Iterable[str] | None = None,
+        keepalive_time_s: float | None = None,
+        keepalive_timeout_s: float | None = None,
+        max_send_message_bytes: int | None = None,
+        max_receive_message_bytes: int | None = None,
+        retry: RetryPolicy | None = None,
+        timeouts: Timeouts | None = None,
+    ) -> ClientSettings:
+        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY and RLGATE_TLS_ROOT_CERTS (a PEM file path).
+
+        Each argument that is not None overrides what the environment says (a trainer's flag beats the
+        variable)."""
         values: dict[str, Any] = {}
         if os.environ.get(ENV_API_KEY):
             values["api_key"] = os.environ[ENV_API_KEY]
@@ -100,13 +148,33 @@ class ClientSettings:
             values["gateway_addresses"] = split_addresses(os.environ[ENV_GATEWAY])
         certs = os.environ.get(ENV_ROOT_CERTS)
         if certs:
-            with open(certs, "rb") as fh:
-                values["root_certificates"] = fh.read()
+            try:
+                with open(certs, "rb") as fh:
+                    values["root_certificates"] = fh.read()
+            except OSError as exc:
+                raise ValueError(
+                    f"{ENV_ROOT_CERTS}={certs!r} names no readable file ({exc.strerror or exc}): set it to the "
+                    "path of a PEM file of root certificates, or unset it to use the system roots"
+                ) from exc
             values["tls"] = True
+        overrides = {
+            "api_key": api_key,
+            "tls": tls,
+            "root_certificates": root_certificates,
+            "tls_server_name": tls_server_name,
+            "gateway_addresses": None if gateway_addresses is None else split_addresses(gateway_addresses),
+            "keepalive_time_s": keepalive_time_s,
+            "keepalive_timeout_s": keepalive_timeout_s,
+            "max_send_message_bytes": max_send_message_bytes,
+            "max_receive_message_bytes": max_receive_message_bytes,
+            "retry": retry,
+            "timeouts": timeouts,
+        }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def channel_options(self) -> list[tuple[str, Any]]:
+        """The gRPC channel arguments every channel of a client is made with."""
         options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", int(self.keepalive_time_s * 1000)),
             ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
@@ -127,6 +195,7 @@ class ClientSettings:
         return options
 
     def credentials(self) -> grpc.ChannelCredentials | None:
+        """TLS channel credentials, or None for a plaintext channel (neither `tls` nor root certificates)."""
         if not self.tls and self.root_certificates is None:
             return None
         return grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
@@ -184,8 +253,68 @@ class _Call(Generic[C]):
         return replace(self, request=request)
 
 
+_PYTHON_TYPES = {
+    FieldDescriptor.CPPTYPE_STRING: "str",
+    FieldDescriptor.CPPTYPE_BOOL: "bool",
+    FieldDescriptor.CPPTYPE_INT32: "int",
+    FieldDescriptor.CPPTYPE_INT64: "int",
+    FieldDescriptor.CPPTYPE_UINT32: "int",
+    FieldDescriptor.CPPTYPE_UINT64: "int",
+    FieldDescriptor.CPPTYPE_DOUBLE: "float",
+    FieldDescriptor.CPPTYPE_FLOAT: "float",
+}
+
+
+def _kind(field: FieldDescriptor) -> str:
+    if field.message_type is not None:
+        return field.message_type.full_name
+    if field.enum_type is not None:
+        names = ", ".join(value.name for value in field.enum_type.values)
+        return f"{field.enum_type.full_name} ({names})"
+    return _PYTHON_TYPES.get(field.cpp_type, "value")
+
+
+def _expected(field: FieldDescriptor) -> str:
+    """What a request field holds, in Python terms (the parameter of the same name takes it)."""
+    entry = field.message_type
+    if entry is not None and entry.GetOptions().map_entry:
+        return f"a mapping of {_kind(entry.fields_by_name['key'])} to {_kind(entry.fields_by_name['value'])}"
+    if field.is_repeated:
+        return f"a sequence of {_kind(field)}"
+    kind = _kind(field)
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
+def _request(cls: type[M], call: str, **fields: Any) -> M:
+    """`cls(**fields)`; a value the message cannot hold is a TypeError naming the parameter it came from
+    (protobuf's own message, "bad argument type for built-in operation", names nothing)."""
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:
+        for name, value in fields.items():
+            try:
+                cls(**{name: value})
+            except UnicodeEncodeError as field_exc:  # a str, but one UTF-8 (and so gRPC) cannot carry
+                raise ValueError(
+                    f"{call}(): {name} must be valid Unicode text: {reprlib.repr(value)} contains "
+                    f"{field_exc.object[field_exc.start : field_exc.end]!r}, a lone UTF-16 surrogate"
+                ) from exc
+            except (TypeError, ValueError):
+                expected = _expected(cls.DESCRIPTOR.fields_by_name[name])
+                raise TypeError(f"{call}(): {name} must be {expected}, not {_shown(value)}") from exc
+        raise TypeError(f"{call}(): {exc}") from exc
+
+
+def _optional_text(call: str, name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{call}(): {name} must be a str or None, not {_shown(value)}")
+
+
 class _Core(Generic[C]):
-    """State and logic shared by Client and AsyncClient: every public call is built here as a `_Call`."""
+    """State and logic shared by Client and AsyncClient: every public call is built here as a `_Call`.
+
+    `call` arguments name the public method (for error messages); the parameters are checked here, so both
+    clients say the same thing about the same mistake."""
 
     def __init__(self, addresses: str | Iterable[str], settings: ClientSettings, factory: Callable[..., C]):
         self.settings = settings
@@ -225,15 +354,29 @@ class _Core(Generic[C]):
         trace_id = dict(call.metadata).get(TRACE_HEADER)
         return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=trace_id)
 
-    def _timeout(self, kind: str, given: float | None) -> float:
-        if given is not None:
-            return given
-        return float(getattr(self.settings.timeouts, kind))
+    def _timeout(self, call: str, kind: str, given: float | None) -> float:
+        default = float(getattr(self.settings.timeouts, kind))
+        if given is None:
+            return default
+        if isinstance(given, bool) or not isinstance(given, int | float):
+            raise TypeError(
+                f"{call}(): timeout must be a number of seconds, or None for the client's default "
+                f"(Timeouts.{kind} = {default:g} s), not {_shown(given)}"
+            )
+        if not (math.isfinite(given) and given > 0):
+            raise ValueError(
+                f"{call}(): timeout must be a positive, finite number of seconds (the deadline of the whole call, "
+                f"retries included), or None for the client's default (Timeouts.{kind} = {default:g} s), "
+                f"not {given!r}"
+            )
+        return float(given)
 
     # -- orchestrator calls (API key as Bearer)
     def _orchestrator_call(
-        self, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
+        self, call: str, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
     ) -> _Call[C]:
+        _optional_text(call, "trace_id", trace_id)
+        deadline = self._timeout(call, kind, timeout)
         metadata = trace_metadata(trace_id)
         if self.settings.api_key:
             metadata.append(("authorization", f"Bearer {self.settings.api_key}"))
@@ -243,7 +386,7 @@ class _Core(Generic[C]):
             method,
             request,
             metadata,
-            self._timeout(kind, timeout),
+            deadline,
         )
 
     def reset(
@@ -251,24 +394,26 @@ class _Core(Generic[C]):
         trace_id: str | None,
         timeout: float | None,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
-        request_id: str | None = None,
+        task_key: str,
+        env_key: str,
+        session_id: str,
+        max_turns: int,
+        labels: Mapping[str, str] | None,
+        run_id: str,
+        request_id: str | None,
     ) -> _Call[C]:
-        request = orchestrator_pb2.ResetRequest(
+        request = _request(
+            orchestrator_pb2.ResetRequest,
+            "reset",
             request_id=request_id or new_request_id(),
-            task_key=task_key or "",
-            env_key=env_key or "",
-            session_id=session_id or "",
-            max_turns=int(max_turns or 0),
-            labels=dict(labels or {}),
-            run_id=run_id or "",
+            task_key=task_key,
+            env_key=env_key,
+            session_id=session_id,
+            max_turns=max_turns,
+            labels=labels,
+            run_id=run_id,
         )
-        return self._orchestrator_call("Reset", request, trace_id, timeout, "reset")
+        return self._orchestrator_call("reset", "Reset", request, trace_id, timeout, "reset")
 
     def step(
         self,
@@ -276,52 +421,94 @@ class _Core(Generic[C]):
         trace_id: str | None,
         timeout: float | None,
         *,
-        assistant_text: str = "",
-        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
-        final_answer: str | None = None,
-        done: bool = False,
-        request_id: str | None = None,
+        assistant_text: str,
+        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary],
+        final_answer: str | None,
+        done: bool,
+        request_id: str | None,
     ) -> _Call[C]:
-        request = orchestrator_pb2.StepRequest(
+        request = _request(
+            orchestrator_pb2.StepRequest,
+            "step",
             request_id=request_id or new_request_id(),
             session_id=session_id,
             assistant_text=assistant_text,
-            tool_calls=list(tool_calls),
+            tool_calls=tool_calls,
+            final_answer=final_answer,  # None leaves it unset: no answer, the episode goes on
             done=done,
         )
-        if final_answer is not None:
-            request.final_answer = final_answer
-        return self._orchestrator_call("Step", request, trace_id, timeout, "step")
+        return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step")
 
     def state(self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None) -> _Call[C]:
-        request = orchestrator_pb2.StateRequest(session_id=session_id, include_tool_calls=include_tool_calls)
-        return self._orchestrator_call("State", request, trace_id, timeout)
+        request = _request(
+            orchestrator_pb2.StateRequest, "state", session_id=session_id, include_tool_calls=include_tool_calls
+        )
+        return self._orchestrator_call("state", "State", request, trace_id, timeout)
 
     def close(self, session_id: str, trace_id: str | None, timeout: float | None) -> _Call[C]:
-        return self._orchestrator_call("Close", orchestrator_pb2.CloseRequest(session_id=session_id), trace_id, timeout)
+        request = _request(orchestrator_pb2.CloseRequest, "close_session", session_id=session_id)
+        return self._orchestrator_call("close_session", "Close", request, trace_id, timeout)
 
-    def close_sessions(self, labels: Mapping[str, str] | None, run_id: str, timeout: float | None) -> _Call[C]:
-        request = orchestrator_pb2.CloseSessionsRequest(labels=dict(labels or {}), run_id=run_id)
-        return self._orchestrator_call("CloseSessions", request, None, timeout)
+    def close_sessions(
+        self, labels: Mapping[str, str] | None, run_id: str, trace_id: str | None, timeout: float | None
+    ) -> _Call[C]:
+        if not labels and not run_id:
+            raise ValueError(
+                "close_sessions(): pass labels= and/or run_id= to say which sessions to close; the orchestrator "
+                "refuses a CloseSessions without a filter (INVALID_ARGUMENT)"
+            )
+        request = _request(orchestrator_pb2.CloseSessionsRequest, "close_sessions", labels=labels, run_id=run_id)
+        return self._orchestrator_call("close_sessions", "CloseSessions", request, trace_id, timeout)
 
-    def list_tasks(self, env_key: str, include_reference_solution: bool, timeout: float | None) -> _Call[C]:
-        request = orchestrator_pb2.ListTasksRequest(
-            env_key=env_key, page_size=PAGE_SIZE, include_reference_solution=include_reference_solution
+    def list_tasks(
+        self, env_key: str, include_reference_solution: bool, trace_id: str | None, timeout: float | None
+    ) -> _Call[C]:
+        request = _request(
+            orchestrator_pb2.ListTasksRequest,
+            "list_tasks",
+            env_key=env_key,
+            page_size=PAGE_SIZE,
+            include_reference_solution=include_reference_solution,
         )
-        return self._orchestrator_call("ListTasks", request, None, timeout)
+        return self._orchestrator_call("list_tasks", "ListTasks", request, trace_id, timeout)
 
     def list_sessions(
-        self, status: int, labels: Mapping[str, str] | None, run_id: str, timeout: float | None
+        self,
+        status: common_pb2.SessionStatus,
+        labels: Mapping[str, str] | None,
+        run_id: str,
+        trace_id: str | None,
+        timeout: float | None,
     ) -> _Call[C]:
-        request = orchestrator_pb2.ListSessionsRequest(
-            status=status, labels=dict(labels or {}), run_id=run_id, page_size=PAGE_SIZE
+        request = _request(
+            orchestrator_pb2.ListSessionsRequest,
+            "list_sessions",
+            status=status,
+            labels=labels,
+            run_id=run_id,
+            page_size=PAGE_SIZE,
         )
-        return self._orchestrator_call("ListSessions", request, None, timeout)
+        return self._orchestrator_call("list_sessions", "ListSessions", request, trace_id, timeout)
 
     # -- gateway calls (agent token as Bearer)
     def _gateway_call(
-        self, gateway: str | None, agent_token: str, method: str, request: Any, trace_id: str | None, timeout: float
+        self,
+        call: str,
+        gateway: str | None,
+        agent_token: str,
+        method: str,
+        request: Any,
+        trace_id: str | None,
+        timeout: float,
     ) -> _Call[C]:
+        if not isinstance(agent_token, str) or not agent_token:
+            error = ValueError if isinstance(agent_token, str) else TypeError
+            raise error(
+                f"{call}(): agent_token must be the agent_token Reset returned (a non-empty str), "
+                f"not {_shown(agent_token)}"
+            )
+        _optional_text(call, "gateway", gateway)
+        _optional_text(call, "trace_id", trace_id)
         metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
         return _Call(
             self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
@@ -331,7 +518,8 @@ class _Core(Generic[C]):
         self, agent_token: str, gateway: str | None, trace_id: str | None, timeout: float | None
     ) -> _Call[C]:
         request = toolgateway_pb2.ListToolsRequest()
-        return self._gateway_call(gateway, agent_token, "ListTools", request, trace_id, self._timeout("other", timeout))
+        deadline = self._timeout("list_tools", "other", timeout)
+        return self._gateway_call("list_tools", gateway, agent_token, "ListTools", request, trace_id, deadline)
 
     def call_tool(
         self,
@@ -345,19 +533,25 @@ class _Core(Generic[C]):
     ) -> _Call[C]:
         if arguments is not None and not isinstance(arguments, Mapping):
             raise InvalidArgument(
-                f"arguments of {name!r} must be a mapping (a JSON object), not {type(arguments).__name__}"
+                f"call_tool(): arguments of tool {name!r} must be a mapping (a JSON object such as {{'x': 1}}) "
+                f"or None for no arguments, not {_shown(arguments)}"
             )
         try:
             # JSON text, not a Struct: integers reach the tool exactly (a Struct would make 3 a double).
             text = json_text(dict(arguments or {}))
         except InvalidJsonValue as exc:  # undeliverable arguments: the caller's mistake, not a crash
-            raise InvalidArgument(f"arguments of {name!r}: {exc}") from exc
-        request = toolgateway_pb2.CallToolRequest(
-            request_id=request_id or new_request_id(), name=name, arguments_json=text
+            raise InvalidArgument(
+                f"call_tool(): arguments of tool {name!r} cannot be sent as JSON: {exc}; nothing was sent"
+            ) from exc
+        request = _request(
+            toolgateway_pb2.CallToolRequest,
+            "call_tool",
+            request_id=request_id or new_request_id(),
+            name=name,
+            arguments_json=text,
         )
-        return self._gateway_call(
-            gateway, agent_token, "CallTool", request, trace_id, self._timeout("call_tool", timeout)
-        )
+        deadline = self._timeout("call_tool", "call_tool", timeout)
+        return self._gateway_call("call_tool", gateway, agent_token, "CallTool", request, trace_id, deadline)
 
 
 def _sync_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.Channel:
@@ -372,19 +566,40 @@ def _aio_channel(address: str, creds: grpc.ChannelCredentials | None, options: l
     return grpc.aio.secure_channel(address, creds, options=options)
 
 
-def _settings(settings: ClientSettings | None, overrides: dict[str, Any]) -> ClientSettings:
-    base = settings or ClientSettings()
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if "gateway_addresses" in given:
-        given["gateway_addresses"] = split_addresses(given["gateway_addresses"])
-    return replace(base, **given) if given else base
-
-
-_COMMON_ARGS = ("api_key", "tls", "root_certificates", "gateway_addresses", "retry", "timeouts")
+def _settings(
+    settings: ClientSettings | None,
+    *,
+    api_key: str | None,
+    tls: bool | None,
+    root_certificates: bytes | None,
+    gateway_addresses: str | Iterable[str] | None,
+    retry: RetryPolicy | None,
+    timeouts: Timeouts | None,
+) -> ClientSettings:
+    """`settings` (default: ClientSettings()) with every constructor argument that is not None applied."""
+    given: dict[str, Any] = {
+        "api_key": api_key,
+        "tls": tls,
+        "root_certificates": root_certificates,
+        "gateway_addresses": None if gateway_addresses is None else split_addresses(gateway_addresses),
+        "retry": retry,
+        "timeouts": timeouts,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    base = settings if settings is not None else ClientSettings()
+    if not isinstance(base, ClientSettings):
+        raise TypeError(f"settings must be a rlgate.ClientSettings or None, not {_shown(base)}")
+    return replace(base, **overrides) if overrides else base
 
 
 class Client:
-    """Blocking client. `addresses`: "host:port", "a:1,b:2" or a list (round-robin, failover on retry)."""
+    """Blocking client of the orchestrator and the toolgateway (one per process: it is thread-safe).
+
+    `addresses` are the orchestrator's: "host:port", "a:1,b:2" or a list, used round-robin, a retry moving
+    to the next. The keyword arguments override the same fields of `settings` (default `ClientSettings()`);
+    `channel` carries every call of both services instead (a test's fake channel). Every call is one unary
+    RPC per attempt, retried as `rlgate.retry` says within `timeout=` (default: `Timeouts`), and raises an
+    `rlgate.errors.RlgateError` for a failed status."""
 
     def __init__(
         self,
@@ -399,8 +614,15 @@ class Client:
         settings: ClientSettings | None = None,
         channel: grpc.Channel | None = None,
     ) -> None:
-        given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
-        self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
+        self.settings: ClientSettings = _settings(
+            settings,
+            api_key=api_key,
+            tls=tls,
+            root_certificates=root_certificates,
+            gateway_addresses=gateway_addresses,
+            retry=retry,
+            timeouts=timeouts,
+        )
         # `channel`: every call of both services on this one channel instead of dialling (a test's fake channel).
         factory = _sync_channel if channel is None else lambda *_: channel
         self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, factory)
@@ -427,69 +649,184 @@ class Client:
 
     # -- orchestrator
     def reset(
-        self, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
+        self,
+        *,
+        task_key: str = "",
+        env_key: str = "",
+        session_id: str = "",
+        max_turns: int = 0,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> orchestrator_pb2.ResetResponse:
-        """Start an episode: task_key= (or env_key=, or session_id=), max_turns=, labels=, run_id=."""
-        return self._run(self._core.reset(trace_id, timeout, **fields))
+        """Start an episode of `task_key` (or of the bare environment `env_key`, or the next episode of the
+        existing `session_id`). `max_turns` 0 keeps the task's limit; `labels` and `run_id` tag the session
+        for ListSessions / CloseSessions. `request_id` (generated when None) makes retries safe.
+
+        Prefer `episode()`, which also closes the session."""
+        return self._run(
+            self._core.reset(
+                trace_id,
+                timeout,
+                task_key=task_key,
+                env_key=env_key,
+                session_id=session_id,
+                max_turns=max_turns,
+                labels=labels,
+                run_id=run_id,
+                request_id=request_id,
+            )
+        )
 
     def step(
-        self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
+        self,
+        session_id: str,
+        *,
+        assistant_text: str = "",
+        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
+        final_answer: str | None = None,
+        done: bool = False,
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> orchestrator_pb2.StepResponse:
-        """Record a turn: assistant_text=, tool_calls=[ToolCallSummary], final_answer=, done=."""
-        return self._run(self._core.step(session_id, trace_id, timeout, **fields))
+        """Report one turn: what the assistant wrote and the tool calls it made through the gateway.
+
+        A `final_answer` (even "") ends the episode and is scored; `done=True` ends it without one. The
+        response says whether the episode is over and, then, its reward and verification."""
+        return self._run(
+            self._core.step(
+                session_id,
+                trace_id,
+                timeout,
+                assistant_text=assistant_text,
+                tool_calls=tool_calls,
+                final_answer=final_answer,
+                done=done,
+                request_id=request_id,
+            )
+        )
 
     def state(
-        self, session_id: str, *, include_tool_calls: bool = False, trace_id: str | None = None,
+        self,
+        session_id: str,
+        *,
+        include_tool_calls: bool = False,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StateResponse:  # fmt: skip
+    ) -> orchestrator_pb2.StateResponse:
+        """A session's status, turn, reward and verification; with `include_tool_calls`, the gateway's log."""
         return self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
+        """Close a session: revoke its agent token and release its instance. Idempotent: closing a closed or
+        expired session succeeds and says `already_closed`."""
         return self._run(self._core.close(session_id, trace_id, timeout))
 
     def close_sessions(
-        self, *, labels: Mapping[str, str] | None = None, run_id: str = "", timeout: float | None = None
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> list[str]:
-        return list(self._run(self._core.close_sessions(labels, run_id, timeout)).session_ids)
+        """Close every open session with all of `labels` and `run_id` (a crashed run's leftovers); the ids
+        of the sessions it closed."""
+        return list(self._run(self._core.close_sessions(labels, run_id, trace_id, timeout)).session_ids)
 
     def list_tasks(
-        self, env_key: str = "", *, include_reference_solution: bool = False, timeout: float | None = None
+        self,
+        env_key: str = "",
+        *,
+        include_reference_solution: bool = False,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> list[common_pb2.TaskInfo]:
-        """Every task (of `env_key`, when given). `include_reference_solution` fills
+        """Every task (of `env_key`, when given), all pages. `include_reference_solution` fills
         `TaskInfo.reference_solution_json` (an answer key: for tests, demos and the reference policy)."""
-        return self._pages(self._core.list_tasks(env_key, include_reference_solution, timeout), "tasks")
+        return self._pages(self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout), "tasks")
 
     def list_sessions(
-        self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
+        self,
+        *,
+        status: common_pb2.SessionStatus = common_pb2.SESSION_STATUS_UNSPECIFIED,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> list[orchestrator_pb2.SessionInfo]:  # fmt: skip
-        return self._pages(self._core.list_sessions(status, labels, run_id, timeout), "sessions")
+    ) -> list[orchestrator_pb2.SessionInfo]:
+        """Every session (newest first, all pages) in `status` (UNSPECIFIED: any) with all of `labels` and
+        `run_id` (each filter applies when given)."""
+        return self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
 
     # -- gateway
     def list_tools(
-        self, agent_token: str, *, gateway: str | None = None, trace_id: str | None = None,
+        self,
+        agent_token: str,
+        *,
+        gateway: str | None = None,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> list[common_pb2.ToolSpec]:  # fmt: skip
+    ) -> list[common_pb2.ToolSpec]:
+        """The tools `agent_token`'s session may call, from the gateway at `gateway` (Reset's
+        gateway_address) unless the client has `gateway_addresses`."""
         return list(self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout)).tools)
 
     def call_tool(
-        self, agent_token: str, name: str, arguments: Mapping[str, Any] | None = None, *,
-        request_id: str | None = None, gateway: str | None = None, trace_id: str | None = None,
+        self,
+        agent_token: str,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        gateway: str | None = None,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> toolgateway_pb2.CallToolResponse:  # fmt: skip
-        """Call a tool. Agent mistakes come back as `result.is_error`; retries reuse one request_id."""
+    ) -> toolgateway_pb2.CallToolResponse:
+        """Call a tool with `arguments` (sent as exact JSON text). Agent mistakes come back as
+        `result.is_error`, not exceptions; every retry reuses one `request_id`, so the tool runs once."""
         return self._run(self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout))
 
     # -- episodes
-    def episode(self, **reset_fields: Any) -> Episode:
-        """An Episode: `with client.episode(task_key=...) as ep:` resets on enter and always closes."""
+    def episode(
+        self,
+        *,
+        task_key: str = "",
+        env_key: str = "",
+        session_id: str = "",
+        max_turns: int = 0,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        raise_on_verifier_error: bool = True,
+        tool_timeout_s: float | None = None,
+    ) -> Episode:
+        """An `Episode` (not yet reset): `with client.episode(task_key=...) as ep:` resets on enter and
+        always closes. The arguments are `Episode`'s."""
         from rlgate.episode import Episode
 
-        return Episode(self, **reset_fields)
+        return Episode(
+            self,
+            task_key=task_key,
+            env_key=env_key,
+            session_id=session_id,
+            max_turns=max_turns,
+            labels=labels,
+            run_id=run_id,
+            trace_id=trace_id,
+            instructions=instructions,
+            raise_on_verifier_error=raise_on_verifier_error,
+            tool_timeout_s=tool_timeout_s,
+        )
 
     def close(self) -> None:
+        """Close every channel the client opened (calls still in flight are cancelled)."""
         for channel in self._core.all_channels():
             channel.close()
 
@@ -501,7 +838,9 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client with the same API as `Client` (coroutines). Use it on one event loop."""
+    """asyncio client with the same methods and parameters as `Client` (coroutines); use it on one loop.
+
+    grpc.aio channels belong to the event loop that made them: one `AsyncClient` per loop."""
 
     def __init__(
         self,
@@ -514,10 +853,20 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         timeouts: Timeouts | None = None,
         settings: ClientSettings | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
-        given = (api_key, tls, root_certificates, gateway_addresses, retry, timeouts)
-        self.settings = _settings(settings, dict(zip(_COMMON_ARGS, given, strict=True)))
-        self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, _aio_channel)
+        self.settings: ClientSettings = _settings(
+            settings,
+            api_key=api_key,
+            tls=tls,
+            root_certificates=root_certificates,
+            gateway_addresses=gateway_addresses,
+            retry=retry,
+            timeouts=timeouts,
+        )
+        # `channel`: every call of both services on this one channel instead of dialling (a test's fake channel).
+        factory = _aio_channel if channel is None else lambda *_: channel
+        self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, factory)
 
     async def _run(self, call: _Call[grpc.aio.Channel]) -> Any:
         state = self._core.retry_state(call)
@@ -540,64 +889,172 @@ class AsyncClient:
             call = call.next_page(page.next_page_token)
 
     async def reset(
-        self, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
+        self,
+        *,
+        task_key: str = "",
+        env_key: str = "",
+        session_id: str = "",
+        max_turns: int = 0,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> orchestrator_pb2.ResetResponse:
-        return await self._run(self._core.reset(trace_id, timeout, **fields))
+        """Start an episode; see `Client.reset`."""
+        return await self._run(
+            self._core.reset(
+                trace_id,
+                timeout,
+                task_key=task_key,
+                env_key=env_key,
+                session_id=session_id,
+                max_turns=max_turns,
+                labels=labels,
+                run_id=run_id,
+                request_id=request_id,
+            )
+        )
 
     async def step(
-        self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None, **fields: Any
+        self,
+        session_id: str,
+        *,
+        assistant_text: str = "",
+        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
+        final_answer: str | None = None,
+        done: bool = False,
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> orchestrator_pb2.StepResponse:
-        return await self._run(self._core.step(session_id, trace_id, timeout, **fields))
+        """Report one turn; see `Client.step`."""
+        return await self._run(
+            self._core.step(
+                session_id,
+                trace_id,
+                timeout,
+                assistant_text=assistant_text,
+                tool_calls=tool_calls,
+                final_answer=final_answer,
+                done=done,
+                request_id=request_id,
+            )
+        )
 
     async def state(
-        self, session_id: str, *, include_tool_calls: bool = False, trace_id: str | None = None,
+        self,
+        session_id: str,
+        *,
+        include_tool_calls: bool = False,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StateResponse:  # fmt: skip
+    ) -> orchestrator_pb2.StateResponse:
+        """A session's state; see `Client.state`."""
         return await self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     async def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
+        """Close a session (idempotent); see `Client.close_session`."""
         return await self._run(self._core.close(session_id, trace_id, timeout))
 
     async def close_sessions(
-        self, *, labels: Mapping[str, str] | None = None, run_id: str = "", timeout: float | None = None
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> list[str]:
-        return list((await self._run(self._core.close_sessions(labels, run_id, timeout))).session_ids)
+        """Close every open session matching; see `Client.close_sessions`."""
+        return list((await self._run(self._core.close_sessions(labels, run_id, trace_id, timeout))).session_ids)
 
     async def list_tasks(
-        self, env_key: str = "", *, include_reference_solution: bool = False, timeout: float | None = None
+        self,
+        env_key: str = "",
+        *,
+        include_reference_solution: bool = False,
+        trace_id: str | None = None,
+        timeout: float | None = None,
     ) -> list[common_pb2.TaskInfo]:
-        return await self._pages(self._core.list_tasks(env_key, include_reference_solution, timeout), "tasks")
+        """Every task; see `Client.list_tasks`."""
+        call = self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout)
+        return await self._pages(call, "tasks")
 
     async def list_sessions(
-        self, *, status: int = 0, labels: Mapping[str, str] | None = None, run_id: str = "",
+        self,
+        *,
+        status: common_pb2.SessionStatus = common_pb2.SESSION_STATUS_UNSPECIFIED,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> list[orchestrator_pb2.SessionInfo]:  # fmt: skip
-        return await self._pages(self._core.list_sessions(status, labels, run_id, timeout), "sessions")
+    ) -> list[orchestrator_pb2.SessionInfo]:
+        """Every session matching; see `Client.list_sessions`."""
+        return await self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
 
     async def list_tools(
-        self, agent_token: str, *, gateway: str | None = None, trace_id: str | None = None,
+        self,
+        agent_token: str,
+        *,
+        gateway: str | None = None,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> list[common_pb2.ToolSpec]:  # fmt: skip
+    ) -> list[common_pb2.ToolSpec]:
+        """The session's tools; see `Client.list_tools`."""
         return list((await self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout))).tools)
 
     async def call_tool(
-        self, agent_token: str, name: str, arguments: Mapping[str, Any] | None = None, *,
-        request_id: str | None = None, gateway: str | None = None, trace_id: str | None = None,
+        self,
+        agent_token: str,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        gateway: str | None = None,
+        trace_id: str | None = None,
         timeout: float | None = None,
-    ) -> toolgateway_pb2.CallToolResponse:  # fmt: skip
+    ) -> toolgateway_pb2.CallToolResponse:
+        """Call a tool; see `Client.call_tool`."""
         return await self._run(
             self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout)
         )
 
-    def episode(self, **reset_fields: Any) -> AsyncEpisode:
-        """`async with client.episode(task_key=...) as ep:` resets on enter and always closes."""
+    def episode(
+        self,
+        *,
+        task_key: str = "",
+        env_key: str = "",
+        session_id: str = "",
+        max_turns: int = 0,
+        labels: Mapping[str, str] | None = None,
+        run_id: str = "",
+        trace_id: str | None = None,
+        instructions: str = DEFAULT_INSTRUCTIONS,
+        raise_on_verifier_error: bool = True,
+        tool_timeout_s: float | None = None,
+    ) -> AsyncEpisode:
+        """An `AsyncEpisode` (not yet reset): `async with client.episode(task_key=...) as ep:` resets on
+        enter and always closes, also when the task is cancelled."""
         from rlgate.episode import AsyncEpisode
 
-        return AsyncEpisode(self, **reset_fields)
+        return AsyncEpisode(
+            self,
+            task_key=task_key,
+            env_key=env_key,
+            session_id=session_id,
+            max_turns=max_turns,
+            labels=labels,
+            run_id=run_id,
+            trace_id=trace_id,
+            instructions=instructions,
+            raise_on_verifier_error=raise_on_verifier_error,
+            tool_timeout_s=tool_timeout_s,
+        )
 
     async def close(self) -> None:
+        """Close every channel; see `Client.close`."""
         for channel in self._core.all_channels():
             await channel.close()
 

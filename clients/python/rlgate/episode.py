@@ -1,3 +1,4 @@
+# ruff: noqa: ASYNC109  -- `timeout=` is the gRPC deadline of a call, as in the client
 """`Episode` / `AsyncEpisode`: one episode holding both handles — the orchestrator (reset, step, state,
 close) and the agent token (list_tools, call_tool) — that always closes its session.
 
@@ -21,7 +22,7 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import grpc
 from google.rpc import error_details_pb2
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlgate.episode")
 
+ClientT = TypeVar("ClientT", "Client", "AsyncClient")
+
 # Label on every session an Episode creates, so a Reset whose answer was lost can still be closed.
 RESET_LABEL = "rlgate-reset"
 _UNKNOWN_OUTCOME = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -51,10 +54,12 @@ _MODEL_FIELDS = {
 }
 
 
-def tool_timeout_setting(value: Any = None) -> float | None:
+def tool_timeout_setting(value: float | str | None = None) -> float | None:
     """The per-tool-call timeout in seconds: `value`, else $RLGATE_TOOL_TIMEOUT_S, else None (the client's
-    call_tool timeout applies). ValueError for anything but a positive finite number."""
-    raw = value if value not in (None, "") else os.environ.get(ENV_TOOL_TIMEOUT) or None
+    call_tool timeout applies). Strings are read as numbers (adapters' settings come from dataset rows and
+    the environment). ValueError for anything but a positive finite number."""
+    given = value not in (None, "")
+    raw = value if given else os.environ.get(ENV_TOOL_TIMEOUT) or None
     if raw is None:
         return None
     try:
@@ -62,15 +67,22 @@ def tool_timeout_setting(value: Any = None) -> float | None:
     except (TypeError, ValueError):
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"tool timeout must be a positive number of seconds ({ENV_TOOL_TIMEOUT}), not {raw!r}")
+        source = (
+            f"tool_timeout_s (None: ${ENV_TOOL_TIMEOUT}, else the client's Timeouts.call_tool)"
+            if given
+            else f"${ENV_TOOL_TIMEOUT}"
+        )
+        raise ValueError(f"tool timeout {source} must be a positive, finite number of seconds, not {raw!r}")
     return seconds
 
 
-def verification_status_name(value: int) -> str:
+def verification_status_name(value: common_pb2.VerificationStatus) -> str:
+    """`VERIFICATION_STATUS_TIMEOUT` -> "TIMEOUT": the short name trainers log and compare."""
     return common_pb2.VerificationStatus.Name(value).removeprefix("VERIFICATION_STATUS_")
 
 
-def done_reason_name(value: int) -> str:
+def done_reason_name(value: orchestrator_pb2.DoneReason) -> str:
+    """`DONE_REASON_MAX_TURNS` -> "MAX_TURNS": the short name trainers log and compare."""
     return orchestrator_pb2.DoneReason.Name(value).removeprefix("DONE_REASON_")
 
 
@@ -87,9 +99,11 @@ class ToolCallRecord:
 
     @property
     def is_error(self) -> bool:
+        """The result is an error the model sees (unknown tool, bad arguments, a failing tool, ...)."""
         return self.result.is_error
 
     def summary(self) -> orchestrator_pb2.ToolCallSummary:
+        """The call as Step reports it (the gateway keeps the authoritative log; this is the agent's view)."""
         return orchestrator_pb2.ToolCallSummary(
             name=self.name,
             arguments_json=json_text(self.arguments),  # exactly what was sent to the gateway
@@ -99,6 +113,7 @@ class ToolCallRecord:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data for trajectories and metrics (the result rendered as the model saw it)."""
         return {
             "name": self.name,
             "arguments": self.arguments,
@@ -122,26 +137,32 @@ class TurnResult:
 
     @property
     def done(self) -> bool:
+        """The episode ended with this turn (final answer, done signal or the turn limit)."""
         return self.step.done
 
     @property
     def truncated(self) -> bool:
+        """The episode ended because it reached max_turns."""
         return self.step.truncated
 
     @property
     def turn(self) -> int:
+        """Turns counted in this episode, this one included."""
         return self.step.turn
 
     @property
     def reward(self) -> float | None:
+        """The verifier's score; None until the episode is done, and when the verifier produced none."""
         return self.step.reward if self.step.HasField("reward") else None
 
     @property
     def done_reason(self) -> str:
+        """Why the episode ended: "FINAL_ANSWER", "AGENT_DONE", "MAX_TURNS" ("UNSPECIFIED" while it runs)."""
         return done_reason_name(self.step.done_reason)
 
     @property
     def verification_status(self) -> str:
+        """How verification went: "OK" (scored), "ERROR", "TIMEOUT", "SKIPPED" (no verifier), "UNSPECIFIED"."""
         return verification_status_name(self.step.verification.status)
 
     @property
@@ -167,9 +188,12 @@ def _field_violation(err: RlgateError) -> error_details_pb2.BadRequest.FieldViol
     return None
 
 
-class _EpisodeBase:
+class _EpisodeBase(Generic[ClientT]):
+    """What both episode classes share: the constructor, what Reset returned, and every decision of a turn."""
+
     def __init__(
         self,
+        client: ClientT,
         *,
         task_key: str = "",
         env_key: str = "",
@@ -182,6 +206,7 @@ class _EpisodeBase:
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
     ) -> None:
+        self.client: ClientT = client
         self.task_key = task_key
         # Bound of one tool call made by `turn` (None: the client's call_tool timeout).
         self.tool_timeout_s = tool_timeout_setting(tool_timeout_s)
@@ -230,22 +255,35 @@ class _EpisodeBase:
         if response.task.key:
             self.task_key = response.task.key
 
+    def _subject(self) -> str:
+        """What the episode runs, for messages: its task, environment or session."""
+        for name in ("task_key", "env_key", "session_id"):
+            if self._reset_fields[name]:
+                return f"{name}={self._reset_fields[name]!r}"
+        return "no task_key, env_key or session_id"
+
     @property
     def _reset(self) -> orchestrator_pb2.ResetResponse:
         if self.reset_response is None:
-            raise RuntimeError("the episode has not been reset (use it as a context manager or call reset())")
+            raise RuntimeError(
+                f"the episode ({self._subject()}) has not been reset, so it has no session yet: enter it "
+                "(`with client.episode(...) as ep:`) or call reset() first"
+            )
         return self.reset_response
 
     @property
     def session_id(self) -> str:
+        """The session's id (stable across its episodes)."""
         return self._reset.session_id
 
     @property
     def agent_token(self) -> str:
+        """This episode's bearer token for the gateway (a next episode gets a new one)."""
         return self._reset.agent_token
 
     @property
     def gateway_address(self) -> str:
+        """The gateway serving the session, as Reset returned it ("host:port")."""
         return self._reset.gateway_address
 
     @property
@@ -264,18 +302,22 @@ class _EpisodeBase:
 
     @property
     def tools(self) -> list[common_pb2.ToolSpec]:
+        """The tools the agent sees, as Reset returned them (the same as list_tools())."""
         return list(self._reset.tools)
 
     @property
     def max_turns(self) -> int:
+        """The episode's effective turn limit."""
         return self._reset.max_turns
 
     @property
     def modality(self) -> str:
+        """The task's modality ("tool_use", "computer_use", "browser_use")."""
         return self._reset.modality
 
     @property
     def env_key(self) -> str:
+        """The environment ("env_id" or "env_id:version") the session runs on."""
         task = self._reset.task
         if task.env_id:
             return f"{task.env_id}:{task.version}" if task.version else task.env_id
@@ -283,6 +325,7 @@ class _EpisodeBase:
 
     @property
     def done(self) -> bool:
+        """The current episode has ended (its last Step said done)."""
         return self.last_step is not None and self.last_step.done
 
     def initial_messages(self) -> list[dict[str, str]]:
@@ -377,12 +420,14 @@ class _EpisodeBase:
         return isinstance(err, RlgateError) and err.code in _UNKNOWN_OUTCOME
 
 
-class Episode(_EpisodeBase):
-    """Blocking episode. `with client.episode(task_key=...) as ep: ep.turn(text) ...`."""
+class Episode(_EpisodeBase["Client"]):
+    """One episode on a blocking `Client`: `with client.episode(task_key=...) as ep: ep.turn(text) ...`.
 
-    def __init__(self, client: Client, **fields: Any) -> None:
-        super().__init__(**fields)
-        self.client = client
+    Reset starts `task_key` (or the bare environment `env_key`, or the next episode of `session_id`) with
+    `max_turns` (0: the task's), `labels` and `run_id`; every call carries `trace_id` (default: a new one).
+    `instructions` head the system prompt of `initial_messages()`. `raise_on_verifier_error=False` returns a
+    verifier ERROR/TIMEOUT in the result instead of raising `VerifierError`. `tool_timeout_s` bounds each
+    tool call `turn` makes (else $RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout)."""
 
     def reset(self) -> orchestrator_pb2.ResetResponse:
         """Start the episode (or, after one ended, the next episode of the same session)."""
@@ -404,14 +449,17 @@ class Episode(_EpisodeBase):
     def _close_lost_reset(self) -> None:
         try:
             with self._trace.active():
-                self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+                self.client.close_sessions(
+                    labels={RESET_LABEL: self._reset_request_id}, trace_id=self.trace_id, timeout=10.0
+                )
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
-    def list_tools(self) -> list[common_pb2.ToolSpec]:
+    def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
+        """The tools the session may call, asked of the gateway now (`tools` is what Reset said)."""
         with self._trace.active():
             return self.client.list_tools(
-                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
             )
 
     def call_tool(
@@ -422,6 +470,7 @@ class Episode(_EpisodeBase):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
+        """Call one tool with this episode's agent token (no parsing, no Step: `turn` does both)."""
         with self._trace.active():
             return self.client.call_tool(
                 self.agent_token,
@@ -433,17 +482,41 @@ class Episode(_EpisodeBase):
                 timeout=timeout,
             )
 
-    def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
-        """Report a turn yourself (assistant_text=, tool_calls=, final_answer=, done=)."""
+    def step(
+        self,
+        *,
+        assistant_text: str = "",
+        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
+        final_answer: str | None = None,
+        done: bool = False,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> orchestrator_pb2.StepResponse:
+        """Report a turn yourself, for tool calls made with `call_tool` (see `Client.step`); `turn` does it
+        for a model's text. Raises VerifierError as `turn` does."""
         with self._trace.active():
-            step = self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+            step = self.client.step(
+                self.session_id,
+                assistant_text=assistant_text,
+                tool_calls=tool_calls,
+                final_answer=final_answer,
+                done=done,
+                request_id=request_id,
+                trace_id=self.trace_id,
+                timeout=timeout,
+            )
         self.last_step = step
         self._check_verification(step)
         return step
 
-    def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
+    def state(
+        self, *, include_tool_calls: bool = False, timeout: float | None = None
+    ) -> orchestrator_pb2.StateResponse:
+        """The session's state (see `Client.state`)."""
         with self._trace.active():
-            return self.client.state(self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id)
+            return self.client.state(
+                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
+            )
 
     def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
@@ -463,7 +536,7 @@ class Episode(_EpisodeBase):
         return self._finish(text, parsed, records, step)
 
     def close(self) -> None:
-        """Close the session (idempotent)."""
+        """Close the session and release its instance (idempotent; the context manager calls it)."""
         session_id = self._start_close()
         if session_id is not None:
             try:
@@ -486,14 +559,14 @@ class Episode(_EpisodeBase):
             log.warning("closing session failed while handling another error: %s", err)
 
 
-class AsyncEpisode(_EpisodeBase):
-    """asyncio episode. `async with client.episode(task_key=...) as ep: await ep.turn(text) ...`."""
+class AsyncEpisode(_EpisodeBase["AsyncClient"]):
+    """One episode on an `AsyncClient`: `async with client.episode(task_key=...) as ep: await ep.turn(text)`.
 
-    def __init__(self, client: AsyncClient, **fields: Any) -> None:
-        super().__init__(**fields)
-        self.client = client
+    The same parameters and methods as `Episode`, as coroutines; leaving the block closes the session even
+    when the task is cancelled."""
 
     async def reset(self) -> orchestrator_pb2.ResetResponse:
+        """Start the episode; see `Episode.reset`."""
         fields = dict(self._reset_fields)
         if self.reset_response is not None:
             fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
@@ -517,14 +590,17 @@ class AsyncEpisode(_EpisodeBase):
     async def _close_lost_reset(self) -> None:
         try:
             with self._trace.active():
-                await self.client.close_sessions(labels={RESET_LABEL: self._reset_request_id}, timeout=10.0)
+                await self.client.close_sessions(
+                    labels={RESET_LABEL: self._reset_request_id}, trace_id=self.trace_id, timeout=10.0
+                )
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
-    async def list_tools(self) -> list[common_pb2.ToolSpec]:
+    async def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
+        """The session's tools from the gateway; see `Episode.list_tools`."""
         with self._trace.active():
             return await self.client.list_tools(
-                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id
+                self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
             )
 
     async def call_tool(
@@ -533,8 +609,9 @@ class AsyncEpisode(_EpisodeBase):
         arguments: Mapping[str, Any] | None = None,
         *,
         request_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 -- the gRPC deadline of the call, as in the client
+        timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
+        """Call one tool; see `Episode.call_tool`."""
         with self._trace.active():
             return await self.client.call_tool(
                 self.agent_token,
@@ -546,20 +623,46 @@ class AsyncEpisode(_EpisodeBase):
                 timeout=timeout,
             )
 
-    async def step(self, **fields: Any) -> orchestrator_pb2.StepResponse:
+    async def step(
+        self,
+        *,
+        assistant_text: str = "",
+        tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
+        final_answer: str | None = None,
+        done: bool = False,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> orchestrator_pb2.StepResponse:
+        """Report a turn yourself; see `Episode.step`."""
         with self._trace.active():
-            step = await self.client.step(self.session_id, trace_id=self.trace_id, **fields)
+            step = await self.client.step(
+                self.session_id,
+                assistant_text=assistant_text,
+                tool_calls=tool_calls,
+                final_answer=final_answer,
+                done=done,
+                request_id=request_id,
+                trace_id=self.trace_id,
+                timeout=timeout,
+            )
         self.last_step = step
         self._check_verification(step)
         return step
 
-    async def state(self, include_tool_calls: bool = False) -> orchestrator_pb2.StateResponse:
+    async def state(
+        self,
+        *,
+        include_tool_calls: bool = False,
+        timeout: float | None = None,
+    ) -> orchestrator_pb2.StateResponse:
+        """The session's state; see `Episode.state`."""
         with self._trace.active():
             return await self.client.state(
-                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id
+                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
             )
 
     async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
+        """Play one assistant message; see `Episode.turn`."""
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
@@ -578,6 +681,7 @@ class AsyncEpisode(_EpisodeBase):
         return self._finish(text, parsed, records, step)
 
     async def close(self) -> None:
+        """Close the session (idempotent); see `Episode.close`."""
         session_id = self._start_close()
         if session_id is not None:
             try:

@@ -14,7 +14,11 @@ from google.rpc import error_details_pb2, status_pb2
 
 
 class RlgateError(Exception):
-    """Base of every error the rlgate client raises."""
+    """Base of every error the rlgate client raises for a failed call.
+
+    `code` is the gRPC status, `trace_id` the call's `x-rlgate-trace-id` (search the services' logs for it)
+    and `rich_status` the server's google.rpc.Status with its details (ErrorInfo, RetryInfo, BadRequest,
+    QuotaFailure) when it sent one."""
 
     code: grpc.StatusCode | None = None
 
@@ -24,7 +28,7 @@ class RlgateError(Exception):
         *,
         code: grpc.StatusCode | None = None,
         trace_id: str | None = None,
-        rich_status: Any = None,
+        rich_status: status_pb2.Status | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -49,42 +53,66 @@ def _rebuild(cls: type[RlgateError], message: str, code: grpc.StatusCode | None,
 
 
 class Unauthenticated(RlgateError):
+    """UNAUTHENTICATED: a missing or unknown credential (the orchestrator's API key, or an agent token the
+    gateway never issued)."""
+
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
 class PermissionDenied(RlgateError):
+    """PERMISSION_DENIED: the credential is valid but may not do this (rlgate's services do not send it
+    today; a proxy in front of them may)."""
+
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class NotFound(RlgateError):
+    """NOT_FOUND: an unknown task, environment or session."""
+
     code = grpc.StatusCode.NOT_FOUND
 
 
 class FailedPrecondition(RlgateError):
+    """FAILED_PRECONDITION: the session or episode is in the wrong state (done, closed, expired; an ended
+    agent token), with the reason in the message."""
+
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class InvalidArgument(RlgateError):
+    """INVALID_ARGUMENT: a request field is malformed (the server's BadRequest names it), or the client
+    refused arguments it cannot send before sending anything."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
 
 
 class ResourceExhausted(RlgateError):
+    """RESOURCE_EXHAUSTED: a limit was reached (sessions, instances, sizes); QuotaFailure says which."""
+
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class Unavailable(RlgateError):
+    """UNAVAILABLE: a service or its dependency is down or draining; raised once the retries are spent."""
+
     code = grpc.StatusCode.UNAVAILABLE
 
 
 class DeadlineExceeded(RlgateError, TimeoutError):
+    """DEADLINE_EXCEEDED: the call's deadline (retries included) ran out; also a TimeoutError."""
+
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class Cancelled(RlgateError):
+    """CANCELLED: the call was cancelled (by the caller, or by a server shutting down)."""
+
     code = grpc.StatusCode.CANCELLED
 
 
 class Internal(RlgateError):
+    """INTERNAL: a bug in a service; the trace id finds its log lines."""
+
     code = grpc.StatusCode.INTERNAL
 
 
@@ -102,7 +130,7 @@ class VerifierError(RlgateError):
         task_key: str = "",
         code: grpc.StatusCode | None = None,
         trace_id: str | None = None,
-        rich_status: Any = None,
+        rich_status: status_pb2.Status | None = None,
     ) -> None:
         super().__init__(message, code=code, trace_id=trace_id, rich_status=rich_status)
         self.status = status
@@ -184,6 +212,7 @@ def retry_delay(status: status_pb2.Status | None) -> float:
 
 
 def status_code(err: BaseException) -> grpc.StatusCode | None:
+    """The gRPC status code of a grpc / grpc.aio error, or None for anything else; never raises."""
     code = getattr(err, "code", None)
     if callable(code):
         try:
@@ -199,5 +228,7 @@ def error_from_rpc(err: grpc.RpcError, *, trace_id: str | None = None, context: 
     code = status_code(err)
     details_fn = getattr(err, "details", None)
     details = details_fn() if callable(details_fn) else str(err)
+    if not details:  # a status with no message (a proxy, a bare abort): say so rather than end on ": "
+        details = f"no message from the server (status {code.name if code is not None else 'unknown'})"
     message = f"{context}: {details}" if context else str(details)
     return error_class(code)(message, code=code, trace_id=trace_id, rich_status=rich_status_of(err))

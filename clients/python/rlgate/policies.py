@@ -24,6 +24,8 @@ from rlgate.v1 import common_pb2
 
 @dataclass
 class PolicyContext:
+    """What a policy sees when it writes one turn."""
+
     task: common_pb2.TaskInfo  # as ListTasks returned it (with the reference solution when it was asked for)
     messages: list[dict[str, str]]  # the chat so far (system, task, earlier turns and observations)
     turn: int  # 0-based index of the turn to write
@@ -31,9 +33,15 @@ class PolicyContext:
 
 
 class Policy(Protocol):
-    async def __call__(self, ctx: PolicyContext) -> str: ...
+    """Writes the next assistant message of an episode."""
 
-    async def aclose(self) -> None: ...
+    async def __call__(self, ctx: PolicyContext) -> str:
+        """The assistant's text for turn `ctx.turn`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the policy holds (an HTTP client); called once after the run."""
+        ...
 
 
 class PolicyError(RuntimeError):
@@ -77,11 +85,15 @@ def reference_turns(task: common_pb2.TaskInfo, max_turns: int) -> list[str]:
 
 
 class ReferencePolicy:
+    """Replays the task's reference solution as model text (see the module docstring)."""
+
     async def __call__(self, ctx: PolicyContext) -> str:
+        """Turn `ctx.turn` of the reference solution (the last one again past its end)."""
         turns = reference_turns(ctx.task, ctx.max_turns)
         return turns[min(ctx.turn, len(turns) - 1)]
 
     async def aclose(self) -> None:
+        """Nothing to release."""
         return None
 
 
@@ -111,6 +123,7 @@ class OpenAIPolicy:
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
 
     async def __call__(self, ctx: PolicyContext) -> str:
+        """The endpoint's reply to the chat so far; PolicyError when it fails or answers nonsense."""
         import httpx
 
         body = {
@@ -137,4 +150,5 @@ class OpenAIPolicy:
         return text
 
     async def aclose(self) -> None:
+        """Close the HTTP client."""
         await self._http.aclose()

@@ -1,4 +1,4 @@
-"""The text protocol between a model and rlgate tools (Hermes / Qwen style).
+r"""The text protocol between a model and rlgate tools (Hermes / Qwen style).
 
 - `render_system_prompt(tools)`: the `<tools>` JSON block, the `<tool_call>` instructions and the ending
   convention (`<final_answer>...</final_answer>`, or `<done/>` when there is nothing to answer).
@@ -7,7 +7,7 @@
   spellings (and OpenAI's `{"function": {...}}`), arguments as a JSON string, a missing `</tool_call>`, up to
   three missing closing braces, code fences, prose and `<think>` blocks around the calls. It never raises:
   what cannot be parsed comes back in `ParsedTurn.errors`, which the adapters show the model as an
-  observation. That includes text no RPC can carry: a lone UTF-16 surrogate (what JSON's `"\\ud800"`
+  observation. That includes text no RPC can carry: a lone UTF-16 surrogate (what JSON's `"\ud800"`
   escape decodes to) in a tool name, in arguments or in the final answer is a parse error, since gRPC
   strings must be valid UTF-8; `sendable_text` makes the rest of the turn's text sendable (U+FFFD in place
   of each lone surrogate).
@@ -103,6 +103,7 @@ def tool_spec_dict(spec: Any) -> dict[str, Any]:
 
 
 def render_tools_block(tools: Iterable[Any]) -> str:
+    """The `<tools>` block of the system prompt: one JSON function signature per line."""
     lines = [
         json.dumps({"type": "function", "function": tool_spec_dict(t)}, ensure_ascii=False, sort_keys=False)
         for t in tools
@@ -128,11 +129,13 @@ def render_system_prompt(tools: Iterable[Any], instructions: str = DEFAULT_INSTR
 
 
 def render_tool_call(call: ToolCall, *, name_key: str = "name", arguments_key: str = "arguments") -> str:
+    """`call` as a `<tool_call>` block, as a model would write it (other key spellings for parser tests)."""
     payload = {name_key: call.name, arguments_key: call.arguments}
     return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
 
 
 def render_final_answer(answer: str) -> str:
+    """`answer` in the final-answer tags that end an episode."""
     return f"{FINAL_OPEN}{answer}{FINAL_CLOSE}"
 
 
@@ -179,7 +182,7 @@ def _join_surrogate_pairs(text: str) -> str:
 
 
 def _lone_surrogate(text: str) -> str | None:
-    """The first lone surrogate of `text` as an escape (`\\ud800`), or None: never the raw character, so a
+    r"""The first lone surrogate of `text` as an escape (`\ud800`), or None: never the raw character, so a
     message quoting it stays sendable."""
     found = _SURROGATE_RE.search(text)
     return None if found is None else f"\\u{ord(found.group(0)):04x}"
@@ -400,6 +403,7 @@ _KIND_NAMES = {
 
 
 def error_kind_name(kind: int) -> str:
+    """A ToolErrorKind as the model reads it in an error observation ("unknown tool", ...)."""
     return _KIND_NAMES.get(int(kind), "error")
 
 
@@ -437,6 +441,7 @@ def render_tool_result(result: Any) -> str:
 
 
 def wrap_tool_response(text: str) -> str:
+    """One rendered tool result in `<tool_response>` tags."""
     return f"<tool_response>\n{text}\n</tool_response>"
 
 
@@ -451,4 +456,5 @@ def error_observation(errors: Sequence[str]) -> dict[str, str]:
 
 
 def system_message(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> dict[str, str]:
+    """The system prompt (`render_system_prompt`) as a chat message."""
     return {"role": "system", "content": render_system_prompt(tools, instructions)}

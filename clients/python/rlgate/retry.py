@@ -59,7 +59,29 @@ class RetryPolicy:
     # server into a retried DEADLINE_EXCEEDED instead of one long wait (Reset/Step only; see RETRYABLE).
     attempt_timeout: float | None = None
 
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be {rule}, not {value!r}"
+            for name, value, ok, rule in (
+                ("max_attempts", self.max_attempts, self.max_attempts >= 1, "at least 1 (1: no retries)"),
+                ("initial_backoff", self.initial_backoff, self.initial_backoff >= 0, ">= 0 seconds"),
+                ("max_backoff", self.max_backoff, self.max_backoff >= self.initial_backoff, ">= initial_backoff"),
+                ("multiplier", self.multiplier, self.multiplier >= 1, ">= 1"),
+                ("jitter", self.jitter, 0 <= self.jitter <= 1, "between 0 and 1"),
+                (
+                    "attempt_timeout",
+                    self.attempt_timeout,
+                    self.attempt_timeout is None or self.attempt_timeout > 0,
+                    "None or > 0 seconds",
+                ),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError(f"RetryPolicy: {'; '.join(problems)}")
+
     def backoff(self, retry_index: int, rng: Callable[[], float] = random.random) -> float:
+        """The delay before retry number `retry_index` (0 for the first), jittered; `rng` draws in [0, 1)."""
         base = min(self.max_backoff, self.initial_backoff * self.multiplier**retry_index)
         return max(0.0, base * (1.0 - self.jitter + 2.0 * self.jitter * rng()))
 
@@ -83,6 +105,7 @@ class RetryState:
         self._deadline = None if self.timeout is None else self.clock() + self.timeout
 
     def remaining(self) -> float | None:
+        """Seconds left before the call's deadline (negative once past it), or None without a deadline."""
         return None if self._deadline is None else self._deadline - self.clock()
 
     def attempt_timeout(self) -> float | None:
@@ -91,8 +114,10 @@ class RetryState:
         remaining = self.remaining()
         if remaining is not None and remaining <= 0:
             raise DeadlineExceeded(
-                f"{self.method}: deadline of {self.timeout:.3g}s spent after {self.attempts - 1} attempt(s)"
-                + (f"; last error: {self.errors[-1]}" if self.errors else ""),
+                f"{self.method}: the call's deadline of {self.timeout:.3g} s ran out after "
+                f"{self.attempts - 1} attempt(s)"
+                + (f"; last error: {self.errors[-1]}" if self.errors else "")
+                + "; to wait longer, pass a larger timeout= or set ClientSettings.timeouts",
                 trace_id=self.trace_id,
             )
         limit = self.policy.attempt_timeout

@@ -1,6 +1,6 @@
-"""`rlgate rollout`: run many episodes concurrently against a running stack with a policy.
+r"""`rlgate rollout`: run many episodes concurrently against a running stack with a policy.
 
-    rlgate rollout --orchestrator 127.0.0.1:50051 --tasks all --episodes 2 --concurrency 16 \\
+    rlgate rollout --orchestrator 127.0.0.1:50051 --tasks all --episodes 2 --concurrency 16 \
         --policy reference --out traj.jsonl --summary-json summary.json
 
 `--episodes` is per task. Every episode runs in an `AsyncEpisode` (its session is closed however it ends);
@@ -47,6 +47,8 @@ LIST_TASKS_TIMEOUT_S = 10.0
 
 @dataclass
 class EpisodeRecord:
+    """One episode of a rollout: one JSONL line of the trajectories (`--out`)."""
+
     task_key: str
     env_key: str
     episode_index: int
@@ -72,6 +74,8 @@ class EpisodeRecord:
 
 @dataclass
 class RolloutConfig:
+    """The options of `rlgate rollout`."""
+
     orchestrator: str
     tasks: str = "all"
     episodes: int = 1
@@ -159,6 +163,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, Any]:
+    """The summary JSON (`--summary-json`): totals over `records`, and the same per environment."""
+
     def group(items: Sequence[EpisodeRecord]) -> dict[str, Any]:
         rewards = [r.reward for r in items if r.reward is not None]
         seconds = [r.seconds for r in items]
@@ -241,6 +247,7 @@ async def _list_tasks(client: AsyncClient, config: RolloutConfig) -> list[common
 
 
 async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[EpisodeRecord]]:
+    """Run every episode of `config` with a progress bar; the summary and the records."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -146,6 +146,7 @@ class RlgateTextEnv(BaseTextEnv):
         }
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
+        """Play the model's text as one turn; the session closes when the episode ends or this raises."""
         if self.episode is None:
             raise RuntimeError("step() before init()")
         try:
@@ -187,6 +188,7 @@ class RlgateTextEnv(BaseTextEnv):
             log.warning("closing rlgate session %s failed: %s", self.episode.session_id, err)
 
     def get_metrics(self) -> dict[str, Any]:
+        """The episode's counts for SkyRL's metrics (turns, tool calls and errors, reward, failures)."""
         last = self._last
         done = last is not None and last.done
         return {

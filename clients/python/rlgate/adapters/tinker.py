@@ -71,6 +71,7 @@ def _orchestrator(address: str) -> str:
 
 
 def tool_specs(episode: AsyncEpisode) -> list[ToolSpec]:
+    """The episode's tools in the renderer's shape, for its own tool-calling prefix."""
     return [ToolSpec(**protocol.tool_spec_dict(t)) for t in episode.tools]  # type: ignore[typeddict-item]
 
 
@@ -118,6 +119,7 @@ class RlgateMessageEnv(MessageEnv):
         self.example_id = builder.task_key
 
     async def initial_observation(self) -> list[Message]:
+        """Open the session (once) and return the chat: the renderer's tool prefix, then the task."""
         if self.episode is None:
             episode = AsyncEpisode(
                 loop_client(
@@ -144,6 +146,7 @@ class RlgateMessageEnv(MessageEnv):
         return self.history
 
     async def step(self, message: Message) -> MessageStepResult:
+        """Play the assistant `message` as one turn; the session closes when the episode ends or this raises."""
         episode = self.episode
         if episode is None:
             raise RuntimeError("step() before initial_observation()")
@@ -231,6 +234,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
         return state
 
     def track(self, episode: AsyncEpisode) -> None:
+        """Remember `episode` so cleanup() closes it (called before its Reset)."""
         self._opened.append(episode)
 
     def tracks(self, episode: AsyncEpisode) -> bool:
@@ -239,10 +243,11 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
 
     @property
     def sessions_opened(self) -> int:
+        """Sessions this builder opened and cleanup() has not taken yet."""
         return len(self._opened)
 
     async def make_envs(self) -> Sequence[Env]:
-        # Cheap: no session is opened here (see the module docstring).
+        """`group_size` envs of the task; cheap: no session is opened here (see the module docstring)."""
         return [
             EnvFromMessageEnv(
                 self.renderer,
@@ -265,6 +270,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
                 log.warning("closing rlgate session %s failed: %s", sid, outcome)
 
     def logging_tags(self) -> list[str]:
+        """Tags for the cookbook's metrics: "rlgate" and the task's environment prefix."""
         return ["rlgate", self.task_key.split("-")[0] if "-" in self.task_key else self.task_key]
 
 
@@ -283,6 +289,7 @@ class RlgateDataset(RLDataset):
         return math.ceil(len(self.task_keys) * self.epochs / self.batch_size)
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
+        """The `index`-th batch of group builders."""
         start = index * self.batch_size
         stop = min(start + self.batch_size, len(self.task_keys) * self.epochs)
         return [self._make(self.task_keys[i % len(self.task_keys)]) for i in range(start, stop)]
@@ -331,6 +338,7 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
     tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
+        """The train dataset and the test dataset (None without test_tasks); lists tasks for "all"."""
         renderer = get_renderer(
             self.renderer_name, get_tokenizer(self.model_name_for_tokenizer), model_name=self.model_name_for_tokenizer
         )
