@@ -27,7 +27,7 @@ from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime import tracing
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.errors import Unavailable
-from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
+from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.interceptors import (
     ApiKeyInterceptor,
     ContextInterceptor,
@@ -37,7 +37,7 @@ from rlgate.runtime.interceptors import (
 )
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
-from rlgate.store import SessionStore
+from rlgate.store import SessionStore, StoreError
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,7 @@ class OrchestratorHandle:
     orchestrator: Orchestrator
     gate: DrainInterceptor
     readiness: asyncio.Task[None] | None = field(default=None, repr=False)
+    store_health: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property
     def port(self) -> int:
@@ -183,11 +184,12 @@ class OrchestratorHandle:
         return f"127.0.0.1:{self.server.port}"
 
     async def _stop_readiness(self) -> None:
-        if self.readiness is not None:
-            self.readiness.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                async with asyncio.timeout(5.0):
-                    await self.readiness
+        for task in (self.readiness, self.store_health):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    async with asyncio.timeout(5.0):
+                        await task
 
     async def drain(self) -> None:
         """Refuse new RPCs, let those in flight finish, close (or hand back) sessions, empty pools."""
@@ -248,6 +250,9 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
         await orchestrator.stop()
         raise
     handle = OrchestratorHandle(config=config, server=running, orchestrator=orchestrator, gate=gate)
+    handle.store_health = asyncio.create_task(
+        watch_dependency(running, "session store", orchestrator.store.health), name="store-health"
+    )
     if not orchestrator.tasks_loaded:
         log.warning("task catalog not loaded yet: health NOT_SERVING until it is")
         handle.readiness = asyncio.create_task(_serve_when_ready(orchestrator, running), name="readiness")
@@ -272,4 +277,7 @@ def run(config: OrchestratorConfig) -> None:
         finally:
             await handle.stop(drain=False)  # the server has stopped: loops cancelled, the rest handed back
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except StoreError as exc:  # e.g. a corrupt store refused at open: one line, no traceback
+        raise SystemExit(f"rlgate orchestrator: {exc}") from None

@@ -80,6 +80,7 @@ class RunningServer:
     health: health.aio.HealthServicer
     service_names: list[str]
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    _down: set[str] = field(default_factory=set)  # dependencies (and "ready") that keep health NOT_SERVING
 
     @property
     def address(self) -> str:
@@ -91,11 +92,20 @@ class RunningServer:
         return self._stopped.is_set()
 
     async def set_serving(self, serving: bool) -> None:
-        if serving and self.stopping:
-            return  # a late "ready" must not undo a drain
+        """The service is ready (or not). Health is SERVING only while it is ready, no dependency is down
+        (`set_dependency`) and shutdown has not begun."""
+        await self.set_dependency("ready", serving)
+
+    async def set_dependency(self, name: str, ok: bool) -> None:
+        """Record whether `name` (the service's readiness, its store, ...) is usable, and publish health."""
+        if ok:
+            self._down.discard(name)
+        else:
+            self._down.add(name)
+        serving = not self._down and not self.stopping
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in [*self.service_names, ""]:
-            await self.health.set(name, status)
+        for service in [*self.service_names, ""]:
+            await self.health.set(service, status)
 
     async def shutdown(self, grace: float = 5.0, drain: Callable[[], Awaitable[None]] | None = None) -> None:
         """Health NOT_SERVING, run `drain`, stop accepting, give in-flight RPCs what is left of `grace` (at
@@ -128,6 +138,37 @@ class RunningServer:
 
     async def wait_stopped(self) -> None:
         await self.server.wait_for_termination()
+
+
+async def watch_dependency(
+    running: RunningServer,
+    name: str,
+    probe: Callable[[], Awaitable[None]],
+    *,
+    interval_s: float = 5.0,
+    timeout_s: float = 10.0,
+) -> None:
+    """Probe a dependency every `interval_s` (each probe bounded by `timeout_s`): health turns NOT_SERVING
+    while it fails and SERVING again once it passes, so load balancers and `rlgate healthcheck` see a store
+    that cannot be read or written (corrupt, disk full, unreachable). Run it as a task the service owns."""
+    failing = False
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await probe()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not failing:
+                log.error("%s is failing: %s; health NOT_SERVING until it recovers", name, exc)
+            failing = True
+            await running.set_dependency(name, False)
+        else:
+            if failing:
+                log.warning("%s recovered; health follows readiness again", name)
+            failing = False
+            await running.set_dependency(name, True)
+        await asyncio.sleep(interval_s)
 
 
 def server_credentials(tls_cert: str, tls_key: str) -> grpc.ServerCredentials | None:

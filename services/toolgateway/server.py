@@ -16,7 +16,7 @@ from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import tracing
 from rlgate.runtime.config import redacted
-from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server
+from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
@@ -145,8 +145,10 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
     handle = GatewayHandle(
         server=running, gateway=gateway, pool=pool, store=store, config=config, owns_store=owns_store
     )
+    loop = asyncio.get_running_loop()
+    handle._tasks.append(loop.create_task(_heartbeat(store, owner, config.owner_ttl_s), name="owner-heartbeat"))
     handle._tasks.append(
-        asyncio.get_running_loop().create_task(_heartbeat(store, owner, config.owner_ttl_s), name="owner-heartbeat")
+        loop.create_task(watch_dependency(running, "session store", store.health), name="store-health")
     )
     log.info("toolgateway owner %s on %s", owner, running.address)
     return handle
@@ -166,5 +168,8 @@ def run(config: GatewayConfig) -> None:
     setup_logging(config.log_level, config.log_json, service="toolgateway")
     tracing.setup("rlgate-toolgateway", config.otlp_endpoint)
     log.info("toolgateway config: %s", redacted(config))
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(config))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_main(config))
+    except StoreError as exc:  # e.g. a corrupt store refused at open: one line, no traceback
+        raise SystemExit(f"rlgate toolgateway: {exc}") from None

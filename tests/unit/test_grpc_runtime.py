@@ -13,9 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rlgate.runtime.auth import mint_agent_token
-from rlgate.runtime.grpc_server import start_server
+from rlgate.runtime.grpc_server import start_server, watch_dependency
 from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
 from rlgate.runtime.logs import trace_id_var
+from rlgate.store import StoreFull
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 
 
@@ -204,3 +205,33 @@ def test_only_unary_handlers_are_wrapped() -> None:
     stream = grpc.stream_stream_rpc_method_handler(behaviour)
     assert wrap_behaviour(stream, lambda inner: inner) is None
     assert wrap_behaviour(None, lambda inner: inner) is None
+
+
+async def test_health_follows_a_failing_dependency_and_its_recovery() -> None:
+    running = await start_server("127.0.0.1:0", _register)
+    broken = asyncio.Event()
+    broken.set()
+    probes = asyncio.Queue[bool]()
+
+    async def probe() -> None:
+        failing = broken.is_set()
+        await probes.put(failing)
+        if failing:
+            raise StoreFull("disk full")
+
+    watcher = asyncio.create_task(watch_dependency(running, "session store", probe, interval_s=0.01))
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            assert await probes.get() is True
+            assert await probes.get() is True  # the first probe's verdict is published before the second runs
+            assert await _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+            broken.clear()
+            while await probes.get():  # bounded by the test timeout; each probe is 10 ms apart
+                pass
+            assert await probes.get() is False  # ... and the passing one's before the next
+            assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
+            await running.set_serving(False)  # readiness and the dependency are tracked apart
+            assert await _health(channel) == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        watcher.cancel()
+        await running.shutdown(grace=0)
