@@ -284,9 +284,11 @@ class CountingProxy:
     async def running(self) -> AsyncIterator[CountingProxy]:
         task = asyncio.create_task(self._server.serve())
         try:
+            deadline = time.monotonic() + 30
             while not self._server.started:
                 if task.done():
                     task.result()
+                assert time.monotonic() < deadline, "the counting proxy did not start within 30s"
                 await asyncio.sleep(0.05)
             yield self
         finally:
@@ -297,6 +299,9 @@ class CountingProxy:
 
 
 # ---- reference episodes --------------------------------------------------------------------------------
+EPISODE_BOUND_S = 90.0  # one reference episode, retries through a replica's crash or drain included
+
+
 @dataclass
 class Solution:
     task_key: str
@@ -334,7 +339,15 @@ async def run_episode(
 ) -> Outcome:
     """The reference solution, one tool call per turn (each turn's text as a model would write it), then
     the final answer. `outcome` is filled in as the episode goes, so even an episode that raises accounts
-    for every call it sent."""
+    for every call it sent. An episode that takes longer than `EPISODE_BOUND_S` raises TimeoutError (a stuck
+    call shows as that episode's failure instead of a hung test)."""
+    async with asyncio.timeout(EPISODE_BOUND_S):
+        return await _episode(client, solution, index, outcome, run_id, label)
+
+
+async def _episode(
+    client: AsyncClient, solution: Solution, index: int, outcome: Outcome, run_id: str, label: str
+) -> Outcome:
     ep = client.episode(
         task_key=solution.task_key,
         max_turns=len(solution.calls) + 2,

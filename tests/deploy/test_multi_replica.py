@@ -178,7 +178,7 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
             kill_task = asyncio.create_task(killer())
             try:
                 results = await asyncio.wait_for(
-                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=240
+                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=180
                 )
             finally:
                 kill_task.cancel()

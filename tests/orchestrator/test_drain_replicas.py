@@ -77,11 +77,14 @@ async def test_sigterm_mid_rollout_loses_no_episode(tmp_path: Path, redis_server
             async def one(index: int) -> Outcome:
                 nonlocal finished
                 async with limit:
-                    result = await run_episode(client, plan[index % len(plan)], index, outcomes[index], RUN_ID, "drain")
-                finished += 1
-                if finished >= TERM_AFTER:
-                    enough.set()
-                return result
+                    try:
+                        return await run_episode(
+                            client, plan[index % len(plan)], index, outcomes[index], RUN_ID, "drain"
+                        )
+                    finally:  # failed ones too: the signal comes, and the failures are reported below
+                        finished += 1
+                        if finished >= TERM_AFTER:
+                            enough.set()
 
             async def terminate() -> tuple[int | None, float]:
                 await enough.wait()
@@ -90,7 +93,7 @@ async def test_sigterm_mid_rollout_loses_no_episode(tmp_path: Path, redis_server
             stopper = asyncio.create_task(terminate())
             try:
                 results = await asyncio.wait_for(
-                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=240
+                    asyncio.gather(*(one(i) for i in range(EPISODES)), return_exceptions=True), timeout=180
                 )
                 code, took = await asyncio.wait_for(stopper, DRAIN_S + 90)
             finally:
