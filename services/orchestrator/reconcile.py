@@ -88,7 +88,7 @@ class Reconciler:
         self._lease_ttl = max(10.0, config.reconcile_interval_s * 3)
         # A pass never outlives a bound: its lease's TTL, or enough for a few provider calls if longer.
         self.pass_s = max(self._lease_ttl, 4 * config.provider_timeout_s)
-        self._no_intent_since: dict[str, float] = {}  # instances without intent or creation time: first seen
+        self._gone_since: dict[str, float] = {}  # ours, intent record gone, no creation time: first seen
 
     @property
     def lease(self) -> str:
@@ -130,7 +130,7 @@ class Reconciler:
         intent_of_instance = {i.instance_id: i.intent_id for i in intents.values() if i.instance_id}
         live_ids = {inst.instance_id for inst in instances}
         seen_intents = {inst.intent_id for inst in instances if inst.intent_id}
-        self._no_intent_since = {k: v for k, v in self._no_intent_since.items() if k in live_ids}
+        self._gone_since = {k: v for k, v in self._gone_since.items() if k in live_ids}
 
         candidates: list[tuple[InstanceHandle, str, str]] = []  # (instance, intent id, why it is an orphan)
         for inst in instances:
@@ -267,7 +267,7 @@ class Reconciler:
         created = created_at(inst)
         if created is not None:
             return created >= snapshot_at and now - created < SETTLE_GRACE_S
-        first = self._no_intent_since.setdefault(inst.instance_id, now)
+        first = self._gone_since.setdefault(inst.instance_id, now)
         return now - first < SETTLE_GRACE_S
 
     async def release_lease(self) -> None:
