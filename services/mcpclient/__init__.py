@@ -14,7 +14,7 @@ import it, and it imports neither. Modules, each with one job:
 - `link`       one SDK client inside its owner task; tool lists shared between sessions
 - `endpoint`   `EndpointClient`: a session's link to one endpoint, its cached tools, and tool calls
 - `session`    `SessionUpstreams` (a session's endpoints) and `SessionCatalog`
-- `pool`       `UpstreamPool`: every session's upstreams, the links (one common link per stateless-era URL),
+- `pool`       `UpstreamPool`: every session's upstreams, the links (common ones for stateless-era URLs),
                owner tasks, the janitor
 
 See docs/toolgateway.md ("Upstream clients").

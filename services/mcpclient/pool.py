@@ -1,10 +1,12 @@
 """Every upstream client of a process: sessions' upstreams, the links (SDK clients) they use, their owner tasks,
 and the janitor that closes the clients of sessions that ended or went idle.
 
-A URL whose server speaks a stateless era (2026-07-28) gets one common link, which every session on that URL
-uses: one handshake, one tool listing per refresh and one connection pool instead of one of each per
-session. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the server keeps
-a session per client), each session's endpoint client has a link of its own.
+A URL whose server speaks a stateless era (2026-07-28) gets common links, each serving up to
+`common_link_sessions` sessions on that URL: one handshake, one tool listing per refresh and one connection
+pool for them instead of one of each per session. Not one link for all: httpcore's pool scans every
+connection it holds on each request and each response, which at 512 connections in one pool was a third
+of the gateway's CPU. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the
+server keeps a session per client), each session's endpoint client has a link of its own.
 
 State here is a cache: any replica rebuilds it from the session store and the upstreams.
 """
@@ -48,9 +50,9 @@ class PoolSettings:
     tools_refresh_s: float = 300.0  # re-list tools at most this old
     janitor_interval_s: float = 1.0  # how often idle/closed sessions are looked for
     http: HttpSettings = field(default_factory=HttpSettings.shared)
-    # HTTP connections of a URL's common link: HTTP/1.1 carries one call at a time, so this bounds the calls
-    # in flight to that URL from this process (more wait for a connection, within their deadline).
-    common_max_connections: int = 1024
+    # Sessions one common link serves; it keeps twice as many HTTP connections (HTTP/1.1 carries one call at
+    # a time; a call finding them all busy waits for one, within its deadline).
+    common_link_sessions: int = 32
 
 
 class UpstreamPool:
@@ -64,10 +66,10 @@ class UpstreamPool:
         self._closed = False
         self.tool_lists = ToolListInterner()
         self._links: set[Link] = set()  # every link whose owner task runs
-        self._common: dict[str, Link] = {}  # url -> its common link
+        self._common: dict[str, list[Link]] = {}  # url -> its common links
         self._stateless: OrderedDict[str, bool] = OrderedDict()  # url -> whether its server's era is stateless
         http = self.settings.http
-        n = self.settings.common_max_connections
+        n = 2 * self.settings.common_link_sessions
         limits = httpx2.Limits(
             max_connections=n, max_keepalive_connections=n, keepalive_expiry=http.limits.keepalive_expiry
         )
@@ -96,13 +98,14 @@ class UpstreamPool:
 
     # -- links ------------------------------------------------------------------------------------------------
     def link(self, url: str) -> Link:
-        """A link for an endpoint client of `url`, counted as used until `release`d: the URL's common link
-        while one is open; else a new link, common from the start when the URL's era is known to be
-        stateless, else private to the caller."""
-        current = self._common.get(url)
-        if current is not None and not current.dead:
-            current.users += 1
-            return current
+        """A link for an endpoint client of `url`, counted as used until `release`d: a common link of the URL
+        with room for another session; else a new link, common from the start when the URL's era is known to
+        be stateless, else private to the caller."""
+        common = self._common.get(url, ())
+        for current in common:
+            if not current.dead and current.users < self.settings.common_link_sessions:
+                current.users += 1
+                return current
         stateless = self._stateless.get(url, False)
         settings = self.settings
         link = Link(
@@ -114,7 +117,7 @@ class UpstreamPool:
         )
         link.users = 1
         if stateless:
-            self._common[url] = link
+            self._common.setdefault(url, []).append(link)
         link.ready.add_done_callback(functools.partial(self._learn_era, link))
         link.task = self.spawn(link.run(), f"mcp-owner {url}")
         self._links.add(link)
@@ -142,8 +145,11 @@ class UpstreamPool:
             link.stop()
 
     def _forget_common(self, link: Link) -> None:
-        if self._common.get(link.url) is link:
-            del self._common[link.url]
+        common = self._common.get(link.url)
+        if common is not None and link in common:
+            common.remove(link)
+            if not common:
+                del self._common[link.url]
 
     def _link_ended(self, link: Link, task: asyncio.Task[None]) -> None:
         self._links.discard(link)

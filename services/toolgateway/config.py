@@ -40,11 +40,11 @@ class GatewayConfig:
         "RLGATE_UPSTREAM_MAX_CONNECTIONS",
         "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)",
     )
-    upstream_common_max_connections: int = setting(
-        1024,
-        "RLGATE_UPSTREAM_COMMON_MAX_CONNECTIONS",
-        "HTTP connections of the one upstream MCP client that all sessions on a stateless-era (2026-07-28) URL "
-        "share (concurrent calls to that URL beyond this queue)",
+    upstream_common_sessions: int = setting(
+        32,
+        "RLGATE_UPSTREAM_COMMON_SESSIONS",
+        "Sessions on a stateless-era (2026-07-28) URL that share one upstream MCP client; each such client keeps "
+        "up to twice as many HTTP connections (concurrent calls beyond those queue)",
     )
     upstream_keepalive_s: float = setting(
         4.0,

@@ -84,3 +84,17 @@ async def test_one_sessions_lost_request_leaves_the_common_link_to_the_others() 
             assert upstream.calls["drop"] == 1
         finally:
             await pool.close()
+
+
+async def test_a_common_link_serves_at_most_its_share_of_sessions() -> None:
+    pool = UpstreamPool(PoolSettings(upstream_timeout_s=10.0, common_link_sessions=2))
+    async with hostile_upstream("modern") as upstream:
+        try:
+            await opened(pool, "s1", upstream.url)
+            sessions = [await opened(pool, f"s{i}", upstream.url) for i in range(2, 7)]
+            links = [ups.clients[upstream.url]._link for ups in sessions]
+            assert all(link is not None and link.common for link in links)
+            assert [links.count(link) for link in dict.fromkeys(links)] == [2, 2, 1]
+            assert upstream.methods["server/discover"] == 1 + 3
+        finally:
+            await pool.close()
