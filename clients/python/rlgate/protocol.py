@@ -364,13 +364,15 @@ def call_error(name: str, arguments: Any) -> str | None:
         return _unicode_hint(f"the tool name {name!r}", escape)
     if not isinstance(arguments, dict):
         return f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}'
+    # Named before json_text refuses it (which cannot say where): the model is told which string to fix.
+    path = _surrogate_path(arguments, "$")
+    if path is not None:
+        escape = _lone_surrogate(json.dumps(arguments, ensure_ascii=False, default=str)) or r"\ud800"
+        return f"arguments of {name!r}: {_unicode_hint(path, escape)}"
     try:
-        text = json_text(arguments)
+        json_text(arguments)
     except InvalidJsonValue as exc:
         return f"arguments of {name!r}: {exc}"
-    escape = _lone_surrogate(text)
-    if escape is not None:
-        return f"arguments of {name!r}: {_unicode_hint(_surrogate_path(arguments, '$') or 'a string', escape)}"
     return None
 
 
