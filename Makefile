@@ -60,7 +60,7 @@ bench-full: $(STAMP_ALL)
 	$(PY) -m bench --full
 
 reliability-full: $(STAMP_ALL)
-	RLGATE_FULL=1 $(PY) -m pytest -q -p no:cacheprovider tests/reliability
+	RLGATE_FULL=1 $(PY) -m pytest -q -p no:cacheprovider -rxXs tests/reliability
 
 clean:
 	rm -rf $(VENV) build *.egg-info .rlgate

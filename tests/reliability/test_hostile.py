@@ -48,7 +48,7 @@ from tests.support.hostile_mcp import (
 SC = grpc.StatusCode
 ERA_NAMES = ("modern", "legacy")
 PHASES = ("reset", "list", "call")
-TOOLS_TIMEOUT_S = 10.0 if FULL else 3.0  # the orchestrator's discovery bound (--tools-timeout-s)
+TOOLS_TIMEOUT_S = 30.0 if FULL else 3.0  # the orchestrator's discovery bound (--tools-timeout-s)
 RESET_DEADLINE_S = 60.0 if FULL else 12.0
 CALL_DEADLINE_S = 5.0
 DRIP_DEADLINE_S = 2.5  # the drip is ended by the caller's deadline: a short one keeps the suite quick
@@ -151,7 +151,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, audit: Audit, hostile: Hosti
 class Clients:
     orch: orchestrator_pb2_grpc.OrchestratorServiceStub
     gw: toolgateway_pb2_grpc.ToolGatewayServiceStub
-    benign: dict[str, str]  # era -> agent token of a session on a well-behaved upstream
+    benign: dict[str, tuple[str, str]]  # era -> (session id, agent token) of a session on a well-behaved upstream
     channels: list[grpc.aio.Channel]
 
 
@@ -179,7 +179,7 @@ async def clients(stack: AuditedStack, rss_at_start: dict[str, float]) -> Any:
             metadata=stack.metadata(),
         )  # fmt: skip
         stack.audit.token(reset.agent_token)
-        c.benign[era] = reset.agent_token
+        c.benign[era] = (reset.session_id, reset.agent_token)
         sessions.append(reset.session_id)
     try:
         yield c
@@ -272,7 +272,8 @@ class Case:
     probes: list[Probe] = field(default_factory=list)
     rss: dict[str, dict[str, float]] = field(default_factory=dict)
     benign_calls: int = 0
-    benign_max_s: float = 0.0
+    benign_max_s: float = 0.0  # the slowest gateway CallTool of a benign session
+    benign_orchestrator_max_s: float = 0.0  # the slowest orchestrator State of a benign session
     benign_failures: list[str] = field(default_factory=list)
 
     def status(self, rpc: str) -> str:
@@ -283,13 +284,14 @@ async def run_case(
     stack: AuditedStack, c: Clients, era: str, attack: str, phase: str,
     steps: Callable[[Case], Awaitable[None]],
 ) -> Case:  # fmt: skip
-    """Run `steps` (the attack's calls) while the benign sessions of both eras call tools back to back."""
+    """Run `steps` (the attack's calls) while the benign sessions of both eras call tools (gateway) and read
+    their state (orchestrator) back to back."""
     case = Case(era, attack, phase)
     done = asyncio.Event()
 
     async def benign() -> None:
         while not done.is_set():
-            for e, token in c.benign.items():
+            for e, (session_id, token) in c.benign.items():
                 p, reply = await probe(
                     "benign CallTool",
                     c.gw.CallTool(toolgateway_pb2.CallToolRequest(name="echo", arguments_json='{"text": "still here"}'),
@@ -300,6 +302,15 @@ async def run_case(
                 case.benign_max_s = max(case.benign_max_s, p.seconds)
                 if p.status != "OK" or reply.result.is_error:
                     case.benign_failures.append(f"{e}: {p.status} {p.result} {p.detail}")
+                p, _ = await probe(
+                    "benign State",
+                    c.orch.State(orchestrator_pb2.StateRequest(session_id=session_id), timeout=30.0,
+                                 metadata=stack.metadata()),
+                    stack.audit,
+                )  # fmt: skip
+                case.benign_orchestrator_max_s = max(case.benign_orchestrator_max_s, p.seconds)
+                if p.status != "OK":
+                    case.benign_failures.append(f"{e} State: {p.status} {p.detail}")
 
     pids = {"toolgateway": stack.procs["toolgateway"].pid, "orchestrator": stack.procs["orchestrator"].pid}
     with PeakRss(pids) as rss:
@@ -313,14 +324,15 @@ async def run_case(
     return case
 
 
-def check(case: Case, figures: Figures, peak_mb: float = RSS_PEAK_MB) -> None:
+def check(case: Case, figures: Figures, peak_mb: float = RSS_PEAK_MB, benign_s: float = BENIGN_LATENCY_S) -> None:
     """The promises every attack must keep."""
     figures.append("hostile", asdict(case))
     for p in case.probes:
         assert SC[p.status] not in NEVER, f"{case.attack}/{case.phase}/{case.era}: {p}"
         assert p.detail_chars <= MAX_DETAIL_CHARS, p  # an upstream's 4 MB error is not echoed whole
     assert case.benign_calls > 0 and case.benign_failures == [], case
-    assert case.benign_max_s < BENIGN_LATENCY_S, case
+    assert case.benign_max_s < benign_s, case
+    assert case.benign_orchestrator_max_s < benign_s, case
     for name, mb in case.rss.items():
         assert mb["peak_mb"] - mb["before_mb"] < peak_mb, (name, case)
 
@@ -509,9 +521,38 @@ async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figure
             await close(stack, clients, session)
 
     case = await run_case(stack, clients, era, "many-tools", "call", steps)
-    check(case, figures, RSS_PEAK_MB + TOOLS * RSS_PEAK_PER_TOOL_KB / 1024)
+    MANY_TOOLS[era] = case
+    # other sessions wait while a listing is parsed (test_many_tools_do_not_stall_other_sessions): here only
+    # "never a hang" is asserted for them
+    check(case, figures, RSS_PEAK_MB + TOOLS * RSS_PEAK_PER_TOOL_KB / 1024, benign_s=RESET_DEADLINE_S)
     figures.record("hostile_many_tools", era, {"counts": counts, "probes": [asdict(p) for p in case.probes]})
-    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] == TOOLS, case
+    # every tool, or (a listing past a cap the services set) at least the 10,000 the suite asks for
+    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] >= min(TOOLS, 10_000), case
+
+
+MANY_TOOLS: dict[str, Case] = {}
+STALL_S = 1.0  # how long another session may wait for either plane while one session's tools are listed
+STALL_FINDING = (
+    "finding: a tool listing is parsed and converted on the event loop of the plane that lists it (the mcp "
+    "SDK's pydantic validation, then ToolSpec building in services/mcpclient/catalog.py), ~200 us per tool: "
+    "while one session's 50,000-tool listing (8 MB, inside the 8 MiB reply limit) is read, every other session's "
+    "calls wait seconds (orchestrator State during Reset's discovery, gateway CallTool during ListTools; 0.4-4 s "
+    "for 10,000 tools, depending on the machine's load). Fix: bound tools per endpoint (an RLGATE_* limit in "
+    "services/mcpclient, refusing a longer listing with a clear status) and/or convert listings off the loop"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=STALL_FINDING)
+@pytest.mark.parametrize("era", ERA_NAMES)
+def test_many_tools_do_not_stall_other_sessions(era: str) -> None:
+    """While test_many_tools listed its tools, the benign sessions' calls on both planes answered within
+    STALL_S."""
+    if not FULL:  # 10,000 tools stall others for 0.4 s on an idle machine, 3-4 s on a busy one: not a verdict
+        pytest.skip("judged at full size (50,000 tools); test_many_tools records the quick figures")
+    case = MANY_TOOLS.get(era)
+    if case is None:
+        pytest.skip("test_many_tools did not run")
+    assert max(case.benign_max_s, case.benign_orchestrator_max_s) < STALL_S, case
 
 
 @pytest.mark.parametrize("era", ERA_NAMES)
@@ -582,7 +623,8 @@ async def test_forged_names_and_errors(stack: AuditedStack, clients: Clients, fi
                 await list_tools(stack, clients, case, token)
                 for brk in BREAKS:  # the agent side: refused by the tool-name check
                     await call_tool(stack, clients, case, token, f"echo{brk}{FORGED_LINE}", {})
-                for tool in [t.name for t in session.tools if t.name != "echo"][:3]:  # the upstream's own names
+                # the upstream's own names, if listed at all (never callable: not tool names rlgate accepts)
+                for tool in [t.name for t in session.tools if t.name != "echo"][:3]:
                     await call_tool(stack, clients, case, token, tool, {})
                 for i in range(len(BREAKS)):  # tool errors, logged by the gateway
                     await call_tool(stack, clients, case, token, "echo", {"text": str(i)})
@@ -593,7 +635,7 @@ async def test_forged_names_and_errors(stack: AuditedStack, clients: Clients, fi
     check(case, figures)
     assert case.status("Reset") == "OK" and case.status("ListTools") == "OK", case
     named = [p for p in case.probes if p.rpc.startswith("CallTool") and p.rpc != "CallTool 'echo'"]
-    assert len(named) == len(BREAKS) + 3 and {p.status for p in named} == {"INVALID_ARGUMENT"}, case
+    assert len(named) >= len(BREAKS) and {p.status for p in named} == {"INVALID_ARGUMENT"}, case
     errors = [p.result for p in case.probes if p.rpc == "CallTool 'echo'"]
     assert len(errors) == len(BREAKS) and all(e.startswith("is_error TOOL_FAILED") for e in errors), case
 

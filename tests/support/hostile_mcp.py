@@ -40,6 +40,7 @@ Headers = Sequence[tuple[bytes, bytes]]
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
 CHUNK = 64 * 1024
+DRIP_PADDING = 4096  # bytes of whitespace the drip sends before its reply ends (~14 minutes at 0.2 s a byte)
 FORGED_PREFIX = "1999-01-01 00:00:00,000 CRITICAL"  # no real log line starts with this timestamp
 FORGED_LINE = f"{FORGED_PREFIX} toolgateway rlgate.forged trace=- session=- FORGED LOG LINE"
 # Line breaks a log reader may honour: every one must be escaped by the servers' log formatter. NEL (U+0085,
@@ -236,6 +237,7 @@ class HostileMcp:
                                       _sized(b"z" * CHUNK, filler, closing))  # fmt: skip
         if attack == "drip":
             body = json.dumps({"jsonrpc": "2.0", "id": rid, "result": {"content": [], "tools": []}}).encode()
+            body = body[:-1] + b" " * DRIP_PADDING + b"}"  # whitespace: outlasts every bound rlgate has
             length = [(b"content-length", str(len(body)).encode())]
             return await self._stream(attack, send, receive, 200, "application/json", [*extra, *length], b"",
                                       _drip(body, self.sizes.drip_interval_s, self.sizes.drip_cap_s))  # fmt: skip
