@@ -7,6 +7,7 @@ Era detection is the SDK's `auto` mode: `server/discover` (2026-07-28, stateless
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import mcp_types as mt
@@ -17,6 +18,19 @@ from mcp_types import METHOD_NOT_FOUND
 from rlgate.mcpclient.catalog import list_all_tools
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound
 from rlgate.mcpclient.transport import HttpSettings
+
+
+def _expected_termination(record: logging.LogRecord) -> bool:
+    """The SDK warns "Session termination failed: 404" when it ends a legacy-era session the server had
+    already forgotten (its instance deleted first, an idle timeout): the session is gone either way, so
+    that is a debug line, not a warning per closed session."""
+    if record.levelno == logging.WARNING and record.getMessage() == "Session termination failed: 404":
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+    return True
+
+
+logging.getLogger("mcp.client.streamable_http").addFilter(_expected_termination)
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

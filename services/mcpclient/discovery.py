@@ -14,6 +14,7 @@ from rlgate.mcpclient.connect import list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import tracing
+from rlgate.runtime.errors import MAX_MESSAGE, clip
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,10 @@ async def discover_tools(
         elif isinstance(res, BaseException):
             if isinstance(res, TimeoutError):
                 raise UpstreamUnavailable(f"{url}: no answer within {timeout:.1f}s") from res
+            # An upstream's error message can be megabytes (up to the reply limit); callers echo and log it.
             if isinstance(res, UpstreamUnavailable):
-                raise res
-            raise UpstreamUnavailable(f"{url}: {res}") from res
+                raise type(res)(clip(res, MAX_MESSAGE)) from res
+            raise UpstreamUnavailable(clip(f"{url}: {res}", MAX_MESSAGE)) from res
         else:
             per_endpoint.append((url, res))
     return union_tools(per_endpoint, dropped).filtered(tool_filter, modality)

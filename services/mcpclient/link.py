@@ -12,8 +12,6 @@ mcp 2.x constraints this is built around (docs/toolgateway.md, "Upstream clients
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 import weakref
@@ -23,10 +21,12 @@ import mcp_types as mt
 from mcp import Client
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from rlgate.mcpclient.catalog import listing_key
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import metrics
+from rlgate.runtime.errors import MAX_MESSAGE, clip
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +52,7 @@ class ToolListInterner:
         self._lists: weakref.WeakValueDictionary[str, SharedTools] = weakref.WeakValueDictionary()
 
     def intern(self, tools: list[mt.Tool]) -> SharedTools:
-        key = hashlib.sha256(
-            json.dumps(
-                [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools],
-                sort_keys=True,
-            ).encode()
-        ).hexdigest()
+        key = listing_key(tools)
         shared = self._lists.get(key)
         if shared is None:
             shared = self._lists[key] = SharedTools(tools)
@@ -137,7 +132,7 @@ class Link:
                 self.ready.set_exception(err)
             else:
                 leaf = leaves(exc)[0]
-                log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, leaf)
+                log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, clip(leaf, MAX_MESSAGE))
         finally:
             self.dead = True
             self.client = None

@@ -16,6 +16,9 @@ from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
 TRUNCATION_MARKER = "\n…[output truncated by rlgate: {cut} of {total} bytes removed]"
+# An error message past the output limit whose text the content also carries (cut to the limit there) is
+# kept to its head in error_message, so a result holds it once, however long the tool or upstream made it.
+ERROR_HEAD_BYTES = 1024
 
 
 def _b64(data: str) -> bytes:
@@ -120,8 +123,9 @@ def _cut_text(text: str, max_bytes: int) -> str:
 
 def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolResult:
     """Cut content above `max_bytes` (text cut with a marker, binary blocks replaced by a note), drop a
-    structured result larger than the limit and cut an error message longer than it. Sets OUTPUT_TRUNCATED
-    unless the result is already an error."""
+    structured result larger than the limit and cut an error message longer than it (to its head of
+    ERROR_HEAD_BYTES when the content carries its text). Sets OUTPUT_TRUNCATED unless the result is already
+    an error."""
     if max_bytes <= 0:
         return result
     sizes = [_block_size(b) for b in result.content]
@@ -133,7 +137,8 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
     out = common_pb2.ToolResult()
     out.CopyFrom(result)
     if long_message:
-        out.error_message = _cut_text(result.error_message, max_bytes)
+        carried = any(b.WhichOneof("kind") == "text" and b.text.text for b in result.content)
+        out.error_message = _cut_text(result.error_message, min(max_bytes, ERROR_HEAD_BYTES) if carried else max_bytes)
     if total <= max_bytes and structured <= max_bytes:
         return out  # only the message was cut: the output itself is whole
     removed = 0

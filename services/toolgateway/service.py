@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -30,6 +30,7 @@ from rlgate.runtime import metrics
 from rlgate.runtime.auth import session_of_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import (
+    MAX_MESSAGE,
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
@@ -50,14 +51,13 @@ from rlgate.store import (
     call_scope,
 )
 from rlgate.toolgateway import results
-from rlgate.toolgateway.arguments import arguments_problem
+from rlgate.toolgateway.arguments import check_arguments
 from rlgate.v1 import common_pb2, toolgateway_pb2
 
 log = logging.getLogger(__name__)
 Kind = common_pb2.ToolErrorKind
 
 MAX_REQUEST_ID = 128
-TOOL_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")  # MCP SEP-986, as toolgateway.proto states
 DEADLINE_MARGIN_S = 0.05  # our timeout fires just before the caller's, so we answer DEADLINE_EXCEEDED ourselves
 UNKNOWN_TOOL_REFRESH_S = 2.0  # an unknown tool name re-lists the upstreams at most this often per session
 UNKNOWN_LABEL = "(unknown)"  # the metrics label of a tool name no endpoint owns: a model's invention mints no series
@@ -91,11 +91,12 @@ def kind_name(kind: int) -> str:
 # -- requests -----------------------------------------------------------------------------------------------
 @dataclass
 class ToolCall:
-    """A well-formed CallTool request: its name, request_id and exact arguments."""
+    """A well-formed CallTool request: its name, request_id, exact arguments and their size on the wire."""
 
     name: str
     request_id: str
     arguments: dict[str, Any]
+    size: int = 0
 
     def params(self) -> dict[str, Any]:
         """What the request_id is bound to (the ledger's parameters), named as the request's fields."""
@@ -120,7 +121,7 @@ def parse_call(request: toolgateway_pb2.CallToolRequest, max_arguments_bytes: in
         arguments = arguments_of(request)
     except InvalidJsonValue as exc:
         raise InvalidArgument(form, str(exc)) from exc
-    return ToolCall(name, request.request_id, arguments)
+    return ToolCall(name, request.request_id, arguments, size)
 
 
 # -- sessions -----------------------------------------------------------------------------------------------
@@ -289,7 +290,9 @@ class ToolGateway:
                 raise Unavailable(
                     "no MCP endpoint reachable: " + "; ".join(cat.unavailable.values()), reason="UPSTREAM_UNAVAILABLE"
                 )
-            log.warning("endpoints unavailable (partial tool list): %s", "; ".join(cat.unavailable.values()))
+            log.warning(
+                "endpoints unavailable (partial tool list): %s", clip("; ".join(cat.unavailable.values()), MAX_MESSAGE)
+            )
         return cat
 
     async def list_tools(self, token: str | None, deadline: Deadline) -> toolgateway_pb2.ListToolsResponse:
@@ -321,6 +324,7 @@ class ToolGateway:
                 return first
             return await self.store.claim_request(scope, request_id, self.owner)
 
+        started = time.monotonic()
         try:
             return await self.ledger.run(
                 scope,
@@ -335,6 +339,15 @@ class ToolGateway:
             )
         except StoreError as exc:
             raise _store_down(exc) from exc
+        except DeadlineExceeded as exc:  # the caller's status, so one line here is the event's only trace
+            log.warning("tool %s in session %s: deadline exceeded after %.3fs: %s", call.name, session.session_id,
+                        time.monotonic() - started, exc.message)  # fmt: skip
+            raise
+        except asyncio.CancelledError:
+            why = "its deadline passed" if deadline.expired() else "the caller cancelled"
+            log.info("tool %s in session %s: cancelled after %.3fs (%s)", call.name, session.session_id,
+                     time.monotonic() - started, why)  # fmt: skip
+            raise
 
     async def _run(
         self, session: Session, call: ToolCall, deadline: Deadline, claim: Claim
@@ -411,7 +424,8 @@ class ToolGateway:
         ups = self.pool.session(session.session_id, session.endpoints)
         cat = await self._catalog(session, deadline)
         tool = cat.find(name)
-        if tool is None and time.monotonic() - ups.last_forced_refresh > UNKNOWN_TOOL_REFRESH_S:
+        stale = time.monotonic() - ups.last_forced_refresh > UNKNOWN_TOOL_REFRESH_S
+        if tool is None and stale and name not in cat.catalog.left_out:  # a left-out tool stays left out
             ups.last_forced_refresh = time.monotonic()  # the upstream's tool list may have changed
             cat = await self._catalog(session, deadline, refresh=True)
             tool = cat.find(name)
@@ -419,9 +433,12 @@ class ToolGateway:
             if cat.unavailable and cat.catalog.get(name) is None:
                 raise CallNotSent("the tool list is incomplete: " + "; ".join(cat.unavailable.values()))
             return self._unknown_tool(cat, name), ""
-        problem = arguments_problem(name, call.arguments, tool.input_schema)
-        if problem:
-            return results.error_result(Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, problem), tool.endpoint
+        try:
+            verdict = await check_arguments(name, call.arguments, tool.input_schema, call.size, deadline.remaining())
+        except TimeoutError:
+            raise CallTimedOut(f"deadline passed while checking the arguments of {name!r}", sent=False) from None
+        if verdict is not None:
+            return results.error_result(verdict.kind, verdict.message), tool.endpoint
         timeout_s = deadline.remaining()
         if timeout_s <= 0:
             raise CallTimedOut(f"no time left to call {name!r}", sent=False)
@@ -445,7 +462,14 @@ class ToolGateway:
     def _unknown_tool(self, cat: SessionCatalog, name: str) -> common_pb2.ToolResult:
         visible = [t.name for t in cat.visible.tools]
         hidden = cat.catalog.get(name) is not None
-        why = "is not available in this task" if hidden else "does not exist"
+        left_out = cat.catalog.left_out.get(name)
+        why = (
+            "is not available in this task"
+            if hidden
+            else f"was left out of this session's tools by rlgate ({left_out})"
+            if left_out
+            else "does not exist"
+        )
         listing = ", ".join(visible[:50]) + (" …" if len(visible) > 50 else "")
         return results.error_result(
             Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL,
