@@ -328,7 +328,7 @@ def check(case: Case, figures: Figures, peak_mb: float = RSS_PEAK_MB, benign_s: 
     """The promises every attack must keep."""
     figures.append("hostile", asdict(case))
     for p in case.probes:
-        assert SC[p.status] not in NEVER, f"{case.attack}/{case.phase}/{case.era}: {p}"
+        assert getattr(SC, p.status) not in NEVER, f"{case.attack}/{case.phase}/{case.era}: {p}"
         assert p.detail_chars <= MAX_DETAIL_CHARS, p  # an upstream's 4 MB error is not echoed whole
     assert case.benign_calls > 0 and case.benign_failures == [], case
     assert case.benign_max_s < benign_s, case
@@ -457,8 +457,12 @@ async def test_deep_schema(stack: AuditedStack, clients: Clients, figures: Figur
         assert case.status("Reset") == "UNAVAILABLE", case
 
 
-REF_CALLS = [("self_ref", {"child": {"child": {"child": {}}}}), ("ref_loop", {"x": 1}), ("ref_itself", {}),
-             ("ref_nowhere", {"x": 1})]  # fmt: skip
+REF_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("self_ref", {"child": {"child": {"child": {}}}}),
+    ("ref_loop", {"x": 1}),
+    ("ref_itself", {}),
+    ("ref_nowhere", {"x": 1}),
+]
 REF_FINDING = (
     "finding: an upstream input schema whose $ref loops (a -> b -> a, a definition referring to itself) or points "
     "nowhere makes the gateway's argument check (services/toolgateway/arguments.py, arguments_problem: jsonschema) "

@@ -166,7 +166,7 @@ def test_token_reaches_only_its_own_session(stack: AuditedStack, figures: Figure
 
     def folders(token: str) -> str:
         reply = gw.CallTool(toolgateway_pb2.CallToolRequest(name="list_folders"), timeout=T, metadata=bearer(token))
-        return " ".join(c.text.text for c in reply.result.content) + reply.result.structured_content_json
+        return " ".join(c.text.text for c in reply.result.content) + str(reply.result.structured_content_json)
 
     orch = orchestrator_stub(stack.orchestrator_address)
     log_a = orch.State(

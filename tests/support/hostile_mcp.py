@@ -163,8 +163,9 @@ class HostileMcp:
             if phase == "call" and attack in TRANSPORT_ATTACKS:
                 return await self._transport(attack, send, receive, rid, extra)
             result = self._call_result(attack, message.get("params") or {}, era)
-            if "error" in result:
-                return await self._rpc_error(send, rid, result["error"]["code"], result["error"]["message"], 200, extra)
+            error = result.get("error")
+            if isinstance(error, dict):
+                return await self._rpc_error(send, rid, int(error["code"]), str(error["message"]), 200, extra)
             return await self._result(send, rid, result, extra)
         return await self._rpc_error(send, rid, -32601, f"method {rpc!r} not found", 200, extra)
 
@@ -318,7 +319,7 @@ async def _read_body(receive: Receive) -> bytes:
     body = b""
     while True:
         message = await receive()
-        body += message.get("body", b"")
+        body += bytes(message.get("body", b""))
         if not message.get("more_body"):
             return body
 
