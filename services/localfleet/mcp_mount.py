@@ -58,8 +58,7 @@ class InstanceMCPServer(MCPServer):
         self.kind = kind
         self.endpoints = endpoints
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
-                        ) -> Any:
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None) -> Any:
         ep = self.endpoints
         env_id = self.spec.env_id
         faults = ep.faults.for_env(env_id, self.spec.version)
@@ -103,10 +102,13 @@ def _request_of(context: Context[Any, Any] | None) -> Any:
 def _register_computer(server: MCPServer, spec: EnvironmentSpec) -> None:
     from rlgate.localfleet.environments.base import current_instance
 
-    @server.tool(description=(
-        "See the app's current screen. action='screenshot' returns a PNG of what the app shows now; "
-        "'wait' pauses (duration seconds, at most 5) and then returns a screenshot; 'cursor_position' "
-        "returns the pointer position. This screen is read-only: use the other tools to change anything."))
+    @server.tool(
+        description=(
+            "See the app's current screen. action='screenshot' returns a PNG of what the app shows now; "
+            "'wait' pauses (duration seconds, at most 5) and then returns a screenshot; 'cursor_position' "
+            "returns the pointer position. This screen is read-only: use the other tools to change anything."
+        )
+    )
     async def computer(
         ctx: Context,
         action: Literal["screenshot", "wait", "cursor_position"] = "screenshot",
@@ -128,8 +130,14 @@ def _register_computer(server: MCPServer, spec: EnvironmentSpec) -> None:
 class MCPEndpoints:
     """Builds the per-environment servers and routes `/instances/{id}/(mcp|api/v1/mcp)` to them."""
 
-    def __init__(self, specs: list[EnvironmentSpec], registry: InstanceRegistry, faults: FaultRegistry,
-                 counters: Counters, allowed_hosts: list[str]) -> None:
+    def __init__(
+        self,
+        specs: list[EnvironmentSpec],
+        registry: InstanceRegistry,
+        faults: FaultRegistry,
+        counters: Counters,
+        allowed_hosts: list[str],
+    ) -> None:
         self.registry = registry
         self.faults = faults
         self.counters = counters
@@ -141,13 +149,15 @@ class MCPEndpoints:
         self._sessions: dict[str, set[tuple[tuple[str, Kind], str]]] = {}
         registry.on_stopped.append(self.discard_instance)
         security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=allowed_hosts,
-            allowed_origins=[f"http://{h}" for h in allowed_hosts])
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=allowed_hosts,
+            allowed_origins=[f"http://{h}" for h in allowed_hosts],
+        )
         self.servers: dict[tuple[str, Kind], InstanceMCPServer] = {}
         self.managers: dict[tuple[str, Kind], StreamableHTTPSessionManager] = {}
         for spec in specs:
             for kind in ("mcp", "aggregator"):
-                server = InstanceMCPServer(spec, kind, self)  # type: ignore[arg-type]
+                server = InstanceMCPServer(spec, kind, self)
                 spec.register_tools(server)
                 if kind == "aggregator":
                     _register_computer(server, spec)
@@ -155,10 +165,13 @@ class MCPEndpoints:
                 # closing the POST (how a modern client cancels); short calls are still plain JSON.
                 # Legacy: plain JSON responses, as the images speak them; cancellation is a notification.
                 server.streamable_http_app(
-                    json_response=spec.mcp_era == "legacy", stateless_http=False, transport_security=security,
-                    session_idle_timeout=600.0)
-                self.servers[(spec.env_key, kind)] = server  # type: ignore[index]
-                self.managers[(spec.env_key, kind)] = server.session_manager  # type: ignore[index]
+                    json_response=spec.mcp_era == "legacy",
+                    stateless_http=False,
+                    transport_security=security,
+                    session_idle_timeout=600.0,
+                )
+                self.servers[(spec.env_key, kind)] = server
+                self.managers[(spec.env_key, kind)] = server.session_manager
         set_instance_resolver(self.resolve)
 
     def resolve(self, ctx: Any) -> Instance | None:
@@ -233,8 +246,15 @@ class MCPEndpoints:
         headers = dict(scope.get("headers") or [])
         version = headers.get(VERSION_HEADER, b"").decode("latin-1")
         if spec.mcp_era == "legacy" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
-            await _json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": f"Unsupported protocol version: {version}"}})
+            await _json(
+                send,
+                400,
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32600, "message": f"Unsupported protocol version: {version}"},
+                },
+            )
             return
         scope = dict(scope)
         scope[SCOPE_KEY] = instance_id
@@ -308,6 +328,7 @@ async def _cancel_on_disconnect(app: ASGIHandler, scope: Scope, receive: Receive
         await send(message)
 
     async with anyio.create_task_group() as tg:
+
         async def watch() -> None:
             if first["type"] != "http.disconnect":
                 while (await receive())["type"] != "http.disconnect":
@@ -350,8 +371,13 @@ def _replay(body: bytes, receive: Receive, first: Message | None = None) -> Rece
 
 async def _json(send: Send, status: int, payload: Any) -> None:
     body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

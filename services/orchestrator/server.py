@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,9 @@ from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_
 from rlgate.runtime.interceptors import (
     ApiKeyInterceptor,
     ContextInterceptor,
+    Continuation,
     Handler,
+    MethodHandler,
     MetricsInterceptor,
     wrap_behaviour,
 )
@@ -68,9 +70,9 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> MethodHandler | None:
         handler = await continuation(details)
         if self._ready() or details.method not in TASK_DEPENDENT or handler is None:
             return handler
@@ -82,7 +84,7 @@ class ReadinessInterceptor(grpc.aio.ServerInterceptor):
                 ).to_grpc_status()
             )
 
-        return wrap_behaviour(handler, lambda _inner: refuse)  # type: ignore[return-value]
+        return wrap_behaviour(handler, lambda _inner: refuse)
 
 
 class DrainInterceptor(grpc.aio.ServerInterceptor):
@@ -97,7 +99,7 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
         self._idle = asyncio.Event()
         self._idle.set()
         self._cut = False
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler | None]] = {}
+        self._wrapped: dict[str, tuple[MethodHandler, MethodHandler | None]] = {}
 
     async def idle(self) -> None:
         await self._idle.wait()
@@ -111,18 +113,18 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> MethodHandler | None:
         handler = await continuation(details)
         if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
             return handler  # health and reflection answer throughout
         if self._draining():
-            return wrap_behaviour(handler, lambda _inner: _refuse_draining)  # type: ignore[return-value]
+            return wrap_behaviour(handler, lambda _inner: _refuse_draining)
         cached = self._wrapped.get(details.method)
         if cached is None or cached[0] is not handler:
             cached = self._wrapped[details.method] = (handler, wrap_behaviour(handler, self._tracked))
-        return cached[1]  # type: ignore[return-value]
+        return cached[1]
 
     def _tracked(self, inner: Handler) -> Handler:
         async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:

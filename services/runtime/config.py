@@ -103,9 +103,7 @@ def click_options(cls: type[C]) -> Callable[[Callable[..., Any]], Callable[..., 
             default = (
                 f.default
                 if f.default is not dataclasses.MISSING
-                else (
-                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
-                )
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
             )
             shown = "(hidden)" if f.metadata["secret"] else default
             help_text = f"{f.metadata['help']} [env: {f.metadata['env']}; default: {shown}]"

@@ -16,8 +16,12 @@ def _configs() -> list[tuple[str, type]]:
     from rlgate.runtime.stack import UpConfig
     from rlgate.toolgateway.config import GatewayConfig
 
-    return [("rlgate orchestrator", OrchestratorConfig), ("rlgate toolgateway", GatewayConfig),
-            ("rlgate localfleet", LocalfleetConfig), ("rlgate up", UpConfig)]
+    return [
+        ("rlgate orchestrator", OrchestratorConfig),
+        ("rlgate toolgateway", GatewayConfig),
+        ("rlgate localfleet", LocalfleetConfig),
+        ("rlgate up", UpConfig),
+    ]
 
 
 def render() -> str:
@@ -32,7 +36,7 @@ def render() -> str:
     for command, cls in _configs():
         lines += [f"## `{command}`", "", "| flag | environment variable | default | meaning |", "|---|---|---|---|"]
         for f, _kind in fields_of(cls):
-            default = f.default if not callable(f.default_factory) else f.default_factory()  # type: ignore[misc]
+            default = f.default if not callable(f.default_factory) else f.default_factory()
             shown = "(secret)" if f.metadata["secret"] else f"`{default}`" if default not in ("", []) else "(empty)"
             meaning = f.metadata["help"].replace("|", "\\|")  # a pipe in the text would end the table cell
             lines.append(f"| `{_flag_name(f)}` | `{f.metadata['env']}` | {shown} | {meaning} |")

@@ -83,12 +83,14 @@ def check_grpc(target: str, service: str = "", timeout: float = 3.0) -> tuple[in
         try:
             reply = check(request_class(service=service), timeout=timeout)
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
-            detail = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
+            code = exc.code()
+            detail = f"{code.name}: {exc.details()}"
             if code == grpc.StatusCode.NOT_FOUND:  # the server answered: it does not know that service
                 return EXIT_NOT_SERVING, detail
             return EXIT_UNREACHABLE, detail
-    status = _SERVING_STATUS[reply.status] if 0 <= reply.status < len(_SERVING_STATUS) else str(reply.status)
+    # The class is built at run time (no attributes known statically); an unset proto3 enum is 0.
+    number = next((int(value) for field, value in reply.ListFields() if field.name == "status"), 0)
+    status = _SERVING_STATUS[number] if 0 <= number < len(_SERVING_STATUS) else str(number)
     return (EXIT_SERVING if status == "SERVING" else EXIT_NOT_SERVING), status
 
 

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, TypeAlias, TypeGuard, cast
 
 import grpc
 from opentelemetry import context as otel_context
@@ -32,18 +32,24 @@ log = logging.getLogger(__name__)
 EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+MethodHandler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
+# What an interceptor is handed: the next one's handler, None for a method nobody serves.
+Continuation: TypeAlias = Callable[[grpc.HandlerCallDetails], Awaitable["MethodHandler | None"]]
 
 
-def wrap_behaviour(
-    handler: grpc.RpcMethodHandler | None, wrap: Callable[[Handler], Handler]
-) -> grpc.RpcMethodHandler | None:
+def behaviour_of(handler: MethodHandler) -> Handler:
+    """A unary-unary handler's behaviour. grpc's stubs type it for the blocking server (a plain function of a
+    grpc.ServicerContext); under grpc.aio it is a coroutine function of an aio context."""
+    return cast(Handler, handler.unary_unary)
+
+
+def wrap_behaviour(handler: MethodHandler | None, wrap: Callable[[Handler], Handler]) -> MethodHandler | None:
     """Wrap the behaviour of a unary-unary handler (the only kind rlgate serves). Any other kind is refused
     (None: UNIMPLEMENTED): returned unwrapped, it would skip whatever check the wrapper adds."""
     if not _unary(handler):
         return None
-    assert handler is not None
     return grpc.unary_unary_rpc_method_handler(
-        wrap(handler.unary_unary),
+        wrap(behaviour_of(handler)),
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
@@ -54,11 +60,11 @@ class _PerMethodCache:
     inner handler changes) keeps their cost to a dict lookup. Per-call data comes from the call context."""
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped: dict[str, tuple[MethodHandler, MethodHandler | None]] = {}
 
     def get(
-        self, method: str, inner: grpc.RpcMethodHandler, build: Callable[[grpc.RpcMethodHandler], grpc.RpcMethodHandler]
-    ) -> grpc.RpcMethodHandler:
+        self, method: str, inner: MethodHandler, build: Callable[[MethodHandler], MethodHandler | None]
+    ) -> MethodHandler | None:
         hit = self._wrapped.get(method)
         if hit is not None and hit[0] is inner:
             return hit[1]
@@ -67,7 +73,7 @@ class _PerMethodCache:
         return wrapped
 
 
-def _unary(handler: grpc.RpcMethodHandler | None) -> bool:
+def _unary(handler: MethodHandler | None) -> TypeGuard[MethodHandler]:
     return bool(
         handler is not None
         and handler.unary_unary is not None
@@ -90,17 +96,17 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> MethodHandler | None:
         handler = await continuation(details)
         if not _unary(handler):
             return handler
         return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
 
     @staticmethod
-    def _build(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        inner: Handler = handler.unary_unary
+    def _build(method: str, handler: MethodHandler) -> MethodHandler:
+        inner = behaviour_of(handler)
         parse = handler.request_deserializer
         service, _, name = method.lstrip("/").rpartition("/")
         span_name = method.lstrip("/")
@@ -166,9 +172,9 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> MethodHandler | None:
         handler = await continuation(details)
         if details.method.startswith(EXEMPT_PREFIXES):
             return handler
@@ -189,7 +195,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
             return deny
 
-        return wrap_behaviour(handler, wrap)  # type: ignore[return-value]
+        return wrap_behaviour(handler, wrap)
 
 
 class RpcMetrics:
@@ -226,15 +232,15 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Continuation,
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> MethodHandler | None:
         handler = await continuation(details)
         if not _unary(handler):
             return handler
         return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
 
-    def _build(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _build(self, full_method: str, handler: MethodHandler) -> MethodHandler | None:
         observe = self._metrics.method(full_method.rsplit("/", 1)[-1])
 
         def wrap(inner: Handler) -> Handler:
@@ -255,4 +261,4 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
             return behaviour
 
-        return wrap_behaviour(handler, wrap)  # type: ignore[return-value]
+        return wrap_behaviour(handler, wrap)

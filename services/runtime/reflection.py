@@ -37,10 +37,16 @@ def resolvable_symbol(pool: descriptor_pool.DescriptorPool, name: str) -> str:
 class ReflectionServicer(reflection.aio.ReflectionServicer):
     """grpcio-reflection's asyncio servicer, with method symbols resolved."""
 
+    # _file_containing_symbol and _pool are the servicer's private members, which its stubs leave out.
     def _file_containing_symbol(
         self, request: reflection_pb2.ServerReflectionRequest, fully_qualified_name: str
     ) -> reflection_pb2.ServerReflectionResponse:
-        return super()._file_containing_symbol(request, resolvable_symbol(self._pool, fully_qualified_name))
+        pool: descriptor_pool.DescriptorPool = self._pool  # type: ignore[attr-defined]
+        symbol = resolvable_symbol(pool, fully_qualified_name)
+        answer: reflection_pb2.ServerReflectionResponse = super()._file_containing_symbol(  # type: ignore[misc]
+            request, symbol
+        )
+        return answer
 
 
 def enable_server_reflection(service_names: Iterable[str], server: grpc.aio.Server) -> None:

@@ -77,30 +77,42 @@ CREATE INDEX IF NOT EXISTS messages_from ON messages(from_addr);
 
 # (subject template, body template, folder) — {n}, {q}, {day}, {project}, {city}, {code} are filled in.
 _TEMPLATES: tuple[tuple[str, str, str], ...] = (
-    ("Q{q} budget review", "Hi Alex,\n\nAttached is the draft Q{q} budget. Can you review the travel line "
-     "before Thursday?\n\nThanks", "Inbox"),
-    ("Lunch on {day}?", "Are you free for lunch on {day}? The new place near the office has good reviews.",
-     "Inbox"),
-    ("{project} status update", "Quick update on {project}: the milestone slipped by a week because of the "
-     "vendor API. Details in the tracker.", "Inbox"),
+    (
+        "Q{q} budget review",
+        "Hi Alex,\n\nAttached is the draft Q{q} budget. Can you review the travel line before Thursday?\n\nThanks",
+        "Inbox",
+    ),
+    ("Lunch on {day}?", "Are you free for lunch on {day}? The new place near the office has good reviews.", "Inbox"),
+    (
+        "{project} status update",
+        "Quick update on {project}: the milestone slipped by a week because of the vendor API. Details in the tracker.",
+        "Inbox",
+    ),
     ("Invoice #{n}", "Please find invoice #{n} attached. Payment is due within 30 days.", "Receipts"),
     ("Your receipt from {company}", "Thank you for your purchase. Order {code} total: ${pct}.00.", "Receipts"),
     ("Flight confirmation {code}", "Your flight to {city} is confirmed. Booking reference {code}.", "Travel"),
     ("Hotel reservation in {city}", "Your stay in {city} is booked. Check-in from 15:00.", "Travel"),
-    ("{project} design review notes", "Notes from today's design review of {project} are in the shared doc. "
-     "Action items assigned at the bottom.", "Projects"),
-    ("Re: {project} launch checklist", "I added the security sign-off to the {project} launch checklist.",
-     "Projects"),
+    (
+        "{project} design review notes",
+        "Notes from today's design review of {project} are in the shared doc. Action items assigned at the bottom.",
+        "Projects",
+    ),
+    ("Re: {project} launch checklist", "I added the security sign-off to the {project} launch checklist.", "Projects"),
     ("Offsite agenda", "Draft agenda for the offsite in {city}. Please add topics by {day}.", "Inbox"),
-    ("Contract renewal with {company}", "The contract with {company} renews next month. Do we want to "
-     "renegotiate the support tier?", "Inbox"),
-    ("Interview feedback", "Please submit your feedback for Thursday's candidate by end of day {day}.",
-     "Inbox"),
+    (
+        "Contract renewal with {company}",
+        "The contract with {company} renews next month. Do we want to renegotiate the support tier?",
+        "Inbox",
+    ),
+    ("Interview feedback", "Please submit your feedback for Thursday's candidate by end of day {day}.", "Inbox"),
     ("Weekly metrics", "Active users up {pct}% week over week. Full dashboard linked.", "Archive"),
     ("Team photo from {city}", "Here are the photos from the trip to {city}!", "Archive"),
     ("You have won a prize!!!", "Click here to claim your reward of ${pct},000 now.", "Spam"),
-    ("Security alert for your account", "Unusual sign-in from {city}. If this wasn't you, reset your password.",
-     "Inbox"),
+    (
+        "Security alert for your account",
+        "Unusual sign-in from {city}. If this wasn't you, reset your password.",
+        "Inbox",
+    ),
 )
 _SENT_TEMPLATES: tuple[tuple[str, str], ...] = (
     ("Re: Q{q} budget review", "Looks good to me, one comment on the travel line."),
@@ -117,8 +129,9 @@ def seed(conn: sqlite3.Connection) -> None:
     """Deterministic: the same ~430 messages and 60 contacts on every call."""
     create_schema(conn, SCHEMA)
     rng = random.Random(20260302)
-    conn.executemany("INSERT INTO meta VALUES (?, ?)",
-                     [("today", TODAY), ("user_name", USER_NAME), ("user_email", USER_EMAIL)])
+    conn.executemany(
+        "INSERT INTO meta VALUES (?, ?)", [("today", TODAY), ("user_name", USER_NAME), ("user_email", USER_EMAIL)]
+    )
     folder_ids: dict[str, int] = {}
     for i, name in enumerate(SYSTEM_FOLDERS + CUSTOM_FOLDERS, start=1):
         conn.execute("INSERT INTO folders VALUES (?, ?, ?)", (i, name, int(name in SYSTEM_FOLDERS)))
@@ -129,18 +142,32 @@ def seed(conn: sqlite3.Connection) -> None:
         company, domain = rng.choice(COMPANIES)
         email = f"{slug(name)}@{domain}"
         contacts.append((name, email, company))
-        conn.execute("INSERT INTO contacts VALUES (?, ?, ?, ?, ?, ?)",
-                     (i, name, email, company, f"+1-555-{rng.randint(100, 999)}-{rng.randint(1000, 9999)}",
-                      int(rng.random() < 0.15)))
+        conn.execute(
+            "INSERT INTO contacts VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                i,
+                name,
+                email,
+                company,
+                f"+1-555-{rng.randint(100, 999)}-{rng.randint(1000, 9999)}",
+                int(rng.random() < 0.15),
+            ),
+        )
 
     today = datetime.fromisoformat(TODAY + "T09:00:00")
 
     def values() -> dict[str, Any]:
         """One message's placeholder values, so its subject and body agree."""
-        return {"n": rng.randint(1000, 9999), "pct": rng.randint(3, 40), "q": rng.randint(1, 4),
-                "day": rng.choice(_DAYS), "project": rng.choice(_PROJECTS), "city": rng.choice(_CITIES),
-                "company": rng.choice(COMPANIES)[0],
-                "code": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))}
+        return {
+            "n": rng.randint(1000, 9999),
+            "pct": rng.randint(3, 40),
+            "q": rng.randint(1, 4),
+            "day": rng.choice(_DAYS),
+            "project": rng.choice(_PROJECTS),
+            "city": rng.choice(_CITIES),
+            "company": rng.choice(COMPANIES)[0],
+            "code": "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6)),
+        }
 
     msgs: list[tuple[Any, ...]] = []
     for _ in range(370):
@@ -152,26 +179,53 @@ def seed(conn: sqlite3.Connection) -> None:
         unread = folder in ("Inbox", "Spam", "Projects") and rng.random() < 0.35
         cc = rng.choice(contacts)[1] if rng.random() < 0.2 else ""
         v = values()
-        msgs.append((folder_ids[folder], name, email, USER_EMAIL, cc, subj_t.format(**v), body_t.format(**v),
-                     sent_at.strftime("%Y-%m-%dT%H:%M:00"), int(not unread),
-                     int(folder != "Spam" and rng.random() < 0.08), int(rng.random() < 0.25)))
+        msgs.append(
+            (
+                folder_ids[folder],
+                name,
+                email,
+                USER_EMAIL,
+                cc,
+                subj_t.format(**v),
+                body_t.format(**v),
+                sent_at.strftime("%Y-%m-%dT%H:%M:00"),
+                int(not unread),
+                int(folder != "Spam" and rng.random() < 0.08),
+                int(rng.random() < 0.25),
+            )
+        )
     for _ in range(60):
         subj_t, body_t = rng.choice(_SENT_TEMPLATES)
         to = rng.choice(contacts)[1]
         sent_at = today - timedelta(days=rng.randint(0, 90), minutes=rng.randint(0, 600))
         v = values()
-        msgs.append((folder_ids["Sent"], USER_NAME, USER_EMAIL, to, "", subj_t.format(**v), body_t.format(**v),
-                     sent_at.strftime("%Y-%m-%dT%H:%M:00"), 1, 0, 0))
+        msgs.append(
+            (
+                folder_ids["Sent"],
+                USER_NAME,
+                USER_EMAIL,
+                to,
+                "",
+                subj_t.format(**v),
+                body_t.format(**v),
+                sent_at.strftime("%Y-%m-%dT%H:%M:00"),
+                1,
+                0,
+                0,
+            )
+        )
     msgs.sort(key=lambda m: m[7])  # ids in time order, like a real mailbox
     for i, m in enumerate(msgs, start=1):
         conn.execute(
             "INSERT INTO messages (id, folder_id, thread_id, from_name, from_addr, to_addrs, cc_addrs, subject,"
             " body, sent_at, is_read, is_flagged, has_attachment) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (i, m[0], i, *m[1:]))
+            (i, m[0], i, *m[1:]),
+        )
     conn.commit()
 
 
 # --- tool results ---
+
 
 class FolderInfo(BaseModel):
     name: str
@@ -231,25 +285,32 @@ class UpdateResult(BaseModel):
 
 MessageId = Annotated[int, Field(ge=1, description="Message id from list_messages or search_messages")]
 MessageIds = Annotated[list[int], Field(min_length=1, max_length=100, description="Message ids (1-100)")]
-FolderName = Annotated[str, Field(min_length=1, max_length=64,
-                                  description="Folder name, case-insensitive, e.g. 'Inbox' or 'Archive'")]
+FolderName = Annotated[
+    str, Field(min_length=1, max_length=64, description="Folder name, case-insensitive, e.g. 'Inbox' or 'Archive'")
+]
 Email = Annotated[str, Field(pattern=r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$", max_length=254)]
 Limit = Annotated[int, Field(ge=1, le=100, description="Page size (1-100)")]
 Offset = Annotated[int, Field(ge=0, description="Messages to skip (for paging)")]
 UnreadOnly = Annotated[bool, Field(description="Only unread messages")]
 Body = Annotated[str, Field(min_length=1, max_length=10000, description="Plain-text message body")]
 
-_SUMMARY_SQL = (
-    "SELECT m.*, f.name AS folder FROM messages m JOIN folders f ON f.id = m.folder_id"
-)
+_SUMMARY_SQL = "SELECT m.*, f.name AS folder FROM messages m JOIN folders f ON f.id = m.folder_id"
 
 
 def _summary(r: dict[str, Any]) -> MessageSummary:
     body = " ".join(str(r["body"]).split())
-    return MessageSummary(id=r["id"], folder=r["folder"], from_name=r["from_name"], from_addr=r["from_addr"],
-                          subject=r["subject"], sent_at=r["sent_at"], is_read=bool(r["is_read"]),
-                          is_flagged=bool(r["is_flagged"]), has_attachment=bool(r["has_attachment"]),
-                          snippet=body[:80])
+    return MessageSummary(
+        id=r["id"],
+        folder=r["folder"],
+        from_name=r["from_name"],
+        from_addr=r["from_addr"],
+        subject=r["subject"],
+        sent_at=r["sent_at"],
+        is_read=bool(r["is_read"]),
+        is_flagged=bool(r["is_flagged"]),
+        has_attachment=bool(r["has_attachment"]),
+        snippet=body[:80],
+    )
 
 
 def _split(addrs: str) -> list[str]:
@@ -265,8 +326,7 @@ def _folder(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
 
 
 def _message(conn: sqlite3.Connection, message_id: int) -> dict[str, Any]:
-    return require(conn, _SUMMARY_SQL + " WHERE m.id = ?", (message_id,),
-                   f"no message with id {message_id}")
+    return require(conn, _SUMMARY_SQL + " WHERE m.id = ?", (message_id,), f"no message with id {message_id}")
 
 
 def _check_ids(conn: sqlite3.Connection, ids: list[int]) -> list[int]:
@@ -279,16 +339,35 @@ def _check_ids(conn: sqlite3.Connection, ids: list[int]) -> list[int]:
     return unique
 
 
-def _insert_sent(conn: sqlite3.Connection, *, to: list[str], cc: list[str], subject: str, body: str,
-                 thread_id: int | None, in_reply_to: int | None) -> int:
+def _insert_sent(
+    conn: sqlite3.Connection,
+    *,
+    to: list[str],
+    cc: list[str],
+    subject: str,
+    body: str,
+    thread_id: int | None,
+    in_reply_to: int | None,
+) -> int:
     sent_folder = _folder(conn, "Sent")["id"]
     next_id = int(scalar(conn, "SELECT COALESCE(MAX(id), 0) + 1 FROM messages"))
     conn.execute(
         "INSERT INTO messages (id, folder_id, thread_id, in_reply_to, from_name, from_addr, to_addrs, cc_addrs,"
         " subject, body, sent_at, is_read, is_flagged, has_attachment) VALUES (?,?,?,?,?,?,?,?,?,?,?,1,0,0)",
-        (next_id, sent_folder, thread_id or next_id, in_reply_to, meta(conn, "user_name"),
-         meta(conn, "user_email"), ",".join(to), ",".join(cc), subject, body,
-         app_clock(conn, "SELECT MAX(sent_at) FROM messages")))
+        (
+            next_id,
+            sent_folder,
+            thread_id or next_id,
+            in_reply_to,
+            meta(conn, "user_name"),
+            meta(conn, "user_email"),
+            ",".join(to),
+            ",".join(cc),
+            subject,
+            body,
+            app_clock(conn, "SELECT MAX(sent_at) FROM messages"),
+        ),
+    )
     return next_id
 
 
@@ -300,16 +379,28 @@ def register_tools(server: Any) -> None:
     def list_folders(ctx: Context) -> FolderList:
         """List every mail folder with its total and unread message counts."""
         conn = instance_db(ctx)
-        found = rows(conn, "SELECT f.name, f.is_system, COUNT(m.id) AS total,"
-                           " COALESCE(SUM(m.is_read = 0), 0) AS unread FROM folders f"
-                           " LEFT JOIN messages m ON m.folder_id = f.id GROUP BY f.id ORDER BY f.id")
-        return FolderList(folders=[FolderInfo(name=r["name"], total=r["total"], unread=r["unread"],
-                                              is_system=bool(r["is_system"])) for r in found])
+        found = rows(
+            conn,
+            "SELECT f.name, f.is_system, COUNT(m.id) AS total,"
+            " COALESCE(SUM(m.is_read = 0), 0) AS unread FROM folders f"
+            " LEFT JOIN messages m ON m.folder_id = f.id GROUP BY f.id ORDER BY f.id",
+        )
+        return FolderList(
+            folders=[
+                FolderInfo(name=r["name"], total=r["total"], unread=r["unread"], is_system=bool(r["is_system"]))
+                for r in found
+            ]
+        )
 
     @server.tool(annotations=read_only)
-    def list_messages(ctx: Context, folder: FolderName = "Inbox", unread_only: UnreadOnly = False,
-                      flagged_only: Annotated[bool, Field(description="Only flagged messages")] = False,
-                      limit: Limit = 20, offset: Offset = 0) -> MessagePage:
+    def list_messages(
+        ctx: Context,
+        folder: FolderName = "Inbox",
+        unread_only: UnreadOnly = False,
+        flagged_only: Annotated[bool, Field(description="Only flagged messages")] = False,
+        limit: Limit = 20,
+        offset: Offset = 0,
+    ) -> MessagePage:
         """List messages in one folder, newest first, one page at a time.
 
         Returns summaries (sender, subject, date, read/flag state, a short snippet); use read_message for the
@@ -317,25 +408,39 @@ def register_tools(server: Any) -> None:
         """
         conn = instance_db(ctx)
         f = _folder(conn, folder)
-        where = " WHERE m.folder_id = ?" + (" AND m.is_read = 0" if unread_only else "") + (
-            " AND m.is_flagged = 1" if flagged_only else "")
+        where = (
+            " WHERE m.folder_id = ?"
+            + (" AND m.is_read = 0" if unread_only else "")
+            + (" AND m.is_flagged = 1" if flagged_only else "")
+        )
         total = scalar(conn, "SELECT COUNT(*) FROM messages m" + where, (f["id"],))
-        found = rows(conn, _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
-                     (f["id"], limit, offset))
+        found = rows(
+            conn,
+            _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
+            (f["id"], limit, offset),
+        )
         return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
 
     @server.tool(annotations=read_only)
     def search_messages(
         ctx: Context,
-        query: Annotated[str | None, Field(max_length=200, description=(
-            "Text to find in the subject, body or sender name (case-insensitive substring)"))] = None,
-        sender: Annotated[str | None, Field(max_length=254, description=(
-            "Only messages whose sender address or name contains this text"))] = None,
+        query: Annotated[
+            str | None,
+            Field(
+                max_length=200,
+                description=("Text to find in the subject, body or sender name (case-insensitive substring)"),
+            ),
+        ] = None,
+        sender: Annotated[
+            str | None,
+            Field(max_length=254, description=("Only messages whose sender address or name contains this text")),
+        ] = None,
         folder: Annotated[str | None, Field(max_length=64, description="Limit to one folder")] = None,
         unread_only: UnreadOnly = False,
-        since: Annotated[str | None, Field(pattern=r"^\d{4}-\d{2}-\d{2}$",
-                                           description="Only messages sent on or after this date (YYYY-MM-DD)")]
-        = None,
+        since: Annotated[
+            str | None,
+            Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="Only messages sent on or after this date (YYYY-MM-DD)"),
+        ] = None,
         limit: Limit = 20,
         offset: Offset = 0,
     ) -> MessagePage:
@@ -355,8 +460,9 @@ def register_tools(server: Any) -> None:
         else:
             clauses.append("f.name NOT IN ('Trash', 'Spam')")
         if query and query.strip():
-            clauses.append("(m.subject LIKE ? ESCAPE '\\' OR m.body LIKE ? ESCAPE '\\'"
-                           " OR m.from_name LIKE ? ESCAPE '\\')")
+            clauses.append(
+                "(m.subject LIKE ? ESCAPE '\\' OR m.body LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')"
+            )
             params += [like_pattern(query.strip())] * 3
         if sender and sender.strip():
             clauses.append("(m.from_addr LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')")
@@ -367,18 +473,29 @@ def register_tools(server: Any) -> None:
             clauses.append("m.sent_at >= ?")
             params.append(since)
         where = " WHERE " + " AND ".join(clauses)
-        total = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id" + where,
-                       params)
-        found = rows(conn, _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
-                     [*params, limit, offset])
+        total = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id" + where, params)
+        found = rows(
+            conn,
+            _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
+            [*params, limit, offset],
+        )
         return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
+
+    def full_message(ctx: Context, message_id: int) -> Message:
+        r = _message(instance_db(ctx), message_id)
+        return Message(
+            **_summary(r).model_dump(),
+            to=_split(r["to_addrs"]),
+            cc=_split(r["cc_addrs"]),
+            body=r["body"],
+            thread_id=r["thread_id"],
+            in_reply_to=r["in_reply_to"],
+        )
 
     @server.tool(annotations=read_only)
     def read_message(ctx: Context, message_id: MessageId) -> Message:
         """Read one message in full: recipients, body, thread. Does not mark it read (use mark_read)."""
-        r = _message(instance_db(ctx), message_id)
-        return Message(**_summary(r).model_dump(), to=_split(r["to_addrs"]), cc=_split(r["cc_addrs"]),
-                       body=r["body"], thread_id=r["thread_id"], in_reply_to=r["in_reply_to"])
+        return full_message(ctx, message_id)
 
     @server.tool()
     def send_message(
@@ -391,9 +508,10 @@ def register_tools(server: Any) -> None:
         """Send a new email from the logged-in user. A copy is stored in Sent and returned."""
         conn = instance_db(ctx)
         with write(conn):
-            new_id = _insert_sent(conn, to=to, cc=cc or [], subject=subject.strip(), body=body, thread_id=None,
-                                  in_reply_to=None)
-        return read_message(ctx, new_id)
+            new_id = _insert_sent(
+                conn, to=to, cc=cc or [], subject=subject.strip(), body=body, thread_id=None, in_reply_to=None
+            )
+        return full_message(ctx, new_id)
 
     @server.tool()
     def reply_to_message(
@@ -418,9 +536,10 @@ def register_tools(server: Any) -> None:
         if not subject.lower().startswith("re:"):
             subject = "Re: " + subject
         with write(conn):
-            new_id = _insert_sent(conn, to=to, cc=cc, subject=subject, body=body,
-                                  thread_id=original["thread_id"], in_reply_to=message_id)
-        return read_message(ctx, new_id)
+            new_id = _insert_sent(
+                conn, to=to, cc=cc, subject=subject, body=body, thread_id=original["thread_id"], in_reply_to=message_id
+            )
+        return full_message(ctx, new_id)
 
     @server.tool()
     def move_message(ctx: Context, message_ids: MessageIds, folder: FolderName) -> UpdateResult:
@@ -431,37 +550,46 @@ def register_tools(server: Any) -> None:
             raise ToolError(f"messages cannot be moved into {target['name']}")
         ids = _check_ids(conn, message_ids)
         marks = ",".join("?" * len(ids))
-        already = [r["id"] for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?",
-                                         [*ids, target["id"]])]
+        already = [
+            r["id"]
+            for r in rows(
+                conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, target["id"]]
+            )
+        ]
         if already:
-            raise ToolError(f"message {', '.join(map(str, already))} is already in {target['name']}; "
-                            "nothing was changed")
+            raise ToolError(
+                f"message {', '.join(map(str, already))} is already in {target['name']}; nothing was changed"
+            )
         with write(conn):
             conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [target["id"], *ids])
         return UpdateResult(updated=ids, folder=target["name"])
 
     @server.tool()
-    def set_flag(ctx: Context, message_ids: MessageIds,
-                 flagged: Annotated[bool, Field(description="true to flag, false to clear the flag")] = True
-                 ) -> UpdateResult:
+    def set_flag(
+        ctx: Context,
+        message_ids: MessageIds,
+        flagged: Annotated[bool, Field(description="true to flag, false to clear the flag")] = True,
+    ) -> UpdateResult:
         """Flag messages for follow-up, or clear their flag."""
         conn = instance_db(ctx)
         ids = _check_ids(conn, message_ids)
         with write(conn):
-            conn.execute(f"UPDATE messages SET is_flagged = ? WHERE id IN ({','.join('?' * len(ids))})",
-                         [int(flagged), *ids])
+            conn.execute(
+                f"UPDATE messages SET is_flagged = ? WHERE id IN ({','.join('?' * len(ids))})", [int(flagged), *ids]
+            )
         return UpdateResult(updated=ids)
 
     @server.tool()
-    def mark_read(ctx: Context, message_ids: MessageIds,
-                  read: Annotated[bool, Field(description="true marks read, false marks unread")] = True
-                  ) -> UpdateResult:
+    def mark_read(
+        ctx: Context,
+        message_ids: MessageIds,
+        read: Annotated[bool, Field(description="true marks read, false marks unread")] = True,
+    ) -> UpdateResult:
         """Mark messages read (or unread)."""
         conn = instance_db(ctx)
         ids = _check_ids(conn, message_ids)
         with write(conn):
-            conn.execute(f"UPDATE messages SET is_read = ? WHERE id IN ({','.join('?' * len(ids))})",
-                         [int(read), *ids])
+            conn.execute(f"UPDATE messages SET is_read = ? WHERE id IN ({','.join('?' * len(ids))})", [int(read), *ids])
         return UpdateResult(updated=ids)
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True))
@@ -471,29 +599,52 @@ def register_tools(server: Any) -> None:
         ids = _check_ids(conn, message_ids)
         trash = _folder(conn, "Trash")["id"]
         marks = ",".join("?" * len(ids))
-        already = [r["id"] for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?",
-                                         [*ids, trash])]
+        already = [
+            r["id"]
+            for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, trash])
+        ]
         if already:
-            raise ToolError(f"message {', '.join(map(str, already))} is already in Trash (permanent deletion is "
-                            "not supported); nothing was changed")
+            raise ToolError(
+                f"message {', '.join(map(str, already))} is already in Trash (permanent deletion is "
+                "not supported); nothing was changed"
+            )
         with write(conn):
             conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [trash, *ids])
         return UpdateResult(updated=ids, folder="Trash")
 
     @server.tool(annotations=read_only)
-    def lookup_contact(ctx: Context, query: Annotated[str, Field(min_length=1, max_length=100, description=(
-            "Part of a name, email address or company, case-insensitive"))]) -> ContactList:
+    def lookup_contact(
+        ctx: Context,
+        query: Annotated[
+            str,
+            Field(
+                min_length=1, max_length=100, description=("Part of a name, email address or company, case-insensitive")
+            ),
+        ],
+    ) -> ContactList:
         """Find contacts in the address book by name, email or company (at most 25)."""
         pattern = like_pattern(query.strip())
-        found = rows(instance_db(ctx), "SELECT * FROM contacts WHERE name LIKE ? ESCAPE '\\' OR email LIKE ?"
-                     " ESCAPE '\\' OR company LIKE ? ESCAPE '\\' ORDER BY name LIMIT 25",
-                     (pattern, pattern, pattern))
+        found = rows(
+            instance_db(ctx),
+            "SELECT * FROM contacts WHERE name LIKE ? ESCAPE '\\' OR email LIKE ?"
+            " ESCAPE '\\' OR company LIKE ? ESCAPE '\\' ORDER BY name LIMIT 25",
+            (pattern, pattern, pattern),
+        )
         return ContactList(contacts=[Contact(**{**r, "is_favorite": bool(r["is_favorite"])}) for r in found])
 
     @server.tool()
-    def create_folder(ctx: Context, name: Annotated[str, Field(
-            min_length=1, max_length=64, pattern=r"^[\w][\w .&-]*$",
-            description="New folder name (letters, digits, spaces, '.', '&', '-')")]) -> FolderInfo:
+    def create_folder(
+        ctx: Context,
+        name: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=64,
+                pattern=r"^[\w][\w .&-]*$",
+                description="New folder name (letters, digits, spaces, '.', '&', '-')",
+            ),
+        ],
+    ) -> FolderInfo:
         """Create a new mail folder."""
         conn = instance_db(ctx)
         if row(conn, "SELECT id FROM folders WHERE name = ? COLLATE NOCASE", (name.strip(),)) is not None:
@@ -506,16 +657,22 @@ def register_tools(server: Any) -> None:
 def render_screen(conn: sqlite3.Connection) -> bytes:
     """The Inbox as the mail client shows it: newest 20 messages, unread highlighted."""
     inbox = rows(conn, _SUMMARY_SQL + " WHERE f.name = 'Inbox' ORDER BY m.sent_at DESC, m.id DESC LIMIT 20")
-    unread = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id"
-                          " WHERE f.name = 'Inbox' AND m.is_read = 0")
-    return render(Screen(
-        title=f"Mail - {USER_NAME} <{USER_EMAIL}> - Inbox",
-        columns=(Column("", 2), Column("From", 22), Column("Subject", 50), Column("Date", 16)),
-        rows=[("F" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
-              for r in inbox],
-        bold_rows=frozenset(i for i, r in enumerate(inbox) if not r["is_read"]),
-        status=f"{unread} unread in Inbox",
-    ))
+    unread = scalar(
+        conn,
+        "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id WHERE f.name = 'Inbox' AND m.is_read = 0",
+    )
+    return render(
+        Screen(
+            title=f"Mail - {USER_NAME} <{USER_EMAIL}> - Inbox",
+            columns=(Column("", 2), Column("From", 22), Column("Subject", 50), Column("Date", 16)),
+            rows=[
+                ("F" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
+                for r in inbox
+            ],
+            bold_rows=frozenset(i for i, r in enumerate(inbox) if not r["is_read"]),
+            status=f"{unread} unread in Inbox",
+        )
+    )
 
 
 SPEC = EnvironmentSpec(

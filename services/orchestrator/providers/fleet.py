@@ -245,7 +245,8 @@ class FleetProvider(Provider):
             if info.status != "running":
                 return False
             response = await asyncio.wait_for(env.instance.client.request("GET", "/health"), timeout_s)
-            return response.status_code == 200
+            status: int = response.status_code  # the fleet SDK is untyped
+            return status == 200
         except Exception as exc:
             log.info("health check of %s failed: %s", handle.instance_id, map_fleet_error(exc, "health"))
             return False
