@@ -13,6 +13,7 @@ streams pass through untouched) are exempt from auth so probes and grpcurl `list
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
@@ -21,10 +22,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeAlias, TypeGuard, cast
 
 import grpc
+from grpc._cython import cygrpc  # ExecuteBatchError: an answer for an RPC that already ended
 from opentelemetry import context as otel_context
 
 from rlgate.runtime import tracing
 from rlgate.runtime.auth import bearer_token, session_of_token, token_hash
+from rlgate.runtime.errors import clip
 from rlgate.runtime.logs import session_id_var, trace_id_var
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,19 @@ def _unary(handler: MethodHandler | None) -> TypeGuard[MethodHandler]:
     )
 
 
+def ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None = None) -> str | None:
+    """The status the caller already has when its RPC ended before the handler answered: DEADLINE_EXCEEDED
+    once the deadline passed, CANCELLED when the handler was cancelled or its answer could not be sent (the
+    caller left; grpc cancels a handler whose RPC ended); None while the RPC is live. What metrics and logs
+    record, so a deadline race under load is not counted (and logged with a traceback) as a bug."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        return "DEADLINE_EXCEEDED"
+    if isinstance(exc, asyncio.CancelledError | cygrpc.ExecuteBatchError):
+        return "CANCELLED"
+    return None
+
+
 class ContextInterceptor(grpc.aio.ServerInterceptor):
     """Takes on the caller's trace (log trace id, span, context passed on), parses the request, and turns
     unexpected exceptions into a clean INTERNAL.
@@ -125,6 +141,9 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
+                if (ended := ended_code(context, exc)) is not None:  # the caller has its status: no bug, no answer
+                    log.info("%s ended %s before its handler: %s: %s", method, ended, type(exc).__name__, clip(exc))
+                    raise asyncio.CancelledError from exc  # grpc notes a cancelled handler at debug
                 log.exception("unhandled error in %s", method)
                 tracing.current_span().record_exception(exc)
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
@@ -248,13 +267,15 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 start = time.perf_counter()
                 code = "OK"
                 try:
-                    return await inner(request, context)
+                    response = await inner(request, context)
+                    code = ended_code(context) or "OK"  # an answer after the deadline is never sent
+                    return response
                 except grpc.aio.AbortError:
                     c = context.code()
                     code = c.name if isinstance(c, grpc.StatusCode) else "UNKNOWN"
                     raise
-                except BaseException:
-                    code = "INTERNAL"
+                except BaseException as exc:
+                    code = ended_code(context, exc) or "INTERNAL"
                     raise
                 finally:
                     observe(code, time.perf_counter() - start)
