@@ -27,7 +27,7 @@ from rlgate.mcpclient import catalog
 from rlgate.mcpclient.catalog import MAX_TOOL_BYTES, MAX_TOOLS, list_all_tools, union_tools
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import UpstreamUnavailable
-from rlgate.store import SessionStore
+from rlgate.store import SessionStore, call_scope
 from rlgate.toolgateway import arguments
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
@@ -558,3 +558,34 @@ async def test_discovery_errors_are_clipped() -> None:
             with pytest.raises(UpstreamUnavailable) as err:
                 await discover_tools([f"{base}/modern/mcp"], timeout=20)
         assert len(str(err.value)) <= 1100, len(str(err.value))
+
+
+# -- what an agent sends --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "request_",
+    [
+        toolgateway_pb2.CallToolRequest(name="n" * 15_000_000, arguments_json="{}", request_id="r1"),
+        toolgateway_pb2.CallToolRequest(name="echo\nWARNING forged" + "x" * 1000, arguments_json="{}"),
+        toolgateway_pb2.CallToolRequest(name="echo", arguments_json="{}", request_id="r" * 15_000_000),
+        toolgateway_pb2.CallToolRequest(name="echo", arguments_json='{"text": "' + "x" * (2 << 20) + '"}'),
+    ],
+    ids=["15 MB name", "forged name", "15 MB request_id", "2 MiB arguments"],
+)
+async def test_an_agents_oversized_strings_are_refused_short_and_never_kept(
+    stub: toolgateway_pb2_grpc.ToolGatewayServiceStub,
+    store: SessionStore,
+    caplog: pytest.LogCaptureFixture,
+    request_: toolgateway_pb2.CallToolRequest,
+) -> None:
+    """A tool name, request_id or arguments past their bounds: INVALID_ARGUMENT with a short status (the 15 MB
+    name was echoed twice), nothing logged at length, no request record or tool-call log entry written."""
+    upstream = Upstream([ECHO])
+    async with serving(upstream) as base:
+        s = await byo_session(store, [f"{base}/modern/mcp"])
+        with caplog.at_level(logging.DEBUG), pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CallTool(request_, metadata=s.metadata, timeout=20)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.value.details() or "") < 400
+    assert sum(len(v) for _, v in err.value.trailing_metadata() or ()) < 3000
+    assert max((len(r.getMessage()) for r in caplog.records), default=0) < 2000
+    assert upstream.calls == [] and await store.list_tool_calls(s.session.session_id) == []
+    assert await store.get_request(call_scope(s.session.session_id), request_.request_id[:128]) is None
