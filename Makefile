@@ -46,7 +46,7 @@ test: $(STAMP_ALL)
 
 lint: $(STAMP_ALL)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	$(PY) scripts/typecheck.py
 	$(VENV)/bin/lint-imports --no-cache
 	$(BUF) lint
 

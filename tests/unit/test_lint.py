@@ -10,11 +10,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ruff_is_clean() -> None:
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 def test_mypy_is_clean() -> None:
-    result = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    # As `make lint` runs it: over the package-dir namespace laid out in .mypy-tree (see the script).
+    result = subprocess.run(
+        [sys.executable, "scripts/typecheck.py"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
