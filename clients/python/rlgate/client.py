@@ -47,6 +47,8 @@ from rlgate.v1 import (
 )
 
 if TYPE_CHECKING:
+    from google._upb._message import FieldDescriptor as UpbFieldDescriptor
+
     from rlgate.episode import AsyncEpisode, Episode
 
 ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
@@ -56,6 +58,7 @@ ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
 PAGE_SIZE = 1000
 
 C = TypeVar("C")
+R = TypeVar("R")
 M = TypeVar("M", bound=Message)
 
 
@@ -236,8 +239,9 @@ class _Pool(Generic[C]):
 
 
 @dataclass(frozen=True)
-class _Call(Generic[C]):
-    """One logical RPC, fully built: where it goes, what it sends, how long it may take."""
+class _Call(Generic[C, R]):
+    """One logical RPC, fully built: where it goes, what it sends, how long it may take. `R` is its response
+    message (for the type checker: `_run` returns an `R`)."""
 
     pool: _Pool[C]
     stub: Any
@@ -246,7 +250,7 @@ class _Call(Generic[C]):
     metadata: list[tuple[str, str]]
     timeout: float
 
-    def next_page(self, token: str) -> _Call[C]:
+    def next_page(self, token: str) -> _Call[C, R]:
         request = type(self.request)()
         request.CopyFrom(self.request)
         request.page_token = token
@@ -265,7 +269,7 @@ _PYTHON_TYPES = {
 }
 
 
-def _kind(field: FieldDescriptor) -> str:
+def _kind(field: FieldDescriptor | UpbFieldDescriptor) -> str:
     if field.message_type is not None:
         return field.message_type.full_name
     if field.enum_type is not None:
@@ -274,8 +278,9 @@ def _kind(field: FieldDescriptor) -> str:
     return _PYTHON_TYPES.get(field.cpp_type, "value")
 
 
-def _expected(field: FieldDescriptor) -> str:
-    """What a request field holds, in Python terms (the parameter of the same name takes it)."""
+def _expected(field: FieldDescriptor | UpbFieldDescriptor) -> str:
+    """What a request field holds, in Python terms (the parameter of the same name takes it). Either kind of
+    descriptor: a message's DESCRIPTOR is protobuf's C (upb) one or the pure-Python one."""
     entry = field.message_type
     if entry is not None and entry.GetOptions().map_entry:
         return f"a mapping of {_kind(entry.fields_by_name['key'])} to {_kind(entry.fields_by_name['value'])}"
@@ -350,7 +355,7 @@ class _Core(Generic[C]):
             channels.extend(pool.take_channels())
         return channels
 
-    def retry_state(self, call: _Call[C]) -> RetryState:
+    def retry_state(self, call: _Call[C, Any]) -> RetryState:
         trace_id = dict(call.metadata).get(TRACE_HEADER)
         return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=trace_id)
 
@@ -374,7 +379,7 @@ class _Core(Generic[C]):
     # -- orchestrator calls (API key as Bearer)
     def _orchestrator_call(
         self, call: str, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
-    ) -> _Call[C]:
+    ) -> _Call[C, Any]:
         _optional_text(call, "trace_id", trace_id)
         deadline = self._timeout(call, kind, timeout)
         metadata = trace_metadata(trace_id)
@@ -401,7 +406,7 @@ class _Core(Generic[C]):
         labels: Mapping[str, str] | None,
         run_id: str,
         request_id: str | None,
-    ) -> _Call[C]:
+    ) -> _Call[C, orchestrator_pb2.ResetResponse]:
         request = _request(
             orchestrator_pb2.ResetRequest,
             "reset",
@@ -426,7 +431,7 @@ class _Core(Generic[C]):
         final_answer: str | None,
         done: bool,
         request_id: str | None,
-    ) -> _Call[C]:
+    ) -> _Call[C, orchestrator_pb2.StepResponse]:
         request = _request(
             orchestrator_pb2.StepRequest,
             "step",
@@ -439,19 +444,23 @@ class _Core(Generic[C]):
         )
         return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step")
 
-    def state(self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None) -> _Call[C]:
+    def state(
+        self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None
+    ) -> _Call[C, orchestrator_pb2.StateResponse]:
         request = _request(
             orchestrator_pb2.StateRequest, "state", session_id=session_id, include_tool_calls=include_tool_calls
         )
         return self._orchestrator_call("state", "State", request, trace_id, timeout)
 
-    def close(self, session_id: str, trace_id: str | None, timeout: float | None) -> _Call[C]:
+    def close(
+        self, session_id: str, trace_id: str | None, timeout: float | None
+    ) -> _Call[C, orchestrator_pb2.CloseResponse]:
         request = _request(orchestrator_pb2.CloseRequest, "close_session", session_id=session_id)
         return self._orchestrator_call("close_session", "Close", request, trace_id, timeout)
 
     def close_sessions(
         self, labels: Mapping[str, str] | None, run_id: str, trace_id: str | None, timeout: float | None
-    ) -> _Call[C]:
+    ) -> _Call[C, orchestrator_pb2.CloseSessionsResponse]:
         if not labels and not run_id:
             raise ValueError(
                 "close_sessions(): pass labels= and/or run_id= to say which sessions to close; the orchestrator "
@@ -462,7 +471,7 @@ class _Core(Generic[C]):
 
     def list_tasks(
         self, env_key: str, include_reference_solution: bool, trace_id: str | None, timeout: float | None
-    ) -> _Call[C]:
+    ) -> _Call[C, orchestrator_pb2.ListTasksResponse]:
         request = _request(
             orchestrator_pb2.ListTasksRequest,
             "list_tasks",
@@ -479,7 +488,7 @@ class _Core(Generic[C]):
         run_id: str,
         trace_id: str | None,
         timeout: float | None,
-    ) -> _Call[C]:
+    ) -> _Call[C, orchestrator_pb2.ListSessionsResponse]:
         request = _request(
             orchestrator_pb2.ListSessionsRequest,
             "list_sessions",
@@ -500,7 +509,7 @@ class _Core(Generic[C]):
         request: Any,
         trace_id: str | None,
         timeout: float,
-    ) -> _Call[C]:
+    ) -> _Call[C, Any]:
         if not isinstance(agent_token, str) or not agent_token:
             error = ValueError if isinstance(agent_token, str) else TypeError
             raise error(
@@ -516,7 +525,7 @@ class _Core(Generic[C]):
 
     def list_tools(
         self, agent_token: str, gateway: str | None, trace_id: str | None, timeout: float | None
-    ) -> _Call[C]:
+    ) -> _Call[C, toolgateway_pb2.ListToolsResponse]:
         request = toolgateway_pb2.ListToolsRequest()
         deadline = self._timeout("list_tools", "other", timeout)
         return self._gateway_call("list_tools", gateway, agent_token, "ListTools", request, trace_id, deadline)
@@ -530,7 +539,7 @@ class _Core(Generic[C]):
         gateway: str | None,
         trace_id: str | None,
         timeout: float | None,
-    ) -> _Call[C]:
+    ) -> _Call[C, toolgateway_pb2.CallToolResponse]:
         if arguments is not None and not isinstance(arguments, Mapping):
             raise InvalidArgument(
                 f"call_tool(): arguments of tool {name!r} must be a mapping (a JSON object such as {{'x': 1}}) "
@@ -627,18 +636,19 @@ class Client:
         factory = _sync_channel if channel is None else lambda *_: channel
         self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, factory)
 
-    def _run(self, call: _Call[grpc.Channel]) -> Any:
+    def _run(self, call: _Call[grpc.Channel, R]) -> R:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
             stub = call.pool.next_stub(call.stub)
             try:
-                return getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
+                response: R = getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
+                return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
             time.sleep(delay)
 
-    def _pages(self, call: _Call[grpc.Channel], field: str) -> list[Any]:
+    def _pages(self, call: _Call[grpc.Channel, Any], field: str) -> list[Any]:
         items: list[Any] = []
         while True:
             page = self._run(call)
@@ -868,18 +878,21 @@ class AsyncClient:
         factory = _aio_channel if channel is None else lambda *_: channel
         self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, factory)
 
-    async def _run(self, call: _Call[grpc.aio.Channel]) -> Any:
+    async def _run(self, call: _Call[grpc.aio.Channel, R]) -> R:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
             stub = call.pool.next_stub(call.stub)
             try:
-                return await getattr(stub, call.method)(call.request, timeout=attempt_timeout, metadata=call.metadata)
+                response: R = await getattr(stub, call.method)(
+                    call.request, timeout=attempt_timeout, metadata=call.metadata
+                )
+                return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
             await asyncio.sleep(delay)
 
-    async def _pages(self, call: _Call[grpc.aio.Channel], field: str) -> list[Any]:
+    async def _pages(self, call: _Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
         items: list[Any] = []
         while True:
             page = await self._run(call)
