@@ -180,11 +180,9 @@ def _error_response(kind: int, message: str) -> toolgateway_pb2.CallToolResponse
 def _field_violation(err: RlgateError) -> error_details_pb2.BadRequest.FieldViolation | None:
     """The first BadRequest field violation the server attached, or None."""
     for detail in err.rich_status.details if err.rich_status is not None else ():
-        if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            if bad.field_violations:
-                return bad.field_violations[0]
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(bad) and bad.field_violations:  # Unpack is False for a detail of another type
+            return bad.field_violations[0]
     return None
 
 

@@ -156,7 +156,7 @@ def _rebuild_verifier(
 
 
 _BY_CODE: dict[grpc.StatusCode, type[RlgateError]] = {
-    cls.code: cls  # type: ignore[misc]
+    cls.code: cls
     for cls in (
         Unauthenticated,
         PermissionDenied,
@@ -204,9 +204,8 @@ def rich_status_of(err: grpc.RpcError) -> status_pb2.Status | None:
 def retry_delay(status: status_pb2.Status | None) -> float:
     """The RetryInfo delay in a google.rpc.Status, in seconds; 0 when it has none."""
     for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            info = error_details_pb2.RetryInfo()
-            detail.Unpack(info)
+        info = error_details_pb2.RetryInfo()
+        if detail.Unpack(info):  # False for a detail of another type
             return max(0.0, info.retry_delay.seconds + info.retry_delay.nanos / 1e9)
     return 0.0
 

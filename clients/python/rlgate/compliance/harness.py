@@ -14,7 +14,7 @@ import unittest
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.rpc import error_details_pb2
@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 
 from rlgate.convert import json_text, parse_json_text, struct_from_dict
 from rlgate.v1 import (
+    common_pb2,
     orchestrator_pb2,
     orchestrator_pb2_grpc,
     toolgateway_pb2,
@@ -54,7 +55,7 @@ class ExactJsonCall:
     expect: Mapping[str, Any]
 
 
-def skip(reason: str) -> None:
+def skip(reason: str) -> NoReturn:
     """Skip the running test. unittest's exception, which pytest reports as a skip too (pytest's own would be
     an error under a unittest runner)."""
     raise unittest.SkipTest(reason)
@@ -97,15 +98,14 @@ def named_fields(err: grpc.RpcError) -> tuple[set[str], str]:
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     if status is not None:
         for detail in status.details:
-            if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                bad = error_details_pb2.BadRequest()
-                detail.Unpack(bad)
+            bad = error_details_pb2.BadRequest()
+            if detail.Unpack(bad):  # False for a detail of another type
                 fields.update(v.field for v in bad.field_violations)
-    return fields, err.details() or ""  # type: ignore[attr-defined]
+    return fields, err.details() or ""
 
 
 def describe(err: grpc.RpcError) -> str:
-    return f"{err.code().name}: {err.details()}"  # type: ignore[attr-defined]
+    return f"{err.code().name}: {err.details()}"
 
 
 class ComplianceHarness(abc.ABC):
@@ -269,8 +269,7 @@ class ComplianceHarness(abc.ABC):
                 return session
             if time.monotonic() >= deadline:
                 raise AssertionError(
-                    f"session {session_id} still {orchestrator_pb2.SessionStatus.Name(session.status)} after "
-                    f"{timeout_s}s"
+                    f"session {session_id} still {common_pb2.SessionStatus.Name(session.status)} after {timeout_s}s"
                 )
             time.sleep(POLL_INTERVAL_S)
 
@@ -336,7 +335,7 @@ class ComplianceHarness(abc.ABC):
             err = caught
         else:
             raise AssertionError(f"{label}expected {code.name}, the call succeeded")
-        if err.code() != code:  # type: ignore[attr-defined]
+        if err.code() != code:
             raise AssertionError(f"{label}expected {code.name}, got {describe(err)}")
         if field is not None:
             wanted = [field] if isinstance(field, str) else list(field)
@@ -352,7 +351,7 @@ class ComplianceHarness(abc.ABC):
                     f"{label}{code.name} must name the field {' or '.join(wanted)}; it names {sorted(fields)} "
                     f"with message {message!r}"
                 )
-        if mentions is not None and mentions.lower() not in (err.details() or "").lower():  # type: ignore[attr-defined]
+        if mentions is not None and mentions.lower() not in (err.details() or "").lower():
             raise AssertionError(f"{label}{code.name} message must say {mentions!r}: {describe(err)}")
         return err
 

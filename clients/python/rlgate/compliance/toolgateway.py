@@ -230,11 +230,12 @@ class ToolGatewayServiceCompliance(ComplianceHarness):
         failures = []
         for path in paths:
             try:
-                channel.unary_unary(path)(b"", metadata=agent, timeout=self.rpc_timeout_s)
+                probe: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+                probe(b"", metadata=agent, timeout=self.rpc_timeout_s)
                 failures.append(f"{path}: answered OK")
             except grpc.RpcError as err:
-                if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
-                    failures.append(f"{path}: {err.code().name}, not UNIMPLEMENTED")  # type: ignore[attr-defined]
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    failures.append(f"{path}: {err.code().name}, not UNIMPLEMENTED")
         assert not failures, "the gateway serves orchestration methods:\n" + "\n".join(failures)
         self._check_reflection(channel)
 
@@ -250,12 +251,14 @@ class ToolGatewayServiceCompliance(ComplianceHarness):
 
         def ask(**fields: Any) -> Any:
             request = reflection_pb2.ServerReflectionRequest(**fields)
-            return next(iter(stub.ServerReflectionInfo(iter([request]), timeout=self.rpc_timeout_s)))
+            # types-grpcio-reflection types the method as binascii.Incomplete (a wrong import), not callable.
+            replies = stub.ServerReflectionInfo(iter([request]), timeout=self.rpc_timeout_s)  # type: ignore[operator]
+            return next(iter(replies))
 
         try:
             listed = ask(list_services="")
         except grpc.RpcError as err:
-            if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # type: ignore[attr-defined]
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return  # the server offers no reflection
             raise
         services = {s.name for s in listed.list_services_response.service}
