@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeAlias, TypeGuard, cast
 
 import grpc
-from grpc._cython import cygrpc  # ExecuteBatchError: an answer for an RPC that already ended
+from grpc._cython import cygrpc  # type: ignore[attr-defined]  # private: not in grpc's stubs
 from opentelemetry import context as otel_context
 
 from rlgate.runtime import tracing
@@ -93,6 +93,7 @@ def ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None = No
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         return "DEADLINE_EXCEEDED"
+    # ExecuteBatchError: an answer for an RPC that already ended.
     if isinstance(exc, asyncio.CancelledError | cygrpc.ExecuteBatchError):
         return "CANCELLED"
     return None
