@@ -242,7 +242,8 @@ class Rlgate:
         return [t.name for t in reply.tools]
 
     async def call_tool(self, session: Session, call: ToolCall) -> toolgateway_pb2.CallToolResponse:
-        reply = await self.gateway.CallTool(
+        # The generated service stubs are untyped: the reply's type is named here.
+        reply: toolgateway_pb2.CallToolResponse = await self.gateway.CallTool(
             toolgateway_pb2.CallToolRequest(
                 request_id=uuid.uuid4().hex, name=call.name, arguments_json=json_text(call.arguments)
             ),
@@ -265,7 +266,7 @@ class Rlgate:
                 )
             ]
         )
-        return await self.orchestrator.Step(
+        reply: orchestrator_pb2.StepResponse = await self.orchestrator.Step(
             orchestrator_pb2.StepRequest(
                 request_id=uuid.uuid4().hex,
                 session_id=session.session_id,
@@ -275,6 +276,7 @@ class Rlgate:
             ),
             timeout=RPC_TIMEOUT_S,
         )
+        return reply
 
     async def close_session(self, session: Session) -> None:
         await self.orchestrator.Close(
@@ -283,7 +285,7 @@ class Rlgate:
 
     async def mcp_url(self, session: Session) -> str:
         """The instance endpoint that serves the app's tools (`{root}mcp`), from the session's State."""
-        reply = await self.orchestrator.State(
+        reply: orchestrator_pb2.StateResponse = await self.orchestrator.State(
             orchestrator_pb2.StateRequest(session_id=session.session_id), timeout=RPC_TIMEOUT_S
         )
         endpoints = list(reply.session.instance.mcp_endpoints)

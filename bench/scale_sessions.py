@@ -245,7 +245,7 @@ class Driver:
         if not line:
             raise BenchError(f"OpenEnv driver exited ({self.proc.returncode}); see its log")
         result = json.loads(line)
-        return [tuple(r) for r in result["sessions"]], float(result["wall_s"])  # type: ignore[misc]
+        return [tuple(r) for r in result["sessions"]], float(result["wall_s"])
 
 
 def warm_up(label: str, result: tuple[list[Record], float]) -> None:

@@ -18,6 +18,7 @@ import sys
 
 import uvicorn
 from mcp.server import MCPServer
+from starlette.applications import Starlette
 
 TOOL = "wait"
 BACKLOG = 16384  # a batch opens its connections at once; the kernel caps this at net.core.somaxconn
@@ -30,7 +31,7 @@ def raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def build_app():  # type: ignore[no-untyped-def]  # a Starlette app; its type is the SDK's business
+def build_app() -> Starlette:
     server = MCPServer("scale-upstream", log_level="WARNING")  # no INFO line per request
 
     @server.tool(name=TOOL, description="Wait `seconds` seconds, then answer with how long was asked.")

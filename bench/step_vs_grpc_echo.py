@@ -44,7 +44,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
         Rlgate(stack) as rl,
         grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
-        echo = channel.unary_unary(METHOD)
+        echo: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)  # bytes both ways
         sessions = [await rl.reset(env_key) for _ in range(CONCURRENT)]
 
         async def echo_op(_slot: int) -> None:
