@@ -130,7 +130,7 @@ class _Handler:
 
     async def answer(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await self.run(method, request, {k: str(v) for k, v in context.invocation_metadata()})
+            return await self.run(method, request, {k: str(v) for k, v in context.invocation_metadata() or ()})
         except _ScriptedStatus as exc:
             await context.abort(exc.code, str(exc), trailing_metadata=exc.rich_trailer())
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -12,6 +14,11 @@ import rlgate
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.client.scripted import ScriptedServer
 from tests.client.tinker_support import ScriptedPolicy, renderer
+
+if TYPE_CHECKING:
+    from tinker_cookbook.rl.types import EnvGroupBuilder
+
+    from rlgate.adapters.tinker import RlgateEnvGroupBuilder
 
 
 def _verifier_error(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
@@ -25,7 +32,7 @@ def _verifier_error(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepR
 
 
 @pytest.fixture
-def skyrl_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer):  # type: ignore[no-untyped-def]
+def skyrl_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer) -> Callable[..., Any]:
     import skyrl_gym
 
     from rlgate.adapters.skyrl import register
@@ -34,13 +41,13 @@ def skyrl_env(monkeypatch: pytest.MonkeyPatch, server: ScriptedServer):  # type:
     register()  # idempotent
     monkeypatch.setenv("RLGATE_ORCHESTRATOR", server.address)
 
-    def make(**extras: object):  # type: ignore[no-untyped-def]
+    def make(**extras: object) -> Any:  # skyrl_gym is untyped
         return skyrl_gym.make("rlgate", env_config={}, extras={"task_key": "t1", "max_turns": 4, **extras})
 
     return make
 
 
-def test_skyrl_registration_and_settings(skyrl_env, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_skyrl_registration_and_settings(skyrl_env: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from rlgate.adapters.skyrl import RlgateTextEnv
 
     env = skyrl_env(orchestrator="127.0.0.1:1", api_key="k")
@@ -55,7 +62,7 @@ def test_skyrl_registration_and_settings(skyrl_env, monkeypatch: pytest.MonkeyPa
         skyrl_env()
 
 
-def test_skyrl_episode_like_the_generator(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+def test_skyrl_episode_like_the_generator(skyrl_env: Callable[..., Any], server: ScriptedServer) -> None:
     env = skyrl_env()
     chat, meta = env.init([{"role": "user", "content": "ignored: the task comes from rlgate"}])
     assert [m["role"] for m in chat] == ["system", "user"] and chat[1]["content"] == "do it"
@@ -77,7 +84,7 @@ def test_skyrl_episode_like_the_generator(skyrl_env, server: ScriptedServer) -> 
     assert server.script.seen["Reset"][0].request.max_turns == 4
 
 
-def test_skyrl_verifier_error_raises_and_closes(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+def test_skyrl_verifier_error_raises_and_closes(skyrl_env: Callable[..., Any], server: ScriptedServer) -> None:
     server.script.push("Step", _verifier_error)
     env = skyrl_env()
     env.init([])
@@ -86,7 +93,7 @@ def test_skyrl_verifier_error_raises_and_closes(skyrl_env, server: ScriptedServe
     assert server.script.count("Close") == 1  # SkyRL skips close() after a failed step
 
 
-def test_skyrl_verifier_error_zero_mode(skyrl_env, server: ScriptedServer) -> None:  # type: ignore[no-untyped-def]
+def test_skyrl_verifier_error_zero_mode(skyrl_env: Callable[..., Any], server: ScriptedServer) -> None:
     server.script.push("Step", _verifier_error)
     env = skyrl_env(on_verifier_error="zero")
     env.init([])
@@ -98,10 +105,18 @@ def test_skyrl_verifier_error_zero_mode(skyrl_env, server: ScriptedServer) -> No
 # ----------------------------------------------------------------------------------------------- Tinker
 
 
-def _builder(server: ScriptedServer, **kwargs: object):  # type: ignore[no-untyped-def]
+def _builder(server: ScriptedServer, **kwargs: object) -> RlgateEnvGroupBuilder:
     from rlgate.adapters.tinker import RlgateEnvGroupBuilder
 
     return RlgateEnvGroupBuilder(task_key="t1", renderer=renderer(), orchestrator=server.address, **kwargs)  # type: ignore[arg-type]
+
+
+def _task_keys(batch: Sequence[EnvGroupBuilder]) -> list[str]:
+    """The tasks of a batch of rlgate's group builders (the dataset's type names tinker's base class)."""
+    from rlgate.adapters.tinker import RlgateEnvGroupBuilder
+
+    assert all(isinstance(b, RlgateEnvGroupBuilder) for b in batch), batch
+    return [b.task_key for b in batch if isinstance(b, RlgateEnvGroupBuilder)]
 
 
 def _answer_on_turn_two(prompt: str, turn: int) -> str:
@@ -220,8 +235,8 @@ async def test_tinker_dataset_builder(server: ScriptedServer, monkeypatch: pytes
         epochs=2,
     )
     train, test = await builder()
-    assert len(train) == 2 and [b.task_key for b in train.get_batch(0)] == ["a", "b"]
-    assert [b.task_key for b in train.get_batch(1)] == ["a", "b"]
-    assert test is not None and [b.task_key for b in test.get_batch(0)] == ["c"]
+    assert len(train) == 2 and _task_keys(train.get_batch(0)) == ["a", "b"]
+    assert _task_keys(train.get_batch(1)) == ["a", "b"]
+    assert test is not None and _task_keys(test.get_batch(0)) == ["c"]
     batch = train.get_batch(0)
     assert pickle.loads(pickle.dumps(batch[0])).group_size == 4

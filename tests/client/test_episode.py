@@ -66,7 +66,7 @@ def test_a_turn_sends_the_models_arguments_exactly_to_the_gateway_and_the_step(s
 
 def test_a_reset_without_a_gateway_address_is_named(server: ScriptedServer) -> None:
     def no_gateway(req: orchestrator_pb2.ResetRequest) -> orchestrator_pb2.ResetResponse:
-        response = server.script.defaults["Reset"](req)
+        response: orchestrator_pb2.ResetResponse = server.script.defaults["Reset"](req)
         response.gateway_address = ""
         return response
 

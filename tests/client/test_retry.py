@@ -23,7 +23,8 @@ class FakeRpcError(grpc.RpcError):
     def details(self) -> str:
         return f"fake {self._code.name}"
 
-    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+    # grpc's items are (key, value) namedtuples; the stubs' _Metadatum has the fields but is no tuple.
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:  # type: ignore[override]
         return self._trailing
 
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,7 +230,7 @@ def _rollout(stack: LocalStack, tmp_path: Path, *args: str, env: dict[str, str] 
            "--no-progress", "--summary-json", str(summary_path), "--out", str(out_path), *args]  # fmt: skip
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    summary = json.loads(summary_path.read_text())
+    summary: dict[str, Any] = json.loads(summary_path.read_text())
     lines = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert len(lines) == summary["episodes"]
     assert all(line["messages"][-1]["role"] == "assistant" for line in lines)

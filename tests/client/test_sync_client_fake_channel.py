@@ -167,7 +167,7 @@ def test_a_status_is_its_error_class_with_message_trace_and_details(
     err = error_of(client)
     assert type(err) is cls and err.code == code and err.trace_id == "trace-1"
     assert err.message == "Reset: what went wrong"
-    assert err.rich_status is not None and err.rich_status.details[0].Is(error_details_pb2.ErrorInfo.DESCRIPTOR)
+    assert err.rich_status is not None and err.rich_status.details[0].Unpack(error_details_pb2.ErrorInfo())
 
 
 def test_details_whose_code_is_another_calls_are_ignored(server: FakeServer) -> None:

@@ -183,7 +183,7 @@ def test_skyrl_init_twice_closes_the_first_session(skyrl_env: MakeEnv, server: S
     sessions = iter(["s-first", "s-second"])
 
     def reset(req: orchestrator_pb2.ResetRequest) -> orchestrator_pb2.ResetResponse:
-        response = server.script.defaults["Reset"](req)
+        response: orchestrator_pb2.ResetResponse = server.script.defaults["Reset"](req)
         response.session_id = next(sessions)
         return response
 
@@ -265,7 +265,7 @@ async def test_tinker_a_hung_tool_is_an_error_tool_message(server: ScriptedServe
 
 
 async def test_tinker_dataset_builder_checks_the_tool_timeout(server: ScriptedServer) -> None:
-    from rlgate.adapters.tinker import RlgateDatasetBuilder
+    from rlgate.adapters.tinker import RlgateDatasetBuilder, RlgateEnvGroupBuilder
     from tests.client.tinker_support import TOKENIZER_NAME
 
     renderer()  # registers the in-process tokenizer
@@ -276,6 +276,7 @@ async def test_tinker_dataset_builder_checks_the_tool_timeout(server: ScriptedSe
         "tasks": "a",
     }
     train, _ = await RlgateDatasetBuilder(**common, tool_timeout_s=2.0)()
-    assert train.get_batch(0)[0].tool_timeout_s == 2.0
+    group = train.get_batch(0)[0]
+    assert isinstance(group, RlgateEnvGroupBuilder) and group.tool_timeout_s == 2.0
     with pytest.raises(ValueError, match="tool timeout"):
         await RlgateDatasetBuilder(**common, tool_timeout_s=0.0)()

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,8 +57,13 @@ def unavailable(message: str) -> None:
     pytest.skip(message)
 
 
-def run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None, check: bool = True,
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if check and done.returncode != 0:
         output = f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
@@ -120,8 +126,12 @@ class Project:
     profiles: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
 
-    def compose(self, *args: str, timeout: float = 300, check: bool = True,
-                ) -> subprocess.CompletedProcess[str]:
+    def compose(
+        self,
+        *args: str,
+        timeout: float = 300,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
         argv = ["docker-compose", "-f", str(COMPOSE_FILE), "-p", self.name, "--ansi", "never",
                 *[a for p in self.profiles for a in ("--profile", p)], *args]  # fmt: skip
         started = time.monotonic()
@@ -132,8 +142,7 @@ class Project:
 
     def docker_ids(self, kind: str) -> list[str]:
         listing = {"container": ["ps", "-a"], "network": ["network", "ls"], "volume": ["volume", "ls"]}[kind]
-        done = run(["docker", *listing, "-q", "--filter", f"label=com.docker.compose.project={self.name}"],
-                   timeout=60)
+        done = run(["docker", *listing, "-q", "--filter", f"label=com.docker.compose.project={self.name}"], timeout=60)
         return done.stdout.split()
 
     def container_ids(self, *services: str) -> list[str]:
@@ -145,8 +154,10 @@ class Project:
         while time.monotonic() < deadline:
             ids = self.container_ids(*services)
             if len(ids) == len(services):
-                out = run(["docker", "inspect", "-f", "{{.Name}} {{.State.Status}} {{.State.Health.Status}}", *ids],
-                          timeout=60).stdout
+                out = run(
+                    ["docker", "inspect", "-f", "{{.Name}} {{.State.Status}} {{.State.Health.Status}}", *ids],
+                    timeout=60,
+                ).stdout
                 states = dict(line.split(" ", 1) for line in out.splitlines())
                 if all(s == "running healthy" for s in states.values()):
                     return
@@ -168,7 +179,7 @@ class Project:
         done = run(argv, timeout=300, env=env, check=False)
         self.log.append(f"{time.monotonic() - started:6.1f}s  rlgate rollout --orchestrator {orchestrators}")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-        summary = json.loads(summary_path.read_text())
+        summary: dict[str, Any] = json.loads(summary_path.read_text())
         assert len(out_path.read_text().splitlines()) == summary["episodes"]
         return summary
 
@@ -277,8 +288,9 @@ def test_down_removes_every_container_network_and_volume(project: Project) -> No
     project.profiles = ["scale"]
     ids = project.docker_ids("container")
     assert ids, "nothing of the project is running"
-    mounts = run(["docker", "inspect", "-f", "{{range .Mounts}}{{if .Name}}{{.Name}} {{end}}{{end}}", *ids],
-                 timeout=60).stdout.split()
+    mounts = run(
+        ["docker", "inspect", "-f", "{{range .Mounts}}{{if .Name}}{{.Name}} {{end}}{{end}}", *ids], timeout=60
+    ).stdout.split()
     assert mounts, "the services run with no volume"
     project.compose("down", "-v", "--remove-orphans", "--timeout", "30", timeout=300)
     assert project.docker_ids("container") == []

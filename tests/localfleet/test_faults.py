@@ -37,7 +37,8 @@ def clean(lf: LocalfleetProcess) -> Iterator[None]:
 def create(lf: LocalfleetProcess, env_key: str = "notes") -> dict[str, Any]:
     r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key}, headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
-    return r.json()
+    instance: dict[str, Any] = r.json()
+    return instance
 
 
 def only(env: str, **faults: Any) -> dict[str, Any]:
@@ -144,7 +145,7 @@ async def test_client_timeout_cancels_the_tool(lf: LocalfleetProcess, env_key: s
             with pytest.raises(Exception, match=r"(?i)time"):  # the SDK's timeout error (MCPError)
                 await client.call_tool("count_notes", {}, read_timeout_seconds=0.5)
             assert time.monotonic() - started < 5
-            await wait_for(lambda n=n: lf.counters()["cancellations"] == n, within=5)  # type: ignore[misc]
+            await wait_for(lambda n=n: lf.counters()["cancellations"] == n, within=5)
             assert not (await client.call_tool("whoami", {})).is_error  # the client still works
     assert lf.counters()["by_env"][env_key]["cancellations"] == 2
 

@@ -31,7 +31,8 @@ def lf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalfleetProcess]:
 def create(lf: LocalfleetProcess, env_key: str = "notes", **body: Any) -> dict[str, Any]:
     r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key, **body}, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text
-    return r.json()
+    instance: dict[str, Any] = r.json()
+    return instance
 
 
 def delete(lf: LocalfleetProcess, instance_id: str) -> None:
@@ -116,11 +117,21 @@ def test_mcp_urls_answer_without_redirect(lf: LocalfleetProcess) -> None:
     inst = create(lf)
     try:
         for suffix in ("mcp", "mcp/", "api/v1/mcp", "api/v1/mcp/"):
-            r = httpx.post(inst["urls"]["root"] + suffix, follow_redirects=False, json={
-                "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"}}},
-                headers={"Accept": "application/json, text/event-stream"})
+            r = httpx.post(
+                inst["urls"]["root"] + suffix,
+                follow_redirects=False,
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "t", "version": "1"},
+                    },
+                },
+                headers={"Accept": "application/json, text/event-stream"},
+            )
             assert r.status_code == 200, (suffix, r.status_code, r.text)
     finally:
         delete(lf, inst["instance_id"])
@@ -129,8 +140,11 @@ def test_mcp_urls_answer_without_redirect(lf: LocalfleetProcess) -> None:
 def test_legacy_era_refuses_the_modern_probe(lf: LocalfleetProcess) -> None:
     inst = create(lf, "notes-legacy")
     try:
-        r = httpx.post(inst["urls"]["root"] + "mcp", json={"jsonrpc": "2.0", "id": 1, "method": "server/discover"},
-                       headers={"MCP-Protocol-Version": "2026-07-28", "Accept": "application/json"})
+        r = httpx.post(
+            inst["urls"]["root"] + "mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "server/discover"},
+            headers={"MCP-Protocol-Version": "2026-07-28", "Accept": "application/json"},
+        )
         assert r.status_code == 400 and "Unsupported protocol version" in r.text
     finally:
         delete(lf, inst["instance_id"])
@@ -169,8 +183,9 @@ def test_manager_reset_describe_query(lf: LocalfleetProcess) -> None:
         names = {r["name"] for r in httpx.get(f"{api}/resources").json()}
         assert names == {"seed", "current"}
         # the seed database cannot be written through the query route
-        w = httpx.post(f"{api}/resources/sqlite/seed/query",
-                       json={"query": "DELETE FROM notes", "read_only": False}).json()
+        w = httpx.post(
+            f"{api}/resources/sqlite/seed/query", json={"query": "DELETE FROM notes", "read_only": False}
+        ).json()
         assert w["success"] is False
         bad = httpx.post(f"{api}/resources/sqlite/current/query", json={"query": "SELEC nonsense"}).json()
         assert bad["success"] is False and bad["error"]
@@ -193,14 +208,17 @@ def test_instances_survive_a_restart(tmp_path: Any) -> None:
     with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments") as proc:
         inst = create(proc, run_id="survivor")
         api = inst["urls"]["manager"]["api"]
-        httpx.post(f"{api}/resources/sqlite/current/query",
-                   json={"query": "UPDATE notes SET starred = 1 WHERE id = 1", "read_only": False})
+        httpx.post(
+            f"{api}/resources/sqlite/current/query",
+            json={"query": "UPDATE notes SET starred = 1 WHERE id = 1", "read_only": False},
+        )
         proc.kill()
         proc.start()
         listed = httpx.get(f"{proc.base_url}/v1/env/instances", params={"run_id": "survivor"}, headers=AUTH).json()
         assert [i["instance_id"] for i in listed] == [inst["instance_id"]]
-        rows = httpx.post(f"{api}/resources/sqlite/current/query",
-                          json={"query": "SELECT starred FROM notes WHERE id = 1"}).json()["rows"]
+        rows = httpx.post(
+            f"{api}/resources/sqlite/current/query", json={"query": "SELECT starred FROM notes WHERE id = 1"}
+        ).json()["rows"]
         assert rows == [[1]]
 
 
@@ -230,8 +248,10 @@ def test_cli_help_documents_the_flags() -> None:
     import subprocess
     import sys
 
-    for cmd in ([sys.executable, "-m", "rlgate.localfleet", "--help"],
-                [sys.executable, "-c", "from rlgate.cli import main; main()", "localfleet", "--help"]):
+    for cmd in (
+        [sys.executable, "-m", "rlgate.localfleet", "--help"],
+        [sys.executable, "-c", "from rlgate.cli import main; main()", "localfleet", "--help"],
+    ):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
         for flag in ("--listen", "--data-dir", "--faults", "RLGATE_LOCALFLEET_FAULTS", "--verifier-timeout-s"):
             assert flag in out, (cmd, flag)

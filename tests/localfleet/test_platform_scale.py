@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import time
+from typing import Any
 
 import httpx
 import psutil
@@ -32,11 +33,13 @@ async def test_500_live_instances() -> None:
             envs = [e["env_key"] for e in (await http.get("/v1/env/")).json()]
             env_key = "mailbox" if "mailbox" in envs else envs[0]
             rss_idle = proc.memory_info().rss
-            async def make(i: int) -> dict:
+
+            async def make(i: int) -> dict[str, Any]:
                 async with sem:
                     r = await http.post("/v1/env/instances", json={"env_key": env_key, "run_id": "scale"})
                     assert r.status_code == 200, r.text
-                    return r.json()
+                    instance: dict[str, Any] = r.json()
+                    return instance
 
             started = time.monotonic()
             instances = await asyncio.gather(*(make(i) for i in range(N)))
@@ -60,9 +63,11 @@ async def test_500_live_instances() -> None:
             assert len(closed) == N
 
         mib = 1024 * 1024
-        print(f"\nlocalfleet {N} x {env_key}: create {create_s:.1f}s ({create_s / N * 1000:.1f} ms/instance, "
-              f"16 concurrent), RSS idle {rss_idle / mib:.0f} MiB, with {N} live {rss_live / mib:.0f} MiB, "
-              f"after MCP use {rss_used / mib:.0f} MiB, disk {disk / mib:.0f} MiB, batch delete {delete_s:.1f}s")
+        print(
+            f"\nlocalfleet {N} x {env_key}: create {create_s:.1f}s ({create_s / N * 1000:.1f} ms/instance, "
+            f"16 concurrent), RSS idle {rss_idle / mib:.0f} MiB, with {N} live {rss_live / mib:.0f} MiB, "
+            f"after MCP use {rss_used / mib:.0f} MiB, disk {disk / mib:.0f} MiB, batch delete {delete_s:.1f}s"
+        )
         assert create_s < 240
         assert rss_used < 1024 * mib
 
@@ -87,8 +92,12 @@ async def _episode(http: httpx.AsyncClient, env_key: str, verify: bool) -> None:
             await client.list_tools()
             assert not (await client.call_tool("add_note", {"title": "t", "body": "b"})).is_error
         if verify:
-            out = (await http.post(root + "api/v1/env/execute_verifier_function",
-                                   json={"function_code": VERIFIER, "function_name": "v"})).json()
+            out = (
+                await http.post(
+                    root + "api/v1/env/execute_verifier_function",
+                    json={"function_code": VERIFIER, "function_name": "v"},
+                )
+            ).json()
             assert out["success"], out
         assert (await http.delete(f"/v1/env/instances/{inst['instance_id']}")).status_code == 200
 
@@ -106,6 +115,7 @@ async def test_memory_flat_over_episodes() -> None:
         proc = psutil.Process(lf.pid)
         sem = asyncio.Semaphore(4)
         async with httpx.AsyncClient(base_url=lf.base_url, headers=AUTH, timeout=60) as http:
+
             async def one(i: int) -> None:
                 async with sem:
                     await _episode(http, "notes" if i % 2 == 0 else "notes-legacy", verify=i % 5 == 0)
@@ -116,8 +126,10 @@ async def test_memory_flat_over_episodes() -> None:
             took, rss1 = time.monotonic() - started, proc.memory_info().rss
             counters = (await http.get("/_admin/counters")).json()
         per_episode = (rss1 - rss0) / n
-        print(f"\nlocalfleet {n} episodes in {took:.1f}s: RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
-              f"{per_episode / 1024:.1f} KiB per episode, fds {proc.num_fds()}")
+        print(
+            f"\nlocalfleet {n} episodes in {took:.1f}s: RSS {rss0 / 2**20:.1f} -> {rss1 / 2**20:.1f} MiB, "
+            f"{per_episode / 1024:.1f} KiB per episode, fds {proc.num_fds()}"
+        )
         assert counters["instances_created"] == counters["instances_deleted"] == warmup + n
         assert counters["running_instances"] == 0
         assert per_episode < 20 * 1024, f"{per_episode / 1024:.1f} KiB per episode"

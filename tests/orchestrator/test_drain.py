@@ -17,12 +17,12 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_status import rpc_status
 
 from rlgate.store import SessionStatus, SessionStore
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.statuses import rich_status
 
 TASK = "mailbox-count-unread-from-kenji"
 ANSWER = "3"
@@ -57,7 +57,7 @@ async def refused(orch: Running) -> grpc.aio.AioRpcError:
 
 
 def detail(err: grpc.aio.AioRpcError, kind: type[Any]) -> Any:
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     assert status is not None, err
     for any_detail in status.details:
         if any_detail.Is(kind.DESCRIPTOR):
@@ -87,7 +87,8 @@ async def test_shutdown_refuses_new_rpcs_at_once_and_lets_an_ending_finish(
     assert err.code() == grpc.StatusCode.UNAVAILABLE, err
     assert detail(err, error_details_pb2.ErrorInfo).reason == "SHUTTING_DOWN"
     assert detail(err, error_details_pb2.RetryInfo).retry_delay.ToTimedelta().total_seconds() > 0
-    health = await health_pb2_grpc.HealthStub(a.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    # types-grpcio-health-checking gives HealthStub no methods.
+    health = await health_pb2_grpc.HealthStub(a.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)  # type: ignore[attr-defined]
     assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert not stopping.done()  # the drain waits for the ending in flight ...
 

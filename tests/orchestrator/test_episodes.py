@@ -13,7 +13,6 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from prometheus_client import REGISTRY
 
 from rlgate.convert import parse_json_object, parse_json_text, struct_from_dict
@@ -32,6 +31,7 @@ from tests.orchestrator.conftest import (
     result_text,
 )
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.statuses import rich_status
 
 # One task per environment whose reference solution needs nothing from earlier results.
 PREFERRED = ["mailbox-count-unread-from-kenji", "tracker-assign-self", "booking-cancel-tokyo-hotel"]
@@ -256,7 +256,7 @@ async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Runni
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     assert status is not None
     info = error_details_pb2.ErrorInfo()
     next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
@@ -404,7 +404,7 @@ async def test_errors_are_precise_statuses(orch: Running) -> None:
     ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await call
-        status = rpc_status.from_call(err.value)
+        status = rich_status(err.value)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND and status is not None
         assert len(err.value.details() or "") < 256 and status.ByteSize() < 1024
     for call, field in (
@@ -419,7 +419,7 @@ async def test_errors_are_precise_statuses(orch: Running) -> None:
     # Details ride in google.rpc.Status.
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.Reset(orchestrator_pb2.ResetRequest(task_key="nope"), timeout=10)
-    status = rpc_status.from_call(err.value)
+    status = rich_status(err.value)
     assert status is not None and status.details
 
 

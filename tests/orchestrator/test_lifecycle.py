@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import pytest
 from fleet import AsyncFleet
-from grpc_status import rpc_status
 
 from rlgate.orchestrator.providers.base import INTENT_ENV_VAR
 from rlgate.orchestrator.provisioning import new_intent_id
@@ -21,6 +20,7 @@ from rlgate.store import SessionStatus, SessionStore
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import Running, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.statuses import rich_status
 
 TASK = "mailbox-count-unread-from-kenji"
 
@@ -139,7 +139,7 @@ async def test_instance_limit_waits_for_capacity_then_exhausts(
     elapsed = time.monotonic() - start
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
     assert elapsed < 3.0 + 1.0  # answered within the caller's deadline, not after it
-    status = rpc_status.from_call(err.value)
+    status = rich_status(err.value)
     assert status is not None and len(status.details) >= 2  # ErrorInfo + QuotaFailure (+ RetryInfo)
 
     # A Reset waiting at the limit gets the capacity a Close frees.

@@ -9,11 +9,11 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_status import rpc_status
 
 from rlgate.orchestrator.limits import MAX_LABEL, MAX_LABELS
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running
+from tests.support.statuses import rich_status
 
 SC = grpc.StatusCode
 HUGE = 1 << 20  # characters: far past every limit, well under the 16 MiB message limit
@@ -34,7 +34,7 @@ def field_of(err: grpc.aio.AioRpcError) -> str:
     """The field the status's BadRequest names ("" without one)."""
     from google.rpc import error_details_pb2
 
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     for detail in status.details if status else ():
         bad = error_details_pb2.BadRequest()
         if detail.Unpack(bad):
@@ -44,7 +44,7 @@ def field_of(err: grpc.aio.AioRpcError) -> str:
 
 def small(err: grpc.aio.AioRpcError) -> bool:
     """The status (message and details) stays far below a client's 16 KiB metadata limit."""
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     return len(err.details() or "") < 1200 and (status is None or status.ByteSize() < 3000)
 
 

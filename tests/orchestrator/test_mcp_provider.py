@@ -23,7 +23,6 @@ import grpc
 import mcp_types as mt
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from mcp.server import Server
 
 from rlgate.convert import parse_json_object
@@ -43,6 +42,7 @@ from rlgate.v1 import (
     toolgateway_pb2_grpc,
 )
 from tests.support.ports import free_port
+from tests.support.statuses import rich_status
 from tests.toolgateway.upstreams import serve_mcp
 
 TOOLS = ("add", "mul", "secret_token", "computer")
@@ -149,7 +149,7 @@ async def planes(store: SessionStore, tmp_path: Path) -> AsyncIterator[Callable[
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     assert status is not None
     info = error_details_pb2.ErrorInfo()
     next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)

@@ -39,13 +39,16 @@ async def test_not_serving_until_tasks_load(orchestrator_factory: Callable[..., 
         health = health_pb2_grpc.HealthStub(orch.channel)
 
         async def serving(service: str = "") -> int:
-            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            # types-grpcio-health-checking gives HealthStub no methods.
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)  # type: ignore[attr-defined]
             return int(reply.status)
 
         assert await serving() == health_pb2.HealthCheckResponse.NOT_SERVING
         assert await serving(SERVICE_NAME) == health_pb2.HealthCheckResponse.NOT_SERVING
-        for call in (orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=10),
-                     orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)):
+        for call in (
+            orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=10),
+            orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -75,7 +78,8 @@ async def test_not_serving_until_tasks_load(orchestrator_factory: Callable[..., 
 
 
 async def test_ready_at_once_when_tasks_load_at_start(orch: Running) -> None:
-    reply = await health_pb2_grpc.HealthStub(orch.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    # types-grpcio-health-checking gives HealthStub no methods.
+    reply = await health_pb2_grpc.HealthStub(orch.channel).Check(health_pb2.HealthCheckRequest(), timeout=10)  # type: ignore[attr-defined]
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     assert orch.handle.readiness is None
     assert (await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)).total > 0

@@ -12,13 +12,13 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 
 from rlgate.convert import json_text, struct_from_dict
 from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, list_tools_code
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.statuses import rich_status
 
 TASK = "mailbox-count-unread-from-kenji"
 OTHER_TASK = "tracker-assign-self"
@@ -28,7 +28,7 @@ KEY_A, KEY_B = "key-a-" + "a" * 20, "key-b-" + "b" * 20
 def field_of(err: grpc.aio.AioRpcError) -> str:
     """The field an INVALID_ARGUMENT names (BadRequest), checked against its message."""
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
-    status = rpc_status.from_call(err)
+    status = rich_status(err)
     assert status is not None
     bad = error_details_pb2.BadRequest()
     assert any(d.Unpack(bad) for d in status.details)

@@ -95,7 +95,10 @@ class Audit:
         detail = err.details() if isinstance(err, grpc.RpcError) else str(err)
         self.texts.append((where, detail or ""))
         if isinstance(err, grpc.RpcError):
-            for key, value in err.trailing_metadata() or ():
+            # Items are (key, value) pairs: grpc's namedtuples, or grpc.aio's tuples. The stubs' item type
+            # (_Metadatum) has the attributes but is no tuple.
+            trailers: Iterable[tuple[str, str | bytes]] = err.trailing_metadata() or ()  # type: ignore[assignment]
+            for key, value in trailers:
                 self.texts.append((f"{where} trailer {key}", value if isinstance(value, str) else repr(value)))
 
     def add_stack(self, stack: LocalStack) -> None:
@@ -235,7 +238,8 @@ class AuditedStack(LocalStack):
 def grpc_health(address: str, timeout: float = 5.0) -> bool:
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            # types-grpcio-health-checking gives HealthStub no methods.
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)  # type: ignore[attr-defined]
             return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
     except grpc.RpcError:
         return False
@@ -338,9 +342,8 @@ def error_reason(err: grpc.RpcError) -> str:
 
     status = rich_status_of(err)
     for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            info = error_details_pb2.ErrorInfo()
-            detail.Unpack(info)
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):  # False for a detail of another type
             return str(info.reason)
     return ""
 

@@ -24,7 +24,8 @@ IDLE_CONNECTIONS = 6000 if FULL else 1500
 
 async def _health(address: str) -> int:
     async with grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5.0)
+        # types-grpcio-health-checking gives HealthStub no methods.
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5.0)  # type: ignore[attr-defined]
         return int(reply.status)
 
 
@@ -101,7 +102,8 @@ async def test_calls_past_the_stream_limit_queue_instead_of_failing(limit: int) 
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             replies = await asyncio.gather(
-                *(stub.Check(health_pb2.HealthCheckRequest(), timeout=10) for _ in range(limit * 8))
+                # types-grpcio-health-checking gives HealthStub no methods.
+                *(stub.Check(health_pb2.HealthCheckRequest(), timeout=10) for _ in range(limit * 8))  # type: ignore[attr-defined]
             )
         assert all(r.status == health_pb2.HealthCheckResponse.SERVING for r in replies)
     finally:

@@ -389,7 +389,8 @@ class TlsServices:
                 raise RuntimeError(f"TLS {name} exited: {self.logs[name].read_text()[-2000:]}")
             try:
                 with grpc.secure_channel(self.address(name), self.credentials()) as channel:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                    # types-grpcio-health-checking gives HealthStub no methods.
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2.0)  # type: ignore[attr-defined]
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
             except grpc.RpcError:

@@ -41,9 +41,17 @@ REPO = Path(__file__).resolve().parents[2]
 class LocalfleetProcess:
     """A localfleet server process. Always `stop()` it (the fixtures do)."""
 
-    def __init__(self, *, data_dir: str | None = None, faults: dict[str, Any] | None = None,
-                 environments: str = "", tasks_dir: str = "", extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        data_dir: str | None = None,
+        faults: dict[str, Any] | None = None,
+        environments: str = "",
+        tasks_dir: str = "",
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="localfleet-")
         self.data_dir = data_dir or os.path.join(self._tmp.name, "data")
         self.port = free_port()
@@ -64,8 +72,17 @@ class LocalfleetProcess:
     # ---- process control ----
 
     def start(self) -> LocalfleetProcess:
-        args = [sys.executable, "-m", "rlgate.localfleet", "--listen", f"127.0.0.1:{self.port}",
-                "--data-dir", self.data_dir, "--log-level", "WARNING"]
+        args = [
+            sys.executable,
+            "-m",
+            "rlgate.localfleet",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--data-dir",
+            self.data_dir,
+            "--log-level",
+            "WARNING",
+        ]
         if self.faults_file:
             args += ["--faults", self.faults_file]
         if self.environments:
@@ -77,8 +94,9 @@ class LocalfleetProcess:
         env.update(self.env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO), env=env, start_new_session=True
+            )
         self._wait_healthy()
         return self
 
@@ -141,12 +159,14 @@ class LocalfleetProcess:
         """Replace the whole fault plan (`{}` turns every fault off)."""
         r = self._http.post("/_admin/faults", json=faults)
         r.raise_for_status()
-        return r.json()
+        plan: dict[str, Any] = r.json()
+        return plan
 
     def counters(self) -> dict[str, Any]:
         r = self._http.get("/_admin/counters")
         r.raise_for_status()
-        return r.json()
+        counters: dict[str, Any] = r.json()
+        return counters
 
     def reset_counters(self) -> None:
         self._http.delete("/_admin/counters").raise_for_status()
@@ -190,8 +210,10 @@ CREATE TABLE notes (id INTEGER PRIMARY KEY, title TEXT NOT NULL, body TEXT NOT N
 
 
 def _seed_notes(conn: sqlite3.Connection) -> None:
-    conn.executemany("INSERT INTO notes (id, title, body, starred) VALUES (?, ?, ?, 0)",
-                     [(i, f"note {i}", f"body of note {i}") for i in range(1, 51)])
+    conn.executemany(
+        "INSERT INTO notes (id, title, body, starred) VALUES (?, ?, ?, 0)",
+        [(i, f"note {i}", f"body of note {i}") for i in range(1, 51)],
+    )
 
 
 def _register_notes(server: Any) -> None:
@@ -237,37 +259,55 @@ def _render_notes(conn: sqlite3.Connection) -> bytes:
 def tiny_environments() -> list[Any]:
     from rlgate.localfleet.environments.base import EnvironmentSpec
 
-    common = dict(version="v1", description="A tiny notes app", schema_sql=_NOTES_SCHEMA, seed=_seed_notes,
-                  register_tools=_register_notes, render_screen=_render_notes,
-                  env_variables={"LOGGED_IN_USER": "tester@example.com"})
+    common: dict[str, Any] = dict(
+        version="v1",
+        description="A tiny notes app",
+        schema_sql=_NOTES_SCHEMA,
+        seed=_seed_notes,
+        register_tools=_register_notes,
+        render_screen=_render_notes,
+        env_variables={"LOGGED_IN_USER": "tester@example.com"},
+    )
     return [
-        EnvironmentSpec(env_id="notes", name="Notes", mcp_era="modern", **common),  # type: ignore[arg-type]
-        EnvironmentSpec(env_id="notes-legacy", name="Notes (legacy MCP)", mcp_era="legacy",  # type: ignore[arg-type]
-                        **common),
+        EnvironmentSpec(env_id="notes", name="Notes", mcp_era="modern", **common),
+        EnvironmentSpec(env_id="notes-legacy", name="Notes (legacy MCP)", mcp_era="legacy", **common),
     ]
 
 
 TINY_TASKS = [
     {
-        "key": "notes-star-7", "prompt": "Star note 7.", "env_id": "notes", "version": "v1",
+        "key": "notes-star-7",
+        "prompt": "Star note 7.",
+        "env_id": "notes",
+        "version": "v1",
         "task_modality": "tool_use",
         "verifier_code": (
             "def verify(env, final_answer=None):\n"
             "    cur = env.db('current').table('notes').eq('id', 7).first()\n"
             "    print('starred =', cur['starred'])\n"
-            "    return TASK_SUCCESSFUL_SCORE if cur['starred'] == 1 else TASK_FAILED_SCORE\n"),
-        "metadata": {"reference_solution": {"tool_calls": [{"name": "star_note", "arguments": {"note_id": 7}}],
-                                            "final_answer": None}},
+            "    return TASK_SUCCESSFUL_SCORE if cur['starred'] == 1 else TASK_FAILED_SCORE\n"
+        ),
+        "metadata": {
+            "reference_solution": {
+                "tool_calls": [{"name": "star_note", "arguments": {"note_id": 7}}],
+                "final_answer": None,
+            }
+        },
     },
     {
-        "key": "notes-count", "prompt": "How many notes are there?", "env_id": "notes", "version": "v1",
+        "key": "notes-count",
+        "prompt": "How many notes are there?",
+        "env_id": "notes",
+        "version": "v1",
         "task_modality": "tool_use",
         "verifier_code": (
             "def verify(env, final_answer=None):\n"
             "    n = len(env.db('current').table('notes').all())\n"
-            "    return 1 if final_answer is not None and contains_number(final_answer, n) else 0\n"),
-        "metadata": {"reference_solution": {"tool_calls": [{"name": "count_notes", "arguments": {}}],
-                                            "final_answer": "50"}},
+            "    return 1 if final_answer is not None and contains_number(final_answer, n) else 0\n"
+        ),
+        "metadata": {
+            "reference_solution": {"tool_calls": [{"name": "count_notes", "arguments": {}}], "final_answer": "50"}
+        },
     },
 ]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -23,11 +24,15 @@ from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 class _Servicer(toolgateway_pb2_grpc.ToolGatewayServiceServicer):
     """ListTools logs the trace id; CallTool raises (an unexpected bug) to exercise the INTERNAL path."""
 
-    async def ListTools(self, request, context):  # type: ignore[no-untyped-def]
+    async def ListTools(
+        self, request: toolgateway_pb2.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> toolgateway_pb2.ListToolsResponse:
         logging.getLogger("test.servicer").info("listing for %s", trace_id_var.get())
         return toolgateway_pb2.ListToolsResponse()
 
-    async def CallTool(self, request, context):  # type: ignore[no-untyped-def]
+    async def CallTool(
+        self, request: toolgateway_pb2.CallToolRequest, context: grpc.aio.ServicerContext
+    ) -> toolgateway_pb2.CallToolResponse:
         raise RuntimeError("boom with a secret detail")
 
 
@@ -38,7 +43,8 @@ def _register(server: grpc.aio.Server) -> list[str]:
 
 async def _health(channel: grpc.aio.Channel) -> int:
     stub = health_pb2_grpc.HealthStub(channel)
-    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    # types-grpcio-health-checking gives HealthStub no methods.
+    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)  # type: ignore[attr-defined]
     return int(reply.status)
 
 
@@ -62,13 +68,14 @@ async def test_reflection_lists_services() -> None:
     )
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
-            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            # types-grpcio-reflection: the stub takes a blocking channel only, its method is binascii.Incomplete.
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # type: ignore[arg-type]
 
-            async def requests():  # type: ignore[no-untyped-def]
+            async def requests() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
                 yield reflection_pb2.ServerReflectionRequest(list_services="")
 
             names: list[str] = []
-            async for reply in stub.ServerReflectionInfo(requests(), timeout=5):
+            async for reply in stub.ServerReflectionInfo(requests(), timeout=5):  # type: ignore[operator]
                 names = [s.name for s in reply.list_services_response.service]
         assert "rlgate.v1.ToolGatewayService" in names and "grpc.health.v1.Health" in names
     finally:
@@ -144,7 +151,9 @@ async def test_bytes_that_are_not_a_request_are_invalid_argument() -> None:
     running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
-            raw = channel.unary_unary("/rlgate.v1.ToolGatewayService/ListTools")
+            raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                "/rlgate.v1.ToolGatewayService/ListTools"
+            )
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await raw(b"\xff\xff\xff", timeout=5)  # not a ListToolsRequest (a truncated field)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -196,13 +205,13 @@ def test_only_unary_handlers_are_wrapped() -> None:
     """A check added by wrapping (API key, readiness) cannot be skipped by a handler of another kind: such
     a handler is refused (None: UNIMPLEMENTED), since rlgate serves unary RPCs only."""
 
-    async def behaviour(request, context):  # type: ignore[no-untyped-def]
+    async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return request
 
-    unary = grpc.unary_unary_rpc_method_handler(behaviour)
+    unary: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(behaviour)
     wrapped = wrap_behaviour(unary, lambda inner: inner)
     assert wrapped is not None and wrapped.unary_unary is behaviour
-    stream = grpc.stream_stream_rpc_method_handler(behaviour)
+    stream: grpc.RpcMethodHandler[bytes, bytes] = grpc.stream_stream_rpc_method_handler(behaviour)
     assert wrap_behaviour(stream, lambda inner: inner) is None
     assert wrap_behaviour(None, lambda inner: inner) is None
 

@@ -81,7 +81,7 @@ async def server() -> AsyncIterator[Server]:
     service = f"statuses-{uuid.uuid4().hex[:8]}"  # metrics of this test only
     handler = Handler()
     aio = grpc.aio.server(interceptors=[ContextInterceptor(), MetricsInterceptor(service)])
-    method = grpc.unary_unary_rpc_method_handler(handler)
+    method: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(handler)
     aio.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.S", {"M": method})])
     port = aio.add_insecure_port("127.0.0.1:0")
     await aio.start()
@@ -90,10 +90,15 @@ async def server() -> AsyncIterator[Server]:
     await aio.stop(0)
 
 
+def raw_method(channel: grpc.aio.Channel) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
+    """The test method, bytes both ways (no serializers)."""
+    return channel.unary_unary("/t.S/M")
+
+
 async def call(server: Server, kind: str, timeout: float | None = DEADLINE_S) -> grpc.StatusCode:  # noqa: ASYNC109
     async with grpc.aio.insecure_channel(server.address) as channel:
         try:
-            await channel.unary_unary("/t.S/M")(kind.encode(), timeout=timeout)
+            await raw_method(channel)(kind.encode(), timeout=timeout)
         except grpc.aio.AioRpcError as err:
             return err.code()
     return grpc.StatusCode.OK
@@ -129,7 +134,7 @@ async def test_a_handler_past_its_deadline_counts_deadline_exceeded(
 async def test_a_handler_whose_caller_left_counts_cancelled(server: Server, caplog: pytest.LogCaptureFixture) -> None:
     async with grpc.aio.insecure_channel(server.address) as channel:
         with caplog.at_level(logging.DEBUG):
-            pending: Any = channel.unary_unary("/t.S/M")(b"wait")
+            pending: Any = raw_method(channel)(b"wait")
             await asyncio.wait_for(server.handler.started.wait(), 10)
             pending.cancel()
             found = await settled(server, "CANCELLED")
