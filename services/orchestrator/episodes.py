@@ -258,6 +258,7 @@ class EpisodeManager:
         if endings:
             log.warning("shutdown: %d episode ending(s) not scored yet; handed back to other replicas", len(endings))
             await asyncio.gather(*endings, return_exceptions=True)
+        await self.ledger.drain(0)  # records the store would not take are handed back the same way
 
     # -- Reset ------------------------------------------------------------------------------------------
     async def reset(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
@@ -682,17 +683,19 @@ class EpisodeManager:
         """Score the episode this turn ended and record the request's response (the claim is held)."""
         try:
             response = self._step_response(await self._score(session, final_answer))
-            if claim.request_id:
-                await claim.commit(response=response)
         except asyncio.CancelledError:
             # Shutdown: the record stays PENDING, handed back with this process (`Orchestrator.stop`). A
             # released record would make a retry elsewhere find the episode done with no record of its
             # ending (FAILED_PRECONDITION); a PENDING one of a dead owner is taken over and scored there.
             raise
         except BaseException:
-            if claim.request_id:  # not recorded: a retry runs again rather than waiting on a live owner
+            if claim.request_id:  # not scored: a retry runs again rather than waiting on a live owner
                 await asyncio.shield(self.store.release_request(claim.scope, claim.request_id))
             raise
+        if claim.request_id:
+            # A write the store refuses raises, and the ledger keeps the scored ending: repeats here get it
+            # and it is written again in the background (never released: that would lose the ending).
+            await claim.commit(response=response)
         return response
 
     @staticmethod

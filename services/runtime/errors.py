@@ -131,8 +131,21 @@ class PermissionDenied(RlgateError):
 
 
 class DeadlineExceeded(RlgateError):
+    """The deadline passed first; `retry_after_s` (RetryInfo) when a retry later can get the answer."""
+
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "DEADLINE_EXCEEDED"
+
+    def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, Any] | None = None,
+                 retry_after_s: float | None = None) -> None:
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.retry_after_s = retry_after_s
+
+    def details(self) -> list[Any]:
+        out = super().details()
+        if self.retry_after_s is not None:
+            out.append(_retry_info(self.retry_after_s))
+        return out
 
 
 class Internal(RlgateError):

@@ -17,11 +17,22 @@ crashes, through the session store's request records (so every replica sees the 
   its record (unless its work says the outcome may have happened and it records that itself: `Claim.keep`),
   so a retry runs again instead of replaying an error; a concurrent in-process repeat of a claimed attempt
   gets the same error.
-- **Owners die.** A PENDING record whose owner's heartbeat lapsed is taken over by default: released and
-  run again by the repeat, whose work is told which record it took over (`Claim.prior`) so it converges
+- **Answers are never lost.** When the store does not take a response's DONE write (disk full, store down),
+  the attempt fails with the store's error, but the response is kept: repeats in this process get it from
+  memory, and the ledger writes it again in the background (with its log entry, if the work's write carried
+  one) with backoff until it lands or the ledger is drained at shutdown. Meanwhile the record stays PENDING
+  under this live process; once the process is gone, a repeat elsewhere takes it over.
+- **Owners die.** A PENDING record whose owner's heartbeat lapsed is taken over: handed to the repeat in one
+  atomic store step (`SessionStore.take_over_request`: of repeats racing for it exactly one gets it and the
+  others wait for its answer, and the record never goes missing in between, so no retry claims it afresh)
+  and run again by the repeat, whose work is told which record it took over (`Claim.prior`) so it converges
   instead of repeating (a dead attempt never recorded its parameters' fingerprint in the store, so the work
-  checks what it finds against its own parameters). `orphan=` answers instead (the gateway: a tool never
-  runs twice, so the repeat answers OUTCOME_UNKNOWN).
+  checks what it finds against its own parameters). `orphan=` is run instead of the work then (the gateway:
+  a tool never runs twice, so it records OUTCOME_UNKNOWN). A held record is completed only while this
+  attempt still holds it (`commit(held_by=)`): if another process took it over meanwhile (this one was
+  deemed dead), that answer stands, and this attempt answers with it as a repeat would.
+- **Waits are bounded.** Every wait on an earlier attempt, its store reads included, ends by the caller's
+  deadline: `DeadlineExceeded` with RetryInfo ("still being processed; retry later").
 
 API (`RequestLedger(store, owner)`; one per process and plane):
 
@@ -47,8 +58,11 @@ API (`RequestLedger(store, owner)`; one per process and plane):
   a hash). `replay(recorded)`: the answer to a repeat, from the recorded (redacted) response (default: as
   recorded; Reset mints a fresh token). Every repeat goes through `replay`, whether it read the record or
   waited in-process on the first attempt.
-- `orphan(record)`: the answer to a repeat whose first attempt's owner died mid-flight (default: take over).
+- `orphan(claim)`: the work run instead of `work` by a repeat that took over the record of a first attempt
+  whose owner died mid-flight (`claim.prior`; default: `work` itself).
 - Without a request_id, `run` just runs `work` (with a claim that records nothing).
+- `await ledger.drain(timeout_s)` at shutdown: background DONE writes get `timeout_s` to land, the rest are
+  cancelled.
 
 What a DONE record holds (`RequestRecord.result`): JSON text {"params": {field: digest}, "response":
 base64 of the serialised (redacted) response}. A record written before the ledger (bare base64) replays
@@ -70,13 +84,25 @@ from google.protobuf.message import Message
 from rlgate.convert import InvalidJsonValue, json_text, parse_json_text
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, InvalidArgument, clip
-from rlgate.store import RequestExists, RequestRecord, RequestState, Session, SessionStore, ToolCallEntry
+from rlgate.store import (
+    RequestExists,
+    RequestRecord,
+    RequestState,
+    Session,
+    SessionStore,
+    StoreError,
+    ToolCallEntry,
+)
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 ANONYMOUS = "-"  # the caller when no credentials identify one (no API keys configured)
 DIGEST_CHARS = 16  # hex characters per field digest (64 bits: a collision is no practical concern)
+REWRITE_FIRST_S = 0.05  # a DONE write the store refused is tried again after this, doubling ...
+REWRITE_MAX_S = 5.0  # ... up to this between attempts (a full disk may take long to free)
+IN_PROGRESS_RETRY_S = 1.0  # RetryInfo of a repeat whose deadline passed while an earlier attempt ran
 
 
 def scope(kind: str, caller: str) -> str:
@@ -136,7 +162,24 @@ def decode_result(raw: str) -> tuple[dict[str, str] | None, bytes]:
         raise ValueError(f"corrupt request record payload: {exc}") from exc
 
 
+def _in_progress(request_id: str) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"request_id {clip(request_id)!r} is still being processed; retry later", retry_after_s=IN_PROGRESS_RETRY_S
+    )
+
+
 # ---- the work's handle on its record -------------------------------------------------------------------
+
+
+@dataclass
+class _Unwritten:
+    """A response whose DONE write the store did not take, with the log entry written with it, and the
+    background task writing it again."""
+
+    payload: str
+    tool_call: ToolCallEntry | None
+    new_request: bool
+    task: asyncio.Task[None] | None = None
 
 
 class Claim:
@@ -164,6 +207,10 @@ class Claim:
         self.prior = prior  # the dead owner's record this attempt took over
         self.recorded: str | None = None  # the payload recorded DONE (by the work's write or after it)
         self.kept = False
+        self.unwritten: _Unwritten | None = None  # a response the store did not take (written again later)
+        self.taken: RequestRecord | None = None  # the record as another attempt left it, having taken it over
+        # Set once the attempt returned: a write of this claim failing after that is handed to it.
+        self._later: Callable[[tuple[str, str], _Unwritten], None] | None = None
 
     async def hold(self) -> None:
         """Claim the record PENDING now (lazy runs; a no-op when held or without a request_id).
@@ -184,23 +231,45 @@ class Claim:
     ) -> Session | None:
         """`SessionStore.commit` of `session` and `tool_call` with the record DONE with `response`, in one
         atomic write (without a request_id: just the rest). Not held: the record is created only if the
-        request_id is new, else `RequestExists` and nothing is written. Returns what `commit` returns."""
+        request_id is new, else `RequestExists` and nothing is written. Held: only while this attempt still
+        holds it, else `RequestExists` (another process took it over; `taken`). A write without a session
+        that the store fails is kept and written again by the ledger (see the module docstring); the error
+        is raised all the same. Returns what `commit` returns."""
         if not self.request_id:
             return await self._store.commit(session=session, tool_call=tool_call)
         payload = self.payload(response)
-        written = await self._store.commit(
-            session=session,
-            tool_call=tool_call,
-            new_request=not self.held,
-            request=(self.scope, self.request_id, payload),
-        )
-        self.recorded = payload
+        new = not self.held
+        try:
+            written = await self._store.commit(
+                session=session,
+                tool_call=tool_call,
+                new_request=new,
+                request=(self.scope, self.request_id, payload),
+                held_by="" if new else self._owner,
+            )
+        except RequestExists as exc:
+            if not new:
+                self.taken, self.unwritten = exc.record, None  # that answer stands; ours is not written
+            raise
+        except StoreError:
+            if session is None:  # nothing conditional on a read: the same write can be made again later
+                self.unwritten = _Unwritten(payload, tool_call, new)
+                if self._later is not None:
+                    self._later((self.scope, self.request_id), self.unwritten)
+            raise
+        self.recorded, self.unwritten = payload, None
         return written
 
     def keep(self) -> None:
         """The work's outcome may have happened although it fails (the gateway: the tool may have run), and
         the work records that itself: the ledger does not release the record."""
         self.kept = True
+
+    def _attempt_over(self, later: Callable[[tuple[str, str], _Unwritten], None]) -> None:
+        """The attempt returned: an unwritten response, now or from a write still running, goes to `later`."""
+        self._later = later
+        if self.unwritten is not None:
+            later((self.scope, self.request_id), self.unwritten)
 
 
 @dataclass
@@ -212,7 +281,12 @@ class _Running:
 
 
 class _Again(Exception):
-    """The record went away or was taken over: look again from the top."""
+    """The record went away, or this repeat took it over (`taken`, from `prior`): look again from the top."""
+
+    def __init__(self, prior: RequestRecord | None = None, taken: RequestRecord | None = None) -> None:
+        super().__init__()
+        self.prior = prior
+        self.taken = taken
 
 
 class RequestLedger:
@@ -223,6 +297,7 @@ class RequestLedger:
         self.owner = owner
         self._poll = poll_s
         self._running: dict[tuple[str, str], _Running] = {}
+        self._unwritten: dict[tuple[str, str], _Unwritten] = {}  # answered; DONE written in the background
 
     async def run(
         self,
@@ -237,7 +312,7 @@ class RequestLedger:
         claim: Callable[[], Awaitable[tuple[RequestRecord, bool]]] | None = None,
         redact: Callable[[M], M] | None = None,
         replay: Callable[[M], Awaitable[M]] | None = None,
-        orphan: Callable[[RequestRecord], Awaitable[M]] | None = None,
+        orphan: Callable[[Claim], Awaitable[M]] | None = None,
     ) -> M:
         """The request's response: run by this call, or an earlier attempt's (see the module docstring)."""
         if not request_id:
@@ -245,8 +320,14 @@ class RequestLedger:
         digests = fingerprint(params)
         key = (scope, request_id)
         prior: RequestRecord | None = None
+        taken: RequestRecord | None = None  # the dead owner's record (`prior`) this repeat holds now
         while True:
-            running = self._running.get(key)
+            unwritten = self._unwritten.get(key) if taken is None else None
+            if unwritten is not None:  # answered here, its record still being written: answer from memory
+                recorded, kept = decode_result(unwritten.payload)
+                check_binding(request_id, recorded, digests)
+                return await self._repeat(message, kept, replay)
+            running = self._running.get(key) if taken is None else None
             if running is not None:
                 check_binding(request_id, running.params, digests)
                 data = await self._await_running(running, deadline)
@@ -259,7 +340,7 @@ class RequestLedger:
                 try:
                     return await self._own(key, handle, work)
                 except RequestExists as exc:
-                    if handle.held or handle.recorded is not None:
+                    if handle.taken is None and (handle.held or handle.recorded is not None):
                         raise  # not the claim's: the work's own business
                     record = exc.record
                 except Exception:
@@ -271,18 +352,26 @@ class RequestLedger:
                     if record is None:
                         raise
             else:
-                record, created = await (
-                    claim() if claim is not None else self.store.claim_request(scope, request_id, self.owner)
-                )
+                if taken is not None:
+                    record, created, taken = taken, True, None
+                else:
+                    record, created = await (
+                        claim() if claim is not None else self.store.claim_request(scope, request_id, self.owner)
+                    )
                 if created:
                     handle = Claim(
                         self.store, self.owner, scope, request_id, digests, held=True, prior=prior, redact=redact
                     )
-                    return await self._own(key, handle, work)
+                    try:
+                        return await self._own(key, handle, orphan if prior is not None and orphan else work)
+                    except RequestExists as exc:
+                        if handle.taken is None:
+                            raise  # not the claim's: the work's own business
+                        record = exc.record  # taken over while this attempt ran: that answer stands
             try:
-                return await self._answer(record, key, digests, deadline, message, replay, orphan)
+                return await self._answer(record, key, digests, deadline, message, replay)
             except _Again as again:
-                prior = again.args[0] if again.args else None
+                prior, taken = again.prior, again.taken
 
     async def _answer(
         self,
@@ -292,28 +381,42 @@ class RequestLedger:
         deadline: Deadline,
         message: type[M],
         replay: Callable[[M], Awaitable[M]] | None,
-        orphan: Callable[[RequestRecord], Awaitable[M]] | None,
     ) -> M:
-        """The answer from an earlier attempt's record: replayed when DONE, waited for while PENDING. Raises
-        `_Again` (with the record taken over, if any) when the caller should run the request itself."""
+        """The answer from an earlier attempt's record: replayed when DONE, waited for while PENDING (bounded
+        by the deadline). Raises `_Again` (with the dead owner's record this repeat took over, if it did)
+        when the caller should run the request itself."""
         scope, request_id = key
         while True:
-            if record is None or key in self._running:
-                raise _Again()  # released (the first attempt failed), or a local attempt started meanwhile
+            if record is None or key in self._running or key in self._unwritten:
+                raise _Again()  # released (the first attempt failed), or a local attempt started or answered
             if record.state == RequestState.DONE:
                 recorded, data = decode_result(record.result)
                 check_binding(request_id, recorded, digests)
                 return await self._repeat(message, data, replay)
-            if record.owner != self.owner and not await self.store.owner_alive(record.owner):
-                if orphan is not None:
-                    return await orphan(record)
-                log.warning("request %s/%s: owner %s is gone; taking over", scope, clip(request_id), record.owner)
-                await self.store.release_request(scope, request_id)
-                raise _Again(record)
+            if record.owner != self.owner and not await self._within(
+                deadline, request_id, self.store.owner_alive(record.owner)
+            ):
+                taken, took = await self._within(
+                    deadline, request_id, self.store.take_over_request(scope, request_id, record.owner, self.owner)
+                )
+                if took:
+                    log.warning("request %s/%s: owner %s is gone; taken over", scope, clip(request_id), record.owner)
+                    raise _Again(record, taken)
+                record = taken  # another repeat took it over first, or it was completed or released
+                continue
             if deadline.expired():
-                raise DeadlineExceeded(f"request_id {clip(request_id)!r} is still being processed; retry later")
+                raise _in_progress(request_id)
             await asyncio.sleep(min(self._poll, deadline.remaining()))
-            record = await self.store.get_request(scope, request_id)
+            record = await self._within(deadline, request_id, self.store.get_request(scope, request_id))
+
+    @staticmethod
+    async def _within(deadline: Deadline, request_id: str, op: Awaitable[T]) -> T:
+        """A store call of a wait, bounded by the caller's deadline (a hung store must not hold it)."""
+        try:
+            async with asyncio.timeout(deadline.remaining()):
+                return await op
+        except TimeoutError:
+            raise _in_progress(request_id) from None
 
     async def _own(self, key: tuple[str, str], handle: Claim, work: Callable[[Claim], Awaitable[M]]) -> M:
         """Run the work as the request's first attempt, then make sure its response is recorded."""
@@ -321,17 +424,18 @@ class RequestLedger:
         self._running[key] = _Running(handle.params, done)
         try:
             response = await work(handle)
-            if handle.recorded is None:  # the work did not record it with its own write: record it now
-                payload = handle.payload(response)
-                if handle.held:
-                    await asyncio.shield(self.store.complete_request(*key, payload))
-                else:
-                    await asyncio.shield(self.store.commit(request=(*key, payload), new_request=True))
-                handle.recorded = payload
+            if handle.taken is not None:  # the work's write found the record taken over: that answer stands
+                raise RequestExists(handle.taken)
+            if handle.recorded is None:  # not recorded by the work's own write (or that failed): record it now
+                carried = handle.unwritten.tool_call if handle.unwritten is not None else None  # its log entry too
+                await asyncio.shield(handle.commit(response=response, tool_call=carried))
         except BaseException as exc:
-            if handle.held and handle.recorded is None and not handle.kept:
+            # An answer exists when the store refused its write (kept, written later) or another process took
+            # the record over (its answer): a repeat looks again and finds it.
+            answered = handle.unwritten is not None or handle.taken is not None
+            if handle.held and handle.recorded is None and not handle.kept and not answered:
                 await asyncio.shield(self.store.release_request(*key))
-            if handle.held and isinstance(exc, Exception):
+            if handle.held and isinstance(exc, Exception) and not answered:
                 done.set_exception(exc)  # a repeat waiting here gets the same error
                 done.exception()  # marked retrieved: nobody may be waiting
             else:
@@ -339,15 +443,76 @@ class RequestLedger:
             raise
         finally:
             self._running.pop(key, None)
+            handle._attempt_over(self._write_later)
+        assert handle.recorded is not None  # by the work's write or the one above (a failed write raised)
         done.set_result(handle.recorded)
         return response
+
+    def _write_later(self, key: tuple[str, str], unwritten: _Unwritten) -> None:
+        """Answer repeats here from memory and write the record again in the background until it lands."""
+        previous = self._unwritten.get(key)
+        if previous is not None and previous.task is not None:
+            previous.task.cancel()
+        log.warning(
+            "request %s/%s: answered, but the store did not take its record; writing it again in the background",
+            key[0],
+            clip(key[1]),
+        )
+        self._unwritten[key] = unwritten
+        unwritten.task = asyncio.get_running_loop().create_task(self._rewrite(key, unwritten))
+
+    async def _rewrite(self, key: tuple[str, str], unwritten: _Unwritten) -> None:
+        delay, attempts = REWRITE_FIRST_S, 0
+        try:
+            while True:
+                await asyncio.sleep(delay)  # backoff between attempts
+                attempts += 1
+                try:
+                    await self.store.commit(
+                        request=(*key, unwritten.payload),
+                        tool_call=unwritten.tool_call,
+                        new_request=unwritten.new_request,
+                        held_by="" if unwritten.new_request else self.owner,
+                    )
+                except RequestExists as exc:
+                    log.warning(
+                        "request %s/%s: another attempt recorded it meanwhile (%s by %r); that answer stands",
+                        key[0],
+                        clip(key[1]),
+                        exc.record.state,
+                        exc.record.owner,
+                    )
+                    return
+                except StoreError as exc:
+                    log.debug("request %s/%s: background write %d failed: %s", key[0], clip(key[1]), attempts, exc)
+                    delay = min(delay * 2, REWRITE_MAX_S)
+                    continue
+                log.warning("request %s/%s: recorded by background write %d", key[0], clip(key[1]), attempts)
+                return
+        except Exception:  # a bug, not the store: stop (the record stays PENDING until this process is gone)
+            log.exception("request %s/%s: background write failed", key[0], clip(key[1]))
+        finally:
+            if self._unwritten.get(key) is unwritten:
+                del self._unwritten[key]
+
+    async def drain(self, timeout_s: float) -> None:
+        """Shutdown: background DONE writes get up to `timeout_s` to land, then the rest are cancelled (their
+        records stay PENDING; once this process stops heartbeating, a repeat elsewhere takes them over)."""
+        tasks = {u.task for u in self._unwritten.values() if u.task is not None}
+        if tasks and timeout_s > 0:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _await_running(self, running: _Running, deadline: Deadline) -> bytes | None:
         """The serialised recorded response of the first attempt running here, or None when it gave none."""
         try:
             payload = await asyncio.wait_for(asyncio.shield(running.done), deadline.remaining() or 0.001)
         except TimeoutError as exc:
-            raise DeadlineExceeded("the first attempt of this request_id is still running; retry later") from exc
+            raise DeadlineExceeded(
+                "the first attempt of this request_id is still running; retry later", retry_after_s=IN_PROGRESS_RETRY_S
+            ) from exc
         except asyncio.CancelledError:
             if running.done.cancelled():
                 return None

@@ -13,6 +13,7 @@ from rlgate.store.models import (
     OPEN_STATUSES,
     Intent,
     RequestRecord,
+    RequestState,
     Session,
     SessionStatus,
     StoreError,
@@ -31,6 +32,16 @@ def decode(cls: type[R], raw: str | bytes) -> R:
         return cls.from_json(raw)
     except (ValueError, TypeError) as exc:
         raise StoreError(f"corrupt {cls.__name__} record in the store: {exc}") from exc
+
+
+def held_elsewhere(record: RequestRecord | None, held_by: str, result: str) -> bool:
+    """Whether `commit(held_by=...)` must refuse (see `SessionStore.commit`): the record exists and is neither
+    PENDING under `held_by` nor DONE with `result` already."""
+    if record is None:
+        return False
+    if record.state == RequestState.PENDING:
+        return record.owner != held_by
+    return record.result != result
 
 
 def request_record(scope: str, request_id: str, state: str, owner: str, result: str, created_at: float | str,

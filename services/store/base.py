@@ -96,6 +96,18 @@ class SessionStore(abc.ABC):
         """Delete a PENDING record whose work provably never started, so a retry may run it."""
 
     @abc.abstractmethod
+    async def take_over_request(
+        self, scope: str, request_id: str, dead_owner: str, owner: str
+    ) -> tuple[RequestRecord | None, bool]:
+        """Atomically hand the PENDING record of `dead_owner` (a process whose heartbeat lapsed) to `owner`
+        as a fresh claim (created_at now): returns (record, True). Otherwise nothing is written: (the record
+        as it is, or None, False) — another repeat took it over first, or it was completed or released. Of
+        repeats racing to take one record over, exactly one gets True, and the record exists throughout (a
+        release and a new claim would leave a gap in which a retry claims it and runs the work again). If the
+        caller is cancelled while it runs, a record it took is handed back to `dead_owner` (as `claim_request`
+        releases an abandoned claim: it would stay PENDING under a live owner doing nothing with it)."""
+
+    @abc.abstractmethod
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         """The record, or None."""
 
@@ -115,6 +127,7 @@ class SessionStore(abc.ABC):
         request: tuple[str, str, str] | None = None,
         tool_call: ToolCallEntry | None = None,
         new_request: bool = False,
+        held_by: str = "",
     ) -> Session | None:
         """Several writes of one RPC in one round trip and one atomic step (one transaction / one script):
 
@@ -124,16 +137,22 @@ class SessionStore(abc.ABC):
           created_at = finished_at = now): a request run without a prior `claim_request`. If any record
           (PENDING or DONE) exists for (scope, request_id), `RequestExists` carrying it is raised and
           nothing at all is written. That check comes before the session's compare-and-set.
-          `new_request=True` without `request` is a ValueError;
+          `new_request=True` without `request` is a ValueError. With `held_by` (an owner; not with
+          `new_request`): the record is completed only while it is missing or PENDING under `held_by` (the
+          attempt's own claim), or DONE with this very `result` already (this commit, retried); otherwise
+          `RequestExists` carrying it is raised and nothing is written (another attempt took the record
+          over, its answer stands);
         - `tool_call`: `append_tool_call(tool_call)`, plus `touch_session(tool_call.session_id,
           tool_call.finished_at)`: a logged call is activity on its session.
 
         All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
         loses the race records no result for its request_id and can retry). Returns the updated session
         as `update_session` does, or None without `session`."""
-        if new_request and request is None:
-            raise ValueError("commit(new_request=True) needs a request")
-        return await self._commit_writes(session, request, tool_call, new_request)
+        if (new_request or held_by) and request is None:
+            raise ValueError("commit(new_request=True) or commit(held_by=...) needs a request")
+        if new_request and held_by:
+            raise ValueError("commit(new_request=True) creates the record: no owner holds it")
+        return await self._commit_writes(session, request, tool_call, new_request, held_by)
 
     @abc.abstractmethod
     async def _commit_writes(
@@ -142,6 +161,7 @@ class SessionStore(abc.ABC):
         request: tuple[str, str, str] | None,
         tool_call: ToolCallEntry | None,
         new_request: bool,
+        held_by: str,
     ) -> Session | None:
         """`commit` with its arguments checked: the backend's one round trip."""
 

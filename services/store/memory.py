@@ -327,15 +327,16 @@ class MemoryStore(SessionStore):
         request: tuple[str, str, str] | None,
         tool_call: ToolCallEntry | None,
         new_request: bool,
+        held_by: str,
     ) -> Session | None:
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 
         def commit() -> None:
             # Every check before any write: all or nothing.
-            if new_request and request is not None:
+            if (new_request or held_by) and request is not None:
                 existing = self.data.requests.get((request[0], request[1]))
-                if existing is not None:
+                if existing is not None and (new_request or _common.held_elsewhere(existing, held_by, request[2])):
                     raise RequestExists(existing.copy())
             current = self._check_update(stored) if stored is not None else None
             if stored is not None and current is not None:
@@ -395,6 +396,19 @@ class MemoryStore(SessionStore):
                 del self.data.requests[(scope, request_id)]
 
         await self._call("release_request", release)
+
+    async def take_over_request(
+        self, scope: str, request_id: str, dead_owner: str, owner: str
+    ) -> tuple[RequestRecord | None, bool]:
+        def take() -> tuple[RequestRecord | None, bool]:
+            record = self.data.requests.get((scope, request_id))
+            if record is None or record.state != RequestState.PENDING or record.owner != dead_owner:
+                return (record.copy() if record is not None else None), False
+            taken = RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", time.time(), 0.0)
+            self.data.requests[(scope, request_id)] = taken
+            return taken.copy(), True
+
+        return await self._call("take_over_request", take)
 
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         def get() -> RequestRecord | None:

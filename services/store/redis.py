@@ -298,8 +298,10 @@ return 1
 #   [13] request? [14..18] key, scope, request_id, result, now
 #   [19] call?    [20..24] session id, episode, request_id, entry JSON, finished_at (the touch)
 #   [25] new request? [26] nonce of this call ('' unless new)
+#   [27] held_by ('' for none)
 # Returns {code, last_active} of the update ({1, ''} without a session), or {-3, state, owner, result,
-# created_at, finished_at} when a new request's record exists already. Nothing is written unless the
+# created_at, finished_at} when a new request's record exists already or another owner's record is not
+# ours to complete (held_by; DONE with this result is our own retried commit). Nothing is written unless the
 # request check and the update succeed; a retry of a commit that already ran returns at once (the rest
 # ran with it): for a new request, the record carrying this call's nonce says so.
 _COMMIT = (
@@ -316,6 +318,12 @@ if ARGV[25] == '1' then
   if r then  -- our own retried commit
     if ARGV[2] == '1' then return {1, redis.call('hget', p .. 's:' .. ARGV[3], 'last_active') or ARGV[12]} end
     return {1, ''}
+  end
+end
+if ARGV[27] ~= '' then  -- held_by: completed only while missing, PENDING under it, or DONE with this result
+  local r = request_fields(p, ARGV[14])
+  if r and not ((r[1] == 'pending' and r[2] == ARGV[27]) or (r[1] ~= 'pending' and r[3] == ARGV[17])) then
+    return {-3, r[1], r[2], r[3], r[4], r[5]}
   end
 end
 if ARGV[2] == '1' then
@@ -337,6 +345,21 @@ _RELEASE = """
 local k = ARGV[1] .. 'req:' .. ARGV[2]
 if redis.call('hget', k, 'state') == 'pending' then redis.call('del', k) end
 return 0
+"""
+
+# ARGV: prefix, key, dead owner, owner, now, nonce. Returns {} for no record, else {taken, state, owner,
+# result, created_at, finished_at}; taken is 1 for our own retried takeover too (its nonce).
+_TAKE_OVER = _REQUEST_LIB + """
+local p, key = ARGV[1], ARGV[2]
+local r = request_fields(p, key)
+if not r then return {} end
+if r[1] == 'pending' and r[2] == ARGV[3] then
+  redis.call('hset', p .. 'req:' .. key, 'owner', ARGV[4], 'created_at', ARGV[5], 'nonce', ARGV[6])
+  return {1, 'pending', ARGV[4], '', ARGV[5], '0'}
+end
+local mine = 0
+if r[1] == 'pending' and r[6] == ARGV[6] then mine = 1 end
+return {mine, r[1], r[2], r[3], r[4], r[5]}
 """
 
 # ARGV: prefix, id, data, run, created
@@ -441,7 +464,7 @@ class RedisStore(SessionStore):
         self._delete, self._append = script(_DELETE), script(_APPEND)
         self._prune_sessions, self._prune_requests = script(_PRUNE_SESSIONS), script(_PRUNE_REQUESTS)
         self._claim, self._complete, self._release = script(_CLAIM), script(_COMPLETE), script(_RELEASE)
-        self._commit, self._authorize = script(_COMMIT), script(_AUTHORIZE)
+        self._commit, self._authorize, self._take = script(_COMMIT), script(_AUTHORIZE), script(_TAKE_OVER)
         self._put_intent, self._delete_intent = script(_PUT_INTENT), script(_DELETE_INTENT)
         self._acquire, self._release_lease = script(_ACQUIRE), script(_RELEASE_LEASE)
 
@@ -578,7 +601,7 @@ class RedisStore(SessionStore):
         return self._updated(stored, code, last_active)
 
     async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
-                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
+                             tool_call: ToolCallEntry | None, new_request: bool, held_by: str) -> Session | None:
         stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
         args = ["1" if stored is not None else "", *args]
         if request is not None:
@@ -592,6 +615,7 @@ class RedisStore(SessionStore):
         else:
             args += [""] * 6
         args += ["1", uuid.uuid4().hex] if new_request else ["", ""]
+        args.append(held_by)
         reply = await self._script("commit", self._commit, *args)
         if reply[0] == -3 and request is not None:
             raise RequestExists(_request_from_reply(request[0], request[1], reply[1:]))
@@ -748,6 +772,27 @@ class RedisStore(SessionStore):
 
     async def release_request(self, scope: str, request_id: str) -> None:
         await self._script("release_request", self._release, _request_key(scope, request_id))
+
+    async def take_over_request(
+        self, scope: str, request_id: str, dead_owner: str, owner: str
+    ) -> tuple[RequestRecord | None, bool]:
+        async def give_back(scope: str, request_id: str) -> None:
+            await self._take_over(scope, request_id, owner, dead_owner)
+
+        return await claim_or_release(self._take_over(scope, request_id, dead_owner, owner),
+                                      lambda taken: (scope, request_id) if taken[1] else None,
+                                      give_back, self._background)
+
+    async def _take_over(
+        self, scope: str, request_id: str, dead_owner: str, owner: str
+    ) -> tuple[RequestRecord | None, bool]:
+        reply = await self._script(
+            "take_over_request", self._take, _request_key(scope, request_id), dead_owner, owner,
+            _score(time.time()), uuid.uuid4().hex,
+        )
+        if not reply:
+            return None, False
+        return _request_from_reply(scope, request_id, reply[1:]), reply[0] == 1
 
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         key = self._key("req:" + _request_key(scope, request_id))

@@ -620,14 +620,14 @@ class SqliteStore(SessionStore):
 
     # -- composite --------------------------------------------------------------------------------------
     async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
-                             tool_call: ToolCallEntry | None, new_request: bool) -> Session | None:
+                             tool_call: ToolCallEntry | None, new_request: bool, held_by: str) -> Session | None:
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 
         def commit(conn: apsw.Connection) -> float | None:
-            if new_request and request is not None:
+            if (new_request or held_by) and request is not None:
                 existing = self._request_row(conn, request[0], request[1])
-                if existing is not None:
+                if existing is not None and (new_request or _common.held_elsewhere(existing, held_by, request[2])):
                     raise RequestExists(existing)  # rolls the (still empty) transaction back
             # Then the session: a lost compare-and-set raises before anything else is written.
             last = self._update_rows(conn, stored) if stored is not None else None
@@ -719,6 +719,27 @@ class SqliteStore(SessionStore):
             )
 
         await self._write(release)
+
+    async def take_over_request(
+        self, scope: str, request_id: str, dead_owner: str, owner: str
+    ) -> tuple[RequestRecord | None, bool]:
+        def take(conn: apsw.Connection) -> tuple[RequestRecord | None, bool]:
+            now = time.time()
+            taken = _changes(
+                conn,
+                "UPDATE requests SET owner = ?, created_at = ? WHERE scope = ? AND request_id = ?"
+                " AND state = 'pending' AND owner = ?",
+                (owner, now, scope, request_id, dead_owner),
+            )
+            if taken == 1:
+                return RequestRecord(scope, request_id, RequestState.PENDING.value, owner, "", now, 0.0), True
+            return self._request_row(conn, scope, request_id), False
+
+        def abandoned(result: tuple[RequestRecord | None, bool]) -> None:
+            if result[1] and not self._closed:  # taken after the caller gave up: hand it back
+                self._background.spawn(self.take_over_request(scope, request_id, owner, dead_owner))
+
+        return await self._write(take, abandoned=abandoned)
 
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         return await self._run(self._request_row, scope, request_id)

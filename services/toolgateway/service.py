@@ -60,6 +60,8 @@ Kind = common_pb2.ToolErrorKind
 MAX_REQUEST_ID = 128
 DEADLINE_MARGIN_S = 0.05  # our timeout fires just before the caller's, so we answer DEADLINE_EXCEEDED ourselves
 UNKNOWN_TOOL_REFRESH_S = 2.0  # an unknown tool name re-lists the upstreams at most this often per session
+# How the log marks an orphaned call's entry: its name and arguments are the retry's, not the dead attempt's.
+ORPHAN_NOTE = "[tool and arguments as the retry sent them; the attempt that died did not record its own]"
 UNKNOWN_LABEL = "(unknown)"  # the metrics label of a tool name no endpoint owns: a model's invention mints no series
 
 _calls = metrics.counter("rlgate_toolgateway_calls_total", "Tool calls", ["tool", "endpoint", "outcome"])
@@ -335,7 +337,7 @@ class ToolGateway:
                 functools.partial(self._run, session, call, deadline),
                 claim=claim,
                 replay=_replayed,
-                orphan=self._orphaned,
+                orphan=functools.partial(self._orphaned, session, call),
             )
         except StoreError as exc:
             raise _store_down(exc) from exc
@@ -476,18 +478,29 @@ class ToolGateway:
             f"Tool '{name}' {why}. Available tools: {listing or '(none)'}. Call one of those by its exact name.",
         )
 
-    async def _orphaned(self, record: RequestRecord) -> toolgateway_pb2.CallToolResponse:
-        """A repeat whose first attempt's owner died mid-call: the tool may have run, and never runs twice."""
+    async def _orphaned(self, session: Session, call: ToolCall, claim: Claim) -> toolgateway_pb2.CallToolResponse:
+        """A repeat that took over the record of a first attempt whose gateway died mid-call (`claim.prior`):
+        the tool may have run, and never runs twice. The call is logged OUTCOME_UNKNOWN and the record
+        completed with that answer, once: the takeover's claim decides which repeat writes them. The dead
+        attempt's record holds no name or arguments, so the entry has this repeat's (which the request_id
+        binds from now on), and says so."""
+        prior = claim.prior
+        assert prior is not None
+        claim.keep()  # whatever the store does now, the answer is OUTCOME_UNKNOWN
         _errors.labels("OUTCOME_UNKNOWN").inc()
-        log.info("request %s: first attempt's owner %s died mid-call", clip(record.request_id), record.owner)
-        return toolgateway_pb2.CallToolResponse(
+        log.info("request %s: first attempt's owner %s died mid-call", clip(call.request_id), prior.owner)
+        response = toolgateway_pb2.CallToolResponse(
             result=results.error_result(
                 Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN,
-                f"An earlier attempt of request {clip(record.request_id)!r} was in flight when its gateway process "
+                f"An earlier attempt of request {clip(call.request_id)!r} was in flight when its gateway process "
                 "died; the tool may or may not have run and is not run again. Check the state before retrying "
                 "with a new request_id.",
             )
         )
+        entry = self._entry(session, call, "", time.monotonic(), response.result)
+        entry.result_summary = f"{ORPHAN_NOTE} {entry.result_summary}"
+        await self._shielded(self._commit(claim, entry, response))
+        return response
 
     # -- bookkeeping --------------------------------------------------------------------------------------
     def _count(self, tool: str, endpoint: str, outcome: str) -> None:
@@ -531,7 +544,8 @@ class ToolGateway:
     async def _commit(self, claim: Claim, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
         """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
         atomic store write, so a retry never finds a DONE record whose call is missing from the log. If it
-        fails, the ledger records the response alone once the work returns."""
+        fails, the ledger writes both again (the entry is logged once per request_id): at once when the work
+        returns, then in the background until the store takes them."""
         await self._store_quietly(claim.commit(response=response, tool_call=entry))
 
     def _finish_unknown(
@@ -569,6 +583,9 @@ class ToolGateway:
         return await asyncio.shield(self._in_background(coro))
 
     async def drain(self, timeout_s: float = 5.0) -> None:
-        """Let bookkeeping of cancelled calls finish (shutdown)."""
+        """Let bookkeeping of cancelled calls and DONE writes the store refused finish (shutdown), within
+        `timeout_s`; writes still failing then are cancelled (a retry elsewhere takes their records over)."""
+        end = time.monotonic() + timeout_s
         if self._background:
             await asyncio.wait(set(self._background), timeout=timeout_s)
+        await self.ledger.drain(end - time.monotonic())

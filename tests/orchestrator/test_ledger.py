@@ -7,14 +7,13 @@ import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rlgate.runtime.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
-from rlgate.store import RequestState, SessionStore, open_store
+from rlgate.store import MemoryStore, RequestState, SessionStore, StoreError, open_store
 from rlgate.v1 import orchestrator_pb2
 from rlgate.v1.orchestrator_pb2 import StepResponse as Reply
 
@@ -121,12 +120,34 @@ async def test_a_dead_owners_record_is_taken_over_or_answered_by_orphan(store: S
     assert claim.prior is not None and claim.prior.owner == "dead-replica"
 
     await store.claim_request(SCOPE, "r2", "dead-replica")
+    orphans: list[Claim] = []
 
-    async def unknown(record: Any) -> Reply:
+    async def unknown(claim: Claim) -> Reply:
+        orphans.append(claim)
         return Reply(turn=-1)
 
     assert (await ledger.run(SCOPE, "r2", {}, deadline(), Reply, work, orphan=unknown)).turn == -1
     assert work.runs == 1  # the orphaned request did not run again
+    (orphaned,) = orphans
+    assert orphaned.prior is not None and orphaned.prior.owner == "dead-replica"
+    record = await store.get_request(SCOPE, "r2")  # its answer is recorded: every repeat gets the same
+    assert record is not None and record.state == RequestState.DONE and record.owner == "replica-a"
+    assert (await ledger.run(SCOPE, "r2", {}, deadline(), Reply, work, orphan=unknown)).turn == -1
+    assert len(orphans) == 1
+
+
+async def test_repeats_racing_to_take_over_a_dead_owners_record_run_it_once(store: SessionStore) -> None:
+    a, b = RequestLedger(store, "replica-a", poll_s=0.01), RequestLedger(store, "replica-b", poll_s=0.01)
+    ids = [f"r{i}" for i in range(10)]
+    for request_id in ids:
+        await store.claim_request(SCOPE, request_id, "dead-replica")
+    work = Work()
+    replies = await asyncio.gather(
+        *(ledger.run(SCOPE, rid, {}, deadline(), Reply, work) for rid in ids for ledger in (a, b))
+    )
+    assert work.runs == len(ids) and all(claim.prior is not None for claim in work.claims)
+    for first, second in zip(replies[::2], replies[1::2], strict=True):
+        assert first == second
 
 
 async def test_lazy_runs_record_with_the_works_own_write(store: SessionStore) -> None:
@@ -177,9 +198,9 @@ async def test_redact_and_replay(store: SessionStore) -> None:
         recorded.agent_token = f"fresh-{replays}"
         return recorded
 
-    run = {"deadline": deadline(), "redact": redact, "replay": replay}
-    first = await ledger.run(SCOPE, "r1", {}, message=orchestrator_pb2.ResetResponse, work=work, **run)
-    again = await ledger.run(SCOPE, "r1", {}, message=orchestrator_pb2.ResetResponse, work=work, **run)
+    message = orchestrator_pb2.ResetResponse
+    first = await ledger.run(SCOPE, "r1", {}, deadline(), message, work, redact=redact, replay=replay)
+    again = await ledger.run(SCOPE, "r1", {}, deadline(), message, work, redact=redact, replay=replay)
     assert (first.agent_token, again.agent_token) == ("secret-1", "fresh-1")
     record = await store.get_request(SCOPE, "r1")
     assert record is not None and "secret-1" not in record.result
@@ -196,3 +217,58 @@ async def test_without_a_request_id_the_work_just_runs(store: SessionStore) -> N
     ledger, work = RequestLedger(store, "replica-a"), Work()
     replies = [await ledger.run(SCOPE, "", {}, deadline(), Reply, work) for _ in range(2)]
     assert [r.turn for r in replies] == [1, 2]
+
+
+# -- a DONE write the store refuses (memory store: its failures are injected) -----------------------------------
+@pytest.fixture
+async def failing() -> AsyncIterator[MemoryStore]:
+    s = MemoryStore()
+    for owner in ("replica-a", "replica-b"):
+        await s.heartbeat_owner(owner, 60)
+    yield s
+    await s.close()
+
+
+async def done_record(store: SessionStore, request_id: str, timeout_s: float = 10.0) -> Reply:
+    """The recorded reply once the record is DONE (polled, bounded)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            record = await store.get_request(SCOPE, request_id)
+            if record is not None and record.state == RequestState.DONE:
+                return Reply.FromString(decode_result(record.result)[1])
+            await asyncio.sleep(0.01)
+
+
+async def test_a_response_the_store_refuses_is_answered_from_memory_and_written_in_the_background(
+    failing: MemoryStore,
+) -> None:
+    a, b, work = RequestLedger(failing, "replica-a"), RequestLedger(failing, "replica-b", poll_s=0.01), Work()
+    failing.fail("commit", times=None)
+    with pytest.raises(StoreError):  # the first caller learns that the store is failing ...
+        await a.run(SCOPE, "r1", {"p": 1}, deadline(), Reply, work)
+    assert (await a.run(SCOPE, "r1", {"p": 1}, deadline(), Reply, work)).turn == 1  # ... its retry gets the answer
+    with pytest.raises(InvalidArgument):  # still bound to its parameters
+        await a.run(SCOPE, "r1", {"p": 2}, deadline(), Reply, work)
+    with pytest.raises(DeadlineExceeded) as err:  # another replica waits on the live owner, bounded
+        await b.run(SCOPE, "r1", {"p": 1}, deadline(0.2), Reply, work)
+    assert err.value.retry_after_s
+    failing.heal()
+    assert (await done_record(failing, "r1")).turn == 1
+    assert (await b.run(SCOPE, "r1", {"p": 1}, deadline(), Reply, work)).turn == 1 and work.runs == 1
+    await a.drain(1)
+
+
+async def test_a_late_background_write_leaves_a_takeovers_answer_standing(failing: MemoryStore) -> None:
+    a, b, work = RequestLedger(failing, "replica-a"), RequestLedger(failing, "replica-b"), Work()
+    failing.fail("commit", times=None)
+    with pytest.raises(StoreError):
+        await a.run(SCOPE, "r1", {}, deadline(), Reply, work)
+    await failing.heartbeat_owner("replica-a", 0)  # replica-a is deemed dead (its heartbeats failed too)
+    with pytest.raises(StoreError):
+        await b.run(SCOPE, "r1", {}, deadline(), Reply, work)  # taken over: run again, its answer held by b
+    failing.heal()  # both write again now: replica-a's write finds the record held by replica-b
+    assert (await done_record(failing, "r1")).turn == 2  # the takeover's answer
+    await a.drain(5)  # replica-a's background write finds the record taken over and gives up
+    assert (await done_record(failing, "r1")).turn == 2
+    assert (await a.run(SCOPE, "r1", {}, deadline(), Reply, work)).turn == 2 and work.runs == 2
+    await b.drain(1)

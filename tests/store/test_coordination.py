@@ -54,6 +54,30 @@ async def test_request_lifecycle(store: SessionStore) -> None:
     assert created
 
 
+async def test_take_over_hands_a_dead_owners_record_to_exactly_one_repeat(
+    store: SessionStore, open_another: StoreFactory
+) -> None:
+    await store.claim_request("call:s1", "r1", "dead")
+    before = time.time()
+    others = [store, await open_another(), await open_another()]
+    results = await asyncio.gather(
+        *(others[i % 3].take_over_request("call:s1", "r1", "dead", f"owner-{i}") for i in range(30))
+    )
+    (winner,) = [record for record, taken in results if taken]
+    assert winner is not None and winner.state == RequestState.PENDING and winner.owner.startswith("owner-")
+    assert winner.created_at >= before and winner.result == "" and winner.finished_at == 0
+    # The record never went missing: every loser saw the winner's claim, as a claim would.
+    assert all(record == winner for record, _ in results)
+    assert await store.get_request("call:s1", "r1") == winner
+    assert (await store.claim_request("call:s1", "r1", "late"))[1] is False
+
+    assert await store.take_over_request("call:s1", "r1", "dead", "late") == (winner, False)  # not dead's now
+    await store.complete_request("call:s1", "r1", "out")
+    done = await store.get_request("call:s1", "r1")
+    assert await store.take_over_request("call:s1", "r1", winner.owner, "late") == (done, False)  # DONE stays
+    assert await store.take_over_request("call:s1", "none", "dead", "late") == (None, False)
+
+
 async def test_owner_heartbeat_expires(store: SessionStore) -> None:
     assert not await store.owner_alive("orch-1")
     await store.heartbeat_owner("orch-1", 30)

@@ -272,6 +272,41 @@ async def test_redis_retries_of_fused_writes_apply_once(redis_server: RedisServe
         assert await store.check_invariants() == []
 
 
+# -- commit(held_by=...) ---------------------------------------------------------------------------------------
+async def test_a_held_commit_completes_only_its_own_claim(store: SessionStore) -> None:
+    await store.create_session(session("s1"))
+    await store.claim_request("call:s1", "r1", "me")
+    await store.commit(request=("call:s1", "r1", "mine"), tool_call=ToolCallEntry("s1", 1, "r1", "t"), held_by="me")
+    done = await store.get_request("call:s1", "r1")
+    assert done is not None and done.state == RequestState.DONE and done.result == "mine"
+    # The same commit again (a retry whose reply was lost): DONE with this very result is its own.
+    await store.commit(request=("call:s1", "r1", "mine"), tool_call=ToolCallEntry("s1", 1, "r1", "t"), held_by="me")
+    assert await store.count_tool_calls("s1", 1) == 1
+    done = await store.get_request("call:s1", "r1")
+
+    # Taken over by another owner, or completed with another answer: nothing at all is written.
+    await store.claim_request("call:s1", "r2", "other")
+    with pytest.raises(RequestExists) as err:
+        await store.commit(request=("call:s1", "r2", "mine"), tool_call=ToolCallEntry("s1", 1, "r2", "t"), held_by="me")
+    assert (err.value.record.state, err.value.record.owner) == (RequestState.PENDING, "other")
+    with pytest.raises(RequestExists) as err:
+        await store.commit(request=("call:s1", "r1", "another"), held_by="me")
+    assert err.value.record == done
+    assert await store.get_request("call:s1", "r1") == done and await store.count_tool_calls("s1", 1) == 1
+    pending = await store.get_request("call:s1", "r2")
+    assert pending is not None and pending.owner == "other" and pending.state == RequestState.PENDING
+
+    # A missing record is created DONE, as without held_by (a result is never dropped).
+    await store.commit(request=("call:s1", "r3", "late"), held_by="me")
+    late = await store.get_request("call:s1", "r3")
+    assert late is not None and late.state == RequestState.DONE and late.result == "late"
+    with pytest.raises(ValueError):
+        await store.commit(held_by="me")
+    with pytest.raises(ValueError):
+        await store.commit(request=("call:s1", "r4", "x"), new_request=True, held_by="me")
+    assert await store.check_invariants() == []
+
+
 # -- a claim whose caller was cancelled -----------------------------------------------------------------------
 class _StoreBusy:
     """Keeps the backend busy from another connection until the block exits, so a claim queued behind it starts
@@ -319,3 +354,21 @@ async def test_a_claim_landing_after_its_caller_gave_up_is_released(
     assert await store.get_request(scope, "r1") is None  # released: a retry runs instead of waiting
     record, created = await store.claim_request(scope, "r1", "me")
     assert created and record.state == RequestState.PENDING
+
+
+async def test_a_takeover_landing_after_its_caller_gave_up_is_handed_back(
+    store: SessionStore, backend: Backend
+) -> None:
+    await store.claim_request("step:s1", "r1", "dead")
+    async with _StoreBusy(backend, store):
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(store.take_over_request("step:s1", "r1", "dead", "me"), 0.2)
+    for _ in range(100):  # the takeover lands now, then its hand-back (bounded polling)
+        record = await store.get_request("step:s1", "r1")
+        if record is not None and record.owner == "dead":
+            break
+        await asyncio.sleep(0.05)
+    record = await store.get_request("step:s1", "r1")
+    assert record is not None and record.state == RequestState.PENDING and record.owner == "dead"
+    _, taken = await store.take_over_request("step:s1", "r1", "dead", "next")  # the next repeat takes it over
+    assert taken

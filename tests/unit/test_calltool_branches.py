@@ -17,7 +17,7 @@ from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, Unavailable
 from rlgate.runtime.ledger import decode_result
 from rlgate.store import MemoryStore, RequestState, Session, SessionStatus, call_scope
-from rlgate.toolgateway.service import ToolGateway
+from rlgate.toolgateway.service import ORPHAN_NOTE, ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from tests.fakes import FakeUpstreamPool, Outcome, hang, lost, not_sent, rejected, timed_out, too_large
 from tests.fakes.upstream import ENDPOINT
@@ -52,6 +52,22 @@ class Gateway:
     async def logged(self) -> list[tuple[str, str]]:
         """(request_id, error kind) of every entry of the session's tool-call log."""
         return [(e.request_id, e.error_kind) for e in await self.store.list_tool_calls(SID)]
+
+    async def replica(self, owner: str = "gw-2") -> Gateway:
+        """Another gateway process on the same store (alive)."""
+        store = MemoryStore(self.store.data)
+        await store.heartbeat_owner(owner, 60)
+        gateway = ToolGateway(store, self.upstream, owner)  # type: ignore[arg-type]
+        return Gateway(gateway, store, self.upstream, self.token)
+
+    async def recorded_done(self, request_id: str = "r1", timeout_s: float = 10.0) -> toolgateway_pb2.CallToolResponse:
+        """The recorded response once the record is DONE (polled, bounded)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                record = await self.record(request_id)
+                if record is not None and record[1] is not None:
+                    return record[1]
+                await asyncio.sleep(0.01)
 
 
 @pytest.fixture
@@ -186,6 +202,30 @@ async def test_a_retry_while_a_live_gateway_runs_the_call_waits_then_deadline_ex
     assert await gw.record() == ("pending", None)
 
 
+async def test_a_retry_waiting_on_a_live_gateway_is_bounded_by_its_deadline_even_if_the_store_hangs(
+    gw: Gateway,
+) -> None:
+    await gw.store.heartbeat_owner("gw-2", 60)
+    await gw.store.claim_request(call_scope(SID), "r1", "gw-2")
+    polling = asyncio.Event()
+    owner_alive = gw.store.owner_alive
+
+    async def checked(owner: str) -> bool:  # the retry has found the record and is waiting on its owner
+        alive = await owner_alive(owner)
+        polling.set()
+        return alive
+
+    gw.store.owner_alive = checked  # type: ignore[method-assign]
+    retry = asyncio.create_task(gw.call(deadline_s=0.5))
+    started = time.monotonic()
+    await asyncio.wait_for(polling.wait(), 5)
+    async with gw.store.paused():  # the store stops answering while the retry polls the record
+        with pytest.raises(DeadlineExceeded, match="still being processed") as err:
+            await asyncio.wait_for(retry, 5)
+    assert time.monotonic() - started < 2 and err.value.retry_after_s
+    assert any(d.DESCRIPTOR.name == "RetryInfo" for d in err.value.details())
+
+
 async def test_owner_died_is_outcome_unknown_and_the_tool_is_not_run(gw: Gateway) -> None:
     await gw.store.heartbeat_owner("gw-dead", 0)  # its lease lapses at once: the process is gone
     await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
@@ -193,21 +233,44 @@ async def test_owner_died_is_outcome_unknown_and_the_tool_is_not_run(gw: Gateway
     assert kind(response) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" and "died" in response.result.error_message
     assert gw.upstream.calls == []
     again = await gw.call()  # answered the same way every time, still without running the tool
-    assert kind(again) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" and gw.upstream.calls == []
+    assert kind(again) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" and again.replayed and gw.upstream.calls == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an orphaned call (its gateway died mid-call) answers OUTCOME_UNKNOWN but is never logged nor recorded: "
-    "ToolGateway._orphaned (services/toolgateway/service.py) gets only the record; it should append an "
-    "OUTCOME_UNKNOWN entry for the call (name and arguments of the retry, which the request_id binds) and complete "
-    "the record, as _finish_unknown does",
-)
-async def test_owner_died_is_in_the_tool_call_log(gw: Gateway) -> None:
+async def test_owner_died_is_logged_and_recorded_with_what_the_retry_sent(gw: Gateway) -> None:
     await gw.store.heartbeat_owner("gw-dead", 0)
     await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
-    await gw.call()
-    assert await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
+    response = await gw.call(arguments='{"x": 2}')
+    assert await gw.record() == ("done", response)
+    (entry,) = await gw.store.list_tool_calls(SID)
+    assert (entry.request_id, entry.error_kind, entry.tool, entry.arguments) == (
+        "r1",
+        "OUTCOME_UNKNOWN",
+        "echo",
+        {"x": 2},
+    )
+    assert entry.result_summary.startswith(ORPHAN_NOTE) and entry.endpoint == ""  # the retry's, and says so
+    assert (await gw.call(arguments='{"x": 2}')).replayed and await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
+
+
+async def test_retries_racing_for_a_dead_gateways_call_log_and_record_it_once(gw: Gateway) -> None:
+    await gw.store.heartbeat_owner("gw-dead", 0)
+    ids = [f"r{i}" for i in range(10)]
+    for request_id in ids:
+        await gw.store.claim_request(call_scope(SID), request_id, "gw-dead")
+    other = await gw.replica()
+
+    async def after(steps: int, gateway: Gateway, request_id: str) -> toolgateway_pb2.CallToolResponse:
+        for _ in range(steps):  # staggered by a few store round trips, so every interleaving is tried
+            await asyncio.sleep(0)
+        return await gateway.call(request_id)
+
+    answers = await asyncio.gather(*(after(i * (g is other), g, rid) for i, rid in enumerate(ids) for g in (gw, other)))
+    assert all(kind(a) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" for a in answers)
+    for first, second in zip(answers[::2], answers[1::2], strict=True):  # one of each pair wrote it
+        assert sorted([first.replayed, second.replayed]) == [False, True]
+    assert sorted(await gw.logged()) == sorted((rid, "OUTCOME_UNKNOWN") for rid in ids)
+    assert gw.upstream.calls == []
+    await other.gateway.drain()
 
 
 # -- the store fails on the DONE write, after the tool ran ------------------------------------------------------
@@ -220,48 +283,47 @@ async def test_a_done_write_failing_once_is_recorded_by_the_ledger_and_replayed(
     assert again.replayed and gw.upstream.runs("echo") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the tool ran but its log entry is lost when the combined write fails: the ledger's fallback "
-    "(RequestLedger._own, services/runtime/ledger.py) records the response alone, so the DONE record's call is "
-    "missing from the log a verifier reads (ToolGateway._commit should retry the entry, or the fallback carry it)",
-)
 async def test_a_done_write_failing_once_still_logs_the_call(gw: Gateway) -> None:
     gw.store.fail("commit")
     await gw.call()
     assert await gw.logged() == [("r1", "")]
+    assert (await gw.call()).replayed and await gw.logged() == [("r1", "")]  # never logged twice
 
 
-async def test_a_done_write_that_keeps_failing_is_store_unavailable_and_never_runs_the_tool_again(gw: Gateway) -> None:
-    gw.store.fail("commit", times=None)
-    gw.store.fail("complete_request", times=None)
+async def test_a_done_write_that_keeps_failing_is_answered_from_memory_then_recorded_once_the_store_heals(
+    gw: Gateway,
+) -> None:
+    gw.store.fail("commit", times=None)  # a full disk: every write of the record and the log fails
     with pytest.raises(Unavailable) as err:
         await gw.call()
-    assert err.value.reason == "STORE_UNAVAILABLE"
-    gw.store.heal()
-    with pytest.raises((DeadlineExceeded, Unavailable)):
-        await gw.call(deadline_s=0.3)
+    assert err.value.reason == "STORE_UNAVAILABLE" and err.value.retry_after_s
+    assert await gw.record() == ("pending", None)
+    started = time.monotonic()
+    retry = await gw.call(deadline_s=2.0)  # the answer this live gateway holds, without waiting
+    assert time.monotonic() - started < 1 and retry.replayed and retry.result.content[0].text.text == "ok"
+    other = await gw.replica()  # another gateway cannot have it: bounded by its deadline, with RetryInfo
+    with pytest.raises(DeadlineExceeded) as waited:
+        await other.call(deadline_s=0.3)
+    assert waited.value.retry_after_s
+    gw.store.heal()  # the disk frees: the real answer is recorded with its log entry, in the background
+    recorded = await gw.recorded_done()
+    assert not recorded.result.is_error and recorded.result == retry.result
+    assert await gw.logged() == [("r1", "")]
+    assert (await other.call()).result == retry.result
     assert gw.upstream.runs("echo") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after the DONE write failed for good, the kept record stays PENDING under this live gateway and every "
-    "retry waits out its whole deadline (DEADLINE_EXCEEDED), for as long as the process lives: "
-    "RequestLedger._own (services/runtime/ledger.py, the `except BaseException` branch) leaves a kept, unrecorded "
-    "record behind with nothing in the process that will ever finish it; it should keep retrying the DONE write "
-    "in the background (as ToolGateway._finish_unknown does) so a retry gets the answer or OUTCOME_UNKNOWN",
-)
-async def test_a_retry_after_the_done_write_failed_answers_without_waiting_out_its_deadline(gw: Gateway) -> None:
+async def test_a_gateway_that_dies_holding_an_unwritten_answer_leaves_outcome_unknown(gw: Gateway) -> None:
     gw.store.fail("commit", times=None)
-    gw.store.fail("complete_request", times=None)
     with pytest.raises(Unavailable):
         await gw.call()
+    await gw.gateway.drain(0)  # the process goes away: its background write with it ...
+    await gw.store.heartbeat_owner(OWNER, 0)  # ... and its lease lapses
     gw.store.heal()
-    started = time.monotonic()
-    try:
-        retry: toolgateway_pb2.CallToolResponse | None = await gw.call(deadline_s=2.0)
-    except DeadlineExceeded:
-        retry = None
-    assert retry is not None, f"the retry waited {time.monotonic() - started:.1f}s and answered DEADLINE_EXCEEDED"
+    other = await gw.replica()
+    taken_over = await other.call()
+    assert kind(taken_over) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" and not taken_over.replayed
+    assert await gw.record() == ("done", taken_over)
+    assert await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
     assert gw.upstream.runs("echo") == 1
+    await other.gateway.drain()

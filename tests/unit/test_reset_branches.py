@@ -5,6 +5,7 @@ DELETING or bound, and a request record a retry can use."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -203,14 +204,25 @@ async def test_store_failing_to_record_the_instance_deletes_it(orch: Orch) -> No
     await orch.assert_nothing_leaked()
 
 
-async def test_store_failing_on_the_done_record_leaves_a_session_the_retry_resumes(orch: Orch) -> None:
-    orch.store.fail("complete_request")
+async def test_store_failing_on_the_done_record_answers_the_retry_then_records_it_in_the_background(
+    orch: Orch,
+) -> None:
+    orch.store.fail("commit", times=None)  # the DONE record cannot be written (a full disk)
     with pytest.raises(StoreError):
         await orch.reset()
-    assert await orch.record_state() is None  # released: the retry runs instead of waiting
-    retry = await orch.reset()
+    assert await orch.record_state() == RequestState.PENDING  # kept with the session it answers for
+    retry = await orch.reset()  # the answer this process holds, with a fresh token
     assert retry.session_id == session_id_for_request("", "r1") and retry.episode == 1
     session = await orch.store.get_session(retry.session_id)
     assert session is not None and session.token_hash == token_hash(retry.agent_token)
-    assert orch.provider.created == ["fake-1"]  # resumed, not provisioned twice
+
+    orch.store.heal()
+    async with asyncio.timeout(10):  # written in the background once the store takes writes (polled)
+        while True:
+            if await orch.record_state() == RequestState.DONE:
+                break
+            await asyncio.sleep(0.01)
+    again = await orch.reset()
+    assert again.session_id == retry.session_id and again.episode == 1
+    assert orch.provider.created == ["fake-1"]  # provisioned once for every answer
     await orch.assert_nothing_leaked()

@@ -16,9 +16,9 @@ import pytest
 from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
 from rlgate.orchestrator.providers.base import Retryable, VerifierRun
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition
+from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition
 from rlgate.runtime.ledger import scope
-from rlgate.store import MemoryStore, RequestState
+from rlgate.store import MemoryStore, RequestState, StoreError
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.fakes import HANG, FakeProvider, make_episodes
 
@@ -51,6 +51,14 @@ class Episode:
     async def record_state(self, request_id: str) -> str | None:
         record = await self.store.get_request(STEPS, request_id)
         return record.state if record is not None else None
+
+    async def until_recorded(self, request_id: str, timeout_s: float = 10.0) -> None:
+        """Until the request's record is DONE (polled, bounded)."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if await self.record_state(request_id) == RequestState.DONE:
+                    return
+                await asyncio.sleep(0.01)
 
 
 async def episode_on(store: MemoryStore, provider: FakeProvider, **config: Any) -> Episode:
@@ -181,3 +189,28 @@ async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
     assert await replica.record_state("end") == RequestState.DONE
     assert await replica.step("end", final_answer="42") == ending
     assert len(provider.verifications) == 2
+
+
+# -- the store refuses the ending's DONE record ------------------------------------------------------------------
+async def test_an_ending_whose_done_write_fails_is_answered_from_memory_and_recorded_once_the_store_heals(
+    ep: Episode,
+) -> None:
+    ep.store.fail("commit", times=None)  # the ending's DONE record cannot be written (a full disk)
+    with pytest.raises(StoreError):
+        await ep.step("end", final_answer="42")
+    assert await ep.record_state("end") == RequestState.PENDING  # kept: releasing it would lose the scored ending
+    ending = await ep.step("end", final_answer="42")  # a retry here gets the ending this process holds
+    assert ending.done and ending.reward == 1.0 and len(ep.provider.verifications) == 1
+
+    other = MemoryStore(ep.store.data)  # another replica cannot have it: bounded by its deadline, with RetryInfo
+    await other.heartbeat_owner("orch-2", 60)
+    replica = Episode(make_episodes(other, ep.provider, owner="orch-2"), other, ep.provider, ep.session_id)
+    with pytest.raises(DeadlineExceeded) as err:
+        await replica.step("end", final_answer="42", deadline_s=0.3)
+    assert err.value.retry_after_s
+
+    ep.store.heal()  # the write succeeds in the background
+    await ep.until_recorded("end")
+    assert await replica.step("end", final_answer="42") == ending
+    assert await ep.step("end", final_answer="42") == ending and len(ep.provider.verifications) == 1
+    assert await ep.turn() == 1
