@@ -28,7 +28,8 @@ def service_config(header: str) -> str:
 def _serve(name: str) -> tuple[grpc.Server, int]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     handler = grpc.method_handlers_generic_handler(
-        "probe.Who", {"Am": grpc.unary_unary_rpc_method_handler(lambda _req, _ctx: name.encode())})
+        "probe.Who", {"Am": grpc.unary_unary_rpc_method_handler(lambda _req, _ctx: name.encode())}
+    )
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -40,19 +41,22 @@ def main(header: str) -> dict[str, object]:
     target = "ipv4:" + ",".join(f"127.0.0.1:{port}" for _, port in servers)
     try:
         with grpc.insecure_channel(target, options=[("grpc.service_config", service_config(header))]) as channel:
-            who = channel.unary_unary("/probe.Who/Am")
+            who: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/probe.Who/Am")
             seen: dict[str, set[bytes]] = {}
             for i in range(KEYS):
                 value = f"Bearer token-{i}" if header == "authorization" else f"session-{i}"
-                seen[value] = {who(b"", metadata=[(header, value)], timeout=5, wait_for_ready=True)
-                               for _ in range(CALLS_PER_KEY)}
+                seen[value] = {
+                    who(b"", metadata=((header, value),), timeout=5, wait_for_ready=True) for _ in range(CALLS_PER_KEY)
+                }
     except grpc.RpcError as exc:
-        return {"error": f"{exc.code().name}: {exc.details()}"}  # type: ignore[attr-defined]
+        return {"error": f"{exc.code().name}: {exc.details()}"}
     finally:
         for server, _ in servers:
             server.stop(None)
-    return {"pinned": all(len(v) == 1 for v in seen.values()),
-            "backends": sorted({b.decode() for v in seen.values() for b in v})}
+    return {
+        "pinned": all(len(v) == 1 for v in seen.values()),
+        "backends": sorted({b.decode() for v in seen.values() for b in v}),
+    }
 
 
 if __name__ == "__main__":

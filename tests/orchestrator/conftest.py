@@ -151,7 +151,7 @@ async def call_tool(address: str, token: str, name: str, arguments: dict[str, An
     """CallTool with `arguments` as exact JSON text (integers stay integers)."""
     async with grpc.aio.insecure_channel(address) as channel:
         stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
-        response = await stub.CallTool(
+        response: toolgateway_pb2.CallToolResponse = await stub.CallTool(
             toolgateway_pb2.CallToolRequest(name=name, arguments_json=json_text(arguments)),
             metadata=[("authorization", f"Bearer {token}")],
             timeout=30,

@@ -22,7 +22,7 @@ from rlgate.store import SessionStatus, SessionStore
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config
 from tests.support.localfleet import LocalfleetProcess
-from tests.support.statuses import rich_status
+from tests.support.statuses import detail
 
 TASK = "mailbox-count-unread-from-kenji"
 ANSWER = "3"
@@ -54,17 +54,6 @@ async def refused(orch: Running) -> grpc.aio.AioRpcError:
             return err
         await asyncio.sleep(0.02)
     raise AssertionError(f"still answering {BOUND_S}s after shutdown began")
-
-
-def detail(err: grpc.aio.AioRpcError, kind: type[Any]) -> Any:
-    status = rich_status(err)
-    assert status is not None, err
-    for any_detail in status.details:
-        if any_detail.Is(kind.DESCRIPTOR):
-            found = kind()
-            any_detail.Unpack(found)
-            return found
-    raise AssertionError(f"no {kind.__name__} in {err}")
 
 
 def ending(session_id: str, request_id: str) -> orchestrator_pb2.StepRequest:

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -31,7 +31,7 @@ from tests.orchestrator.conftest import (
     result_text,
 )
 from tests.support.localfleet import LocalfleetProcess
-from tests.support.statuses import rich_status
+from tests.support.statuses import detail, rich_status
 
 # One task per environment whose reference solution needs nothing from earlier results.
 PREFERRED = ["mailbox-count-unread-from-kenji", "tracker-assign-self", "booking-cancel-tokyo-hotel"]
@@ -256,11 +256,7 @@ async def test_max_turns_truncates_and_verifies_then_step_after_done(orch: Runni
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    status = rich_status(err)
-    assert status is not None
-    info = error_details_pb2.ErrorInfo()
-    next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
-    return info
+    return detail(err, error_details_pb2.ErrorInfo)
 
 
 async def test_duplicate_request_ids_on_reset_and_step(
@@ -391,7 +387,8 @@ async def test_errors_are_precise_statuses(orch: Running) -> None:
         0
     ] == grpc.StatusCode.INVALID_ARGUMENT
     # An enum number the proto does not define (proto3 enums are open) is the caller's mistake.
-    c, msg = await code(stub.ListSessions(orchestrator_pb2.ListSessionsRequest(status=99), timeout=10))
+    unknown = orchestrator_pb2.ListSessionsRequest(status=cast(common_pb2.SessionStatus, 99))
+    c, msg = await code(stub.ListSessions(unknown, timeout=10))
     assert c == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("status:")
     # Ids past their limits: named INVALID_ARGUMENT, or NOT_FOUND for names; never echoed whole.
     huge = "s-" + "x" * 20_000

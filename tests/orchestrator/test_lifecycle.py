@@ -144,7 +144,10 @@ async def test_instance_limit_waits_for_capacity_then_exhausts(
 
     # A Reset waiting at the limit gets the capacity a Close frees.
     async def reset() -> orchestrator_pb2.ResetResponse:
-        return await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=30)
+        response: orchestrator_pb2.ResetResponse = await orch.stub.Reset(
+            orchestrator_pb2.ResetRequest(task_key=TASK), timeout=30
+        )
+        return response
 
     waiting = asyncio.create_task(reset())
     await asyncio.sleep(1.0)
@@ -412,7 +415,10 @@ async def test_slow_provisioning_does_not_block_other_rpcs(
     lf.set_faults({"environments": {"mailbox": {"create_delay_s": 3.0}}})
 
     async def slow_reset() -> orchestrator_pb2.ResetResponse:
-        return await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+        response: orchestrator_pb2.ResetResponse = await orch.stub.Reset(
+            orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60
+        )
+        return response
 
     creates = [asyncio.create_task(slow_reset()) for _ in range(5)]
     await asyncio.sleep(0.5)

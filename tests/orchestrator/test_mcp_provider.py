@@ -42,7 +42,7 @@ from rlgate.v1 import (
     toolgateway_pb2_grpc,
 )
 from tests.support.ports import free_port
-from tests.support.statuses import rich_status
+from tests.support.statuses import detail
 from tests.toolgateway.upstreams import serve_mcp
 
 TOOLS = ("add", "mul", "secret_token", "computer")
@@ -83,7 +83,10 @@ class Planes:
     gateway: toolgateway_pb2_grpc.ToolGatewayServiceStub
 
     async def reset(self, **fields: Any) -> orchestrator_pb2.ResetResponse:
-        return await self.orchestrator.Reset(orchestrator_pb2.ResetRequest(**fields), timeout=30)
+        response: orchestrator_pb2.ResetResponse = await self.orchestrator.Reset(
+            orchestrator_pb2.ResetRequest(**fields), timeout=30
+        )
+        return response
 
     async def listed(self, reset: orchestrator_pb2.ResetResponse) -> list[str]:
         """The tool names the gateway's ListTools gives the session's agent."""
@@ -101,9 +104,10 @@ class Planes:
         assert not answer.result.is_error, answer.result
 
     async def finish(self, reset: orchestrator_pb2.ResetResponse, answer: str) -> orchestrator_pb2.StepResponse:
-        return await self.orchestrator.Step(
+        response: orchestrator_pb2.StepResponse = await self.orchestrator.Step(
             orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer=answer), timeout=60
         )
+        return response
 
 
 @pytest.fixture
@@ -149,11 +153,7 @@ async def planes(store: SessionStore, tmp_path: Path) -> AsyncIterator[Callable[
 
 
 def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo:
-    status = rich_status(err)
-    assert status is not None
-    info = error_details_pb2.ErrorInfo()
-    next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
-    return info
+    return detail(err, error_details_pb2.ErrorInfo)
 
 
 # -- endpoints and task files, checked at start ------------------------------------------------------------

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -81,7 +81,9 @@ def fx(tmp_path_factory: pytest.TempPathFactory, audit: Audit, figures: Figures)
         md = stack.metadata()
 
         def reset(**kw: Any) -> orchestrator_pb2.ResetResponse:
-            r = orch.Reset(orchestrator_pb2.ResetRequest(**kw), timeout=RESET_TIMEOUT, metadata=md)
+            r: orchestrator_pb2.ResetResponse = orch.Reset(
+                orchestrator_pb2.ResetRequest(**kw), timeout=RESET_TIMEOUT, metadata=md
+            )
             audit.token(r.agent_token)
             return r
 
@@ -433,7 +435,7 @@ def test_list_tasks(fx: Fixture, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_list_sessions(fx: Fixture, data: st.DataObject) -> None:
     req = orchestrator_pb2.ListSessionsRequest(
-        status=data.draw(st.one_of(st.integers(0, 6), INT32)),
+        status=cast(common_pb2.SessionStatus, data.draw(st.one_of(st.integers(0, 6), INT32))),  # any number
         labels=data.draw(LABELS),
         run_id=data.draw(st.one_of(st.just(""), ID)),
         page_size=data.draw(INT32),
@@ -559,12 +561,12 @@ def raw_call(fx: Fixture, service: str, rpc: str, payload: bytes) -> grpc.Status
     address = fx.stack.orchestrator_address if service == "OrchestratorService" else fx.stack.gateway_address
     md = bearer(API_KEY) if service == "OrchestratorService" else bearer(fx.gateway_tokens["modern"])
     with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)]) as channel:
-        method = channel.unary_unary(f"/rlgate.v1.{service}/{rpc}")
+        method: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/rlgate.v1.{service}/{rpc}")
         try:
-            method(payload, timeout=CALL_TIMEOUT, metadata=md)
+            method(payload, timeout=CALL_TIMEOUT, metadata=tuple(md))
         except grpc.RpcError as err:
             fx.stack.audit.error(f"raw {rpc}", err)
-            return err.code()  # type: ignore[no-any-return]
+            return err.code()
     return SC.OK
 
 

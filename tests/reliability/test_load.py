@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from rlgate import AsyncClient, RlgateError
-from rlgate.v1 import orchestrator_pb2
+from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.reliability.conftest import SIZES, Figures
 from tests.reliability.harness import API_KEY, Audit, AuditedStack, percentile, start_stack, thirds_medians
 
@@ -116,7 +116,7 @@ async def test_load(stack: AuditedStack, client: AsyncClient, audit: Audit, figu
         stack.admin.clear_faults()
     wall = time.perf_counter() - started
     left = await asyncio.to_thread(stack.admin.wait_instances, 0, 30.0)
-    open_sessions = await client.list_sessions(status=2, labels={"suite": "load"})  # ACTIVE
+    open_sessions = await client.list_sessions(status=common_pb2.SESSION_STATUS_ACTIVE, labels={"suite": "load"})
     injected = stack.admin.counters().get("tool_errors_injected", 0) - injected_before
     figures.record("load", "episodes", SIZES.load_episodes)
     figures.record("load", "calls_per_episode", SIZES.load_calls)

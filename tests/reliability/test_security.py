@@ -59,7 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, audit: Audit) -> Iterator[Au
 
 
 def new_session(stack: AuditedStack, env_key: str = "mailbox:v1", **kw: Any) -> orchestrator_pb2.ResetResponse:
-    r = orchestrator_stub(stack.orchestrator_address).Reset(
+    r: orchestrator_pb2.ResetResponse = orchestrator_stub(stack.orchestrator_address).Reset(
         orchestrator_pb2.ResetRequest(env_key=env_key, **kw), timeout=60.0, metadata=stack.metadata()
     )
     stack.audit.token(r.agent_token)
@@ -139,9 +139,11 @@ def test_api_key_grants_nothing_on_the_gateway(stack: AuditedStack, figures: Fig
     }
     with grpc.insecure_channel(stack.gateway_address) as channel:
         for rpc in ("Reset", "Step", "Close"):
-            method = channel.unary_unary(f"/rlgate.v1.OrchestratorService/{rpc}")
+            method: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                f"/rlgate.v1.OrchestratorService/{rpc}"
+            )
             try:
-                method(b"", timeout=T, metadata=bearer(API_KEY))
+                method(b"", timeout=T, metadata=tuple(bearer(API_KEY)))
                 rows[f"OrchestratorService/{rpc} on the gateway"] = "OK"
             except grpc.RpcError as err:
                 rows[f"OrchestratorService/{rpc} on the gateway"] = err.code().name

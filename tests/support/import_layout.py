@@ -62,7 +62,7 @@ class _MappedRlgate:
 def install(root: Path) -> None:
     _MappedRlgate.root = root
     if _MappedRlgate not in sys.meta_path:
-        sys.meta_path.insert(0, _MappedRlgate)  # type: ignore[arg-type]
+        sys.meta_path.insert(0, _MappedRlgate)
 
 
 install(Path.cwd())

@@ -10,7 +10,6 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 from rlgate.convert import struct_from_dict
 from rlgate.runtime.auth import MAX_REVOKED_TOKENS, mint_agent_token, revoke_agent_token, token_hash
@@ -19,6 +18,7 @@ from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
 from tests.support.ports import free_port
+from tests.support.statuses import M, rich_status
 from tests.toolgateway.conftest import AgentSession, ExactUpstream, byo_session, gateway_config
 
 Kind = common_pb2.ToolErrorKind
@@ -30,18 +30,17 @@ def bearer(token: str) -> Metadata:
 
 
 def details(err: grpc.aio.AioRpcError) -> status_pb2.Status:
-    status = rpc_status.from_call(err)  # type: ignore[arg-type]  # AioRpcError has what from_call reads
+    status = rich_status(err)
     assert status is not None, err
     return status
 
 
-def unpack(status: status_pb2.Status, kind: type[Any]) -> Any:
+def unpack(status: status_pb2.Status, kind: type[M]) -> M:
     for item in status.details:
-        if item.Is(kind.DESCRIPTOR):
-            out = kind()
-            item.Unpack(out)
+        out = kind()
+        if item.Unpack(out):  # False for a detail of another type
             return out
-    return None
+    raise AssertionError(f"no {kind.__name__} in {status}")
 
 
 async def refused(stub: Stub, metadata: Metadata, *, call: bool = False) -> grpc.aio.AioRpcError:
@@ -76,7 +75,7 @@ async def new_episode(store: SessionStore, session_id: str) -> str:
     return token
 
 
-def closing(status: str) -> Callable[[Session], None]:
+def closing(status: SessionStatus) -> Callable[[Session], None]:
     def edit(s: Session) -> None:
         revoke_agent_token(s)
         s.status = status
@@ -161,9 +160,9 @@ async def test_never_issued_tokens_are_unauthenticated(stub: Stub, store: Sessio
             err = await refused(stub, metadata, call=call)
             assert err.code() == grpc.StatusCode.UNAUTHENTICATED, (metadata, err.details())
     # A bad request without a valid token is UNAUTHENTICATED too: the token is checked first.
-    with pytest.raises(grpc.aio.AioRpcError) as err:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.CallTool(toolgateway_pb2.CallToolRequest(name="bad name"), metadata=bearer("x"), timeout=10)
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_revoked_tokens_are_remembered_up_to_the_bound(stub: Stub, store: SessionStore) -> None:
@@ -190,7 +189,8 @@ async def test_request_id_is_bound_to_its_name_and_arguments(
 
     async def call(name: str, **args: Any) -> toolgateway_pb2.CallToolResponse:
         req = toolgateway_pb2.CallToolRequest(name=name, request_id="r1", **args)
-        return await stub.CallTool(req, metadata=s.metadata, timeout=20)  # type: ignore[no-any-return]
+        response: toolgateway_pb2.CallToolResponse = await stub.CallTool(req, metadata=s.metadata, timeout=20)
+        return response
 
     first = await call("echo", arguments_json='{"items": [1], "n": 5}')
     assert not first.replayed and not first.result.is_error
@@ -206,11 +206,12 @@ async def test_request_id_is_bound_to_its_name_and_arguments(
         violation = unpack(details(err.value), error_details_pb2.BadRequest).field_violations[0]
         assert violation.field == field, err.value.details()
     # The same call still gets the original result, in either form (JSON numbers compare by value).
-    for args in [
+    forms: list[dict[str, Any]] = [
         {"arguments_json": '{"n": 5, "items": [1]}'},
         {"arguments_json": '{"items": [1], "n": 5.0}'},
         {"arguments": struct_from_dict({"items": [1], "n": 5})},
-    ]:
+    ]
+    for args in forms:
         again = await call("echo", **args)
         assert again.replayed and again.result == first.result, args
     assert dict(exact_upstream.calls) == {"echo": 1}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -108,10 +109,11 @@ async def test_closed_loop_propagates_failures() -> None:
 async def test_alternate_runs_each_measure_once_per_round_forth_and_back() -> None:
     order: list[str] = []
 
-    def measure(name: str, latency: float):  # type: ignore[no-untyped-def]
+    def measure(name: str, latency: float) -> Callable[[], Awaitable[Stats]]:
         async def run() -> Stats:
             order.append(name)
             return Stats.from_latencies([latency], latency)
+
         return run
 
     stats = await alternate(3, {"a": measure("a", 0.001), "b": measure("b", 0.002)})
@@ -124,8 +126,14 @@ def test_ratio_and_goals() -> None:
     assert safe_ratio(3.0, 2.0) == 1.5
     assert safe_ratio(1.0, 0.0) is None
     assert safe_ratio(None, 1.0) is None
-    entry = Entry("x", value=3.0, baseline=2.0, unit="ms",
-                  goals=(Goal("ratio", "<=", 1.5), Goal("extra_fig", ">=", 0.67)), extra={"extra_fig": 0.5})
+    entry = Entry(
+        "x",
+        value=3.0,
+        baseline=2.0,
+        unit="ms",
+        goals=(Goal("ratio", "<=", 1.5), Goal("extra_fig", ">=", 0.67)),
+        extra={"extra_fig": 0.5},
+    )
     assert entry.ratio == 1.5
     assert entry.met is True  # 1.5 <= 1.5
     assert entry.check(entry.goals[1]) is False
@@ -135,12 +143,28 @@ def test_ratio_and_goals() -> None:
 
 
 def test_entry_json_format() -> None:
-    entry = Entry("gateway_vs_direct_mcp", value=2.34567, baseline=1.5, unit="ms", baseline_name="direct",
-                  goals=(Goal("ratio", "<=", 1.5), Goal("tp", ">=", 0.67)), extra={"tp": 0.7, "mode": "quick"})
+    entry = Entry(
+        "gateway_vs_direct_mcp",
+        value=2.34567,
+        baseline=1.5,
+        unit="ms",
+        baseline_name="direct",
+        goals=(Goal("ratio", "<=", 1.5), Goal("tp", ">=", 0.67)),
+        extra={"tp": 0.7, "mode": "quick"},
+    )
     data = entry.to_json()
-    assert data == {"value": 2.346, "baseline": 1.5, "ratio": 1.564, "unit": "ms", "baseline_name": "direct",
-                    "goal": "ratio <= 1.5", "met": False, "other_goals": {"tp >= 0.67": True}, "tp": 0.7,
-                    "mode": "quick"}
+    assert data == {
+        "value": 2.346,
+        "baseline": 1.5,
+        "ratio": 1.564,
+        "unit": "ms",
+        "baseline_name": "direct",
+        "goal": "ratio <= 1.5",
+        "met": False,
+        "other_goals": {"tp >= 0.67": True},
+        "tp": 0.7,
+        "mode": "quick",
+    }
     json.dumps(data)  # serialisable as is
 
 
@@ -193,8 +217,9 @@ def test_summary_table_from_a_results_file() -> None:
 
     results = {
         "_run": {"mode": "quick"},
-        "a": Entry("a", 2.0, 1.0, "ms", goals=(Goal("ratio", "<=", 1.5), Goal("tp", ">=", 0.67)),
-                   extra={"tp": 0.7}).to_json(),
+        "a": Entry(
+            "a", 2.0, 1.0, "ms", goals=(Goal("ratio", "<=", 1.5), Goal("tp", ">=", 0.67)), extra={"tp": 0.7}
+        ).to_json(),
         "b": failed("b", "turns/s", RuntimeError("no venv")).to_json(),
     }
     lines = table_from_results(results).splitlines()
@@ -207,12 +232,14 @@ def test_summary_table_from_a_results_file() -> None:
 def test_profile_hot_spots_and_layers_from_collapsed_stacks() -> None:
     from bench.profile import hot_spots, layers
 
-    collapsed = "\n".join([
-        "run (asyncio/runners.py:1);Handle._run (asyncio/events.py:78);call (toolgateway/service.py:1) 6",
-        "run (asyncio/runners.py:1);_worker (concurrent/futures/thread.py:69);claim (store/sqlite.py:9) 3",
-        "run (asyncio/runners.py:1);send (httpx2/_client.py:1) 1",
-        "garbage line",
-    ])
+    collapsed = "\n".join(
+        [
+            "run (asyncio/runners.py:1);Handle._run (asyncio/events.py:78);call (toolgateway/service.py:1) 6",
+            "run (asyncio/runners.py:1);_worker (concurrent/futures/thread.py:69);claim (store/sqlite.py:9) 3",
+            "run (asyncio/runners.py:1);send (httpx2/_client.py:1) 1",
+            "garbage line",
+        ]
+    )
     own, inclusive = hot_spots(collapsed)
     assert own[0] == ("call (toolgateway/service.py:1)", 0.6)
     assert ("run (asyncio/runners.py:1)", 1.0) not in inclusive  # plumbing left out
