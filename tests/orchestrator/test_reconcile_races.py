@@ -187,7 +187,7 @@ async def test_orphan_verdicts_use_the_current_records(
             updated_at=at,
         )
 
-    async def session(handle: InstanceHandle, status: str, *, closed_ago: float = 0.0) -> str:
+    async def session(handle: InstanceHandle, status: SessionStatus, *, closed_ago: float = 0.0) -> str:
         sid = f"s-{uuid.uuid4().hex[:24]}"
         await store.create_session(
             Session(
