@@ -185,7 +185,11 @@ def _prepare_all(tools: Sequence[mt.Tool]) -> list[_Prepared]:
 
 def _remember(tool: mt.Tool, prepared: _Prepared) -> _Prepared:
     key = id(tool)
-    _prepared[key] = (weakref.ref(tool, lambda _ref, key=key: _prepared.pop(key, None)), prepared)
+
+    def forget(_ref: weakref.ref[mt.Tool]) -> None:
+        _prepared.pop(key, None)
+
+    _prepared[key] = (weakref.ref(tool, forget), prepared)
     return prepared
 
 

@@ -554,7 +554,8 @@ class RedisStore(SessionStore):
             pipe = self._client.pipeline(transaction=False)
             for sid in ids:
                 pipe.hmget(self._key(f"s:{sid}"), list(_SESSION_FIELDS))
-            return await pipe.execute()
+            rows: list[Any] = await pipe.execute()
+            return rows
 
         if not ids:
             return []

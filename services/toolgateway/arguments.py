@@ -60,7 +60,7 @@ _OFFLINE = referencing.Registry()  # the metaschemas only: a remote $ref is unre
 class Verdict:
     """Why a call must not go upstream: the result's kind and a message for the model."""
 
-    kind: int
+    kind: common_pb2.ToolErrorKind
     message: str
 
 
@@ -79,7 +79,8 @@ _compiled: dict[int, _Compiled] = {}
 def _compile(schema: Mapping[str, Any]) -> _Compiled:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        # types-jsonschema's Validator protocol takes a dict here; the validators take any Mapping.
+        cls.check_schema(schema)  # type: ignore[arg-type]
         validator = cls(schema, registry=_OFFLINE)
     except (js_exceptions.SchemaError, RecursionError):
         return _Compiled(schema, None, True)  # an upstream's broken schema: let the upstream judge
@@ -132,7 +133,8 @@ def _problem(tool: str, arguments: Mapping[str, Any], compiled: _Compiled) -> Ve
     except RecursionError:
         return Verdict(Kind.TOOL_ERROR_KIND_TOOL_FAILED, f"{not_called} refers to itself without end ($ref cycle) "
                        "or nests too deeply to check the arguments against.")  # fmt: skip
-    except (referencing.exceptions.Unresolvable, js_exceptions._WrappedReferencingError) as exc:
+    # _WrappedReferencingError: jsonschema's private wrapper, which its stubs leave out.
+    except (referencing.exceptions.Unresolvable, js_exceptions._WrappedReferencingError) as exc:  # type: ignore[attr-defined]
         return Verdict(Kind.TOOL_ERROR_KIND_TOOL_FAILED, f"{not_called} has a $ref that cannot be resolved "
                        f"({clip(exc, 200)}); remote schemas are not fetched.")  # fmt: skip
     except Exception as exc:  # jsonschema on a schema nobody tested: the tool's failure, not the RPC's
@@ -142,7 +144,9 @@ def _problem(tool: str, arguments: Mapping[str, Any], compiled: _Compiled) -> Ve
         return None
     schema = compiled.schema
     props: Mapping[str, Any] = schema["properties"] if isinstance(schema.get("properties"), Mapping) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    required = schema.get("required")
+    if not isinstance(required, list):
+        required = []
     expected = ", ".join(
         f"{clip(name)}{'' if name in required else '?'}: {_describe(props[name])}"
         for name in itertools.islice(props, 50)

@@ -84,13 +84,13 @@ def tool_result(result: mt.CallToolResult) -> common_pb2.ToolResult:
     return out
 
 
-def error_result(kind: int, message: str) -> common_pb2.ToolResult:
+def error_result(kind: common_pb2.ToolErrorKind, message: str) -> common_pb2.ToolResult:
     """An agent-visible error: is_error, kind, and the message both as text content and error_message."""
     return common_pb2.ToolResult(
         content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text=message))],
         is_error=True,
         error_kind=kind,
-        error_message=message,  # type: ignore[arg-type]
+        error_message=message,
     )
 
 

@@ -87,7 +87,7 @@ def endpoint_label(url: str) -> str:
 
 
 def kind_name(kind: int) -> str:
-    return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")  # type: ignore[arg-type]
+    return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")
 
 
 # -- requests -----------------------------------------------------------------------------------------------
