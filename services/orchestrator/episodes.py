@@ -26,12 +26,13 @@ from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, v
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import (
+    SESSION_STATUS,
     instance_info,
     session_info,
-    status_name,
+    status_filter,
+    step_response,
     task_info,
     tool_call_entry,
-    verification,
 )
 from rlgate.runtime import tracing
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
@@ -49,6 +50,7 @@ from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     OPEN_STATUSES,
     ConflictError,
+    DoneReason,
     Intent,
     IntentState,
     RequestExists,
@@ -56,6 +58,7 @@ from rlgate.store import (
     Session,
     SessionStatus,
     SessionStore,
+    VerificationStatus,
 )
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
@@ -125,14 +128,14 @@ def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None
     session.turn += 1
     session.last_active_at = time.time()
     if request.HasField("final_answer"):
-        session.done_reason = "final_answer"
+        session.done_reason = DoneReason.FINAL_ANSWER
     elif request.done:
-        session.done_reason = "agent_done"
+        session.done_reason = DoneReason.AGENT_DONE
     elif session.max_turns and session.turn >= session.max_turns:
-        session.done_reason = "max_turns"
-    if session.done_reason:
+        session.done_reason = DoneReason.MAX_TURNS
+    if session.done_reason != DoneReason.NONE:
         session.status = SessionStatus.DONE
-        session.verification = {}
+        session.verification = None
         session.reward = None
 
 
@@ -519,9 +522,9 @@ class EpisodeManager:
             s.episode += 1
             s.turn = 0
             s.max_turns = max_turns
-            s.done_reason = ""
+            s.done_reason = DoneReason.NONE
             s.reward = None
-            s.verification = {}
+            s.verification = None
             s.instance_id = new_handle.instance_id
             s.intent_id = new_intent.intent_id if new_intent else ""
             s.instance = new_handle.to_record()
@@ -613,9 +616,9 @@ class EpisodeManager:
                 log.warning(
                     "step %s taken over after its owner died: returning the episode's ending", clip(request.request_id)
                 )
-                if not current.verification:
+                if current.verification is None:
                     current = await self._score(current, final_answer)
-                return self._step_response(current)
+                return step_response(current)
 
         def count(s: Session) -> bool:
             if s.status == SessionStatus.DONE:
@@ -639,12 +642,12 @@ class EpisodeManager:
                     claim.keep()
                     self._spawn_ending(self._end_after(written, final_answer, claim))
                     raise
-            return await claim.commit(session=s, response=self._step_response(s))
+            return await claim.commit(session=s, response=step_response(s))
 
         session, _ = await self._mutate(request.session_id, count, write=write)
         self._log_turn(session, request)
         if session.status != SessionStatus.DONE:
-            return self._step_response(session)
+            return step_response(session)
         # The episode has ended: its verification and the request's record finish even if this caller goes
         # away now (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode).
         claim.keep()
@@ -682,7 +685,7 @@ class EpisodeManager:
     ) -> orchestrator_pb2.StepResponse:
         """Score the episode this turn ended and record the request's response (the claim is held)."""
         try:
-            response = self._step_response(await self._score(session, final_answer))
+            response = step_response(await self._score(session, final_answer))
         except asyncio.CancelledError:
             # Shutdown: the record stays PENDING, handed back with this process (`Orchestrator.stop`). A
             # released record would make a retry elsewhere find the episode done with no record of its
@@ -706,24 +709,8 @@ class EpisodeManager:
                 session.turn,
                 len(request.tool_calls),
                 ", final answer" if request.HasField("final_answer") else "",
-                f", done ({session.done_reason})" if session.done_reason else "",
+                f", done ({session.done_reason})" if session.done_reason != DoneReason.NONE else "",
             )
-
-    @staticmethod
-    def _step_response(session: Session) -> orchestrator_pb2.StepResponse:
-        response = orchestrator_pb2.StepResponse(
-            turn=session.turn,
-            done=session.status == SessionStatus.DONE,
-            truncated=session.done_reason == "max_turns",
-            done_reason=orchestrator_pb2.DoneReason.Value(f"DONE_REASON_{session.done_reason.upper()}")
-            if session.done_reason
-            else 0,
-            verification=verification(session.verification),
-            status=_status_value(session.status),
-        )
-        if session.reward is not None:
-            response.reward = session.reward
-        return response
 
     async def _score(self, session: Session, final_answer: str | None) -> Session:
         """Run the verifier for the episode that just ended and record its outcome."""
@@ -741,10 +728,10 @@ class EpisodeManager:
         episode = session.episode
 
         def record(s: Session) -> bool:
-            if s.episode != episode or s.verification:
+            if s.episode != episode or s.verification is not None:
                 return False
-            s.verification = outcome.to_record()
-            s.reward = outcome.score if outcome.status == "ok" else None
+            s.verification = outcome.verification()
+            s.reward = outcome.score if outcome.status == VerificationStatus.OK else None
             return True
 
         updated, _ = await self._mutate(session.session_id, record, start=session)
@@ -762,14 +749,14 @@ class EpisodeManager:
     # -- Close ------------------------------------------------------------------------------------------
     async def close(self, session_id: str) -> orchestrator_pb2.CloseResponse:
         session, closed = await self._finish(session_id, SessionStatus.CLOSED, "closed by the caller")
-        return orchestrator_pb2.CloseResponse(already_closed=not closed, status=_status_value(session.status))
+        return orchestrator_pb2.CloseResponse(already_closed=not closed, status=SESSION_STATUS[session.status])
 
     async def _finish(
-        self, session_id: str, status: str, reason: str, only_if: Callable[[Session], bool] | None = None
+        self, session_id: str, status: SessionStatus, reason: str, only_if: Callable[[Session], bool] | None = None
     ) -> tuple[Session, bool]:
         """Move an open session to CLOSED/EXPIRED/FAILED (exactly one caller wins), revoke its token and
         release its instance. Returns (session, whether this call closed it)."""
-        previous: dict[str, str] = {}
+        previous: dict[str, SessionStatus] = {}
 
         def end(s: Session) -> bool:
             if not s.is_open or (only_if is not None and not only_if(s)):
@@ -858,7 +845,8 @@ class EpisodeManager:
         self, request: orchestrator_pb2.ListSessionsRequest
     ) -> orchestrator_pb2.ListSessionsResponse:
         size = validate_page_size(request.page_size)
-        statuses = frozenset({status_name(request.status)}) if request.status else None
+        status = status_filter(request.status)
+        statuses = None if status is None else frozenset({status})
         scope = f"sessions:{request.status}:{sorted(request.labels.items())}:{request.run_id}"
         cursor = decode_token(request.page_token, scope=scope) if request.page_token else ""
         page, next_cursor = await self.store.list_sessions(
@@ -912,10 +900,6 @@ def _without_token(response: orchestrator_pb2.ResetResponse) -> orchestrator_pb2
     kept.CopyFrom(response)
     kept.ClearField("agent_token")
     return kept
-
-
-def _status_value(status: str) -> common_pb2.SessionStatus.ValueType:
-    return common_pb2.SessionStatus.Value(f"SESSION_STATUS_{status.upper()}")
 
 
 __all__ = ["EpisodeManager", "ResetParams", "session_id_for_request"]

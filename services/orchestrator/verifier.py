@@ -18,31 +18,31 @@ from typing import Any
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, Retryable, TaskDef
 from rlgate.runtime import tracing
+from rlgate.store import Verification, VerificationStatus
 
 log = logging.getLogger(__name__)
 
 STDOUT_LIMIT = 4096
 
 
-class VerificationStatus:
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    SKIPPED = "skipped"
-
-
 @dataclass
 class Outcome:
-    status: str
+    status: VerificationStatus
     score: float | None = None
     message: str = ""
     stdout: str = ""
     attempts: int = 0
     elapsed_ms: float = 0.0
 
-    def to_record(self) -> dict[str, object]:
-        return {"status": self.status, "message": self.message, "stdout": self.stdout[-STDOUT_LIMIT:],
-                "attempts": self.attempts, "elapsed_ms": round(self.elapsed_ms, 1)}
+    def verification(self) -> Verification:
+        """What the session keeps (the score becomes its reward when OK)."""
+        return Verification(
+            status=self.status,
+            message=self.message,
+            stdout=self.stdout[-STDOUT_LIMIT:],
+            attempts=self.attempts,
+            elapsed_ms=round(self.elapsed_ms, 1),
+        )
 
 
 class Verifier:
@@ -53,8 +53,13 @@ class Verifier:
         self._backoff = backoff_s
 
     @tracing.traced("rlgate.verify")
-    async def run(self, task: TaskDef | None, handle: InstanceHandle, final_answer: str | None,
-                  tool_calls: Sequence[Any] | None = None) -> Outcome:
+    async def run(
+        self,
+        task: TaskDef | None,
+        handle: InstanceHandle,
+        final_answer: str | None,
+        tool_calls: Sequence[Any] | None = None,
+    ) -> Outcome:
         """`tool_calls`: the episode's tool-call log, for providers that score with it."""
         start = time.perf_counter()
         if task is None or not self._provider.can_verify(task):
@@ -62,24 +67,38 @@ class Verifier:
         else:
             attempts = [0]
             try:
-                outcome = await asyncio.wait_for(self._attempts(task, handle, final_answer, attempts, tool_calls),
-                                                 self._timeout)
+                outcome = await asyncio.wait_for(
+                    self._attempts(task, handle, final_answer, attempts, tool_calls), self._timeout
+                )
             except TimeoutError:
-                outcome = Outcome(VerificationStatus.TIMEOUT,
-                                  message=f"verifier did not finish within {self._timeout:g}s")
+                outcome = Outcome(
+                    VerificationStatus.TIMEOUT, message=f"verifier did not finish within {self._timeout:g}s"
+                )
             outcome.attempts = attempts[0]
         outcome.elapsed_ms = (time.perf_counter() - start) * 1000
         if outcome.status == VerificationStatus.OK:
             outcome.message = ""
         metrics.VERIFY_OUTCOMES.labels(outcome.status).inc()
         metrics.VERIFY_SECONDS.labels(outcome.status).observe(outcome.elapsed_ms / 1000)
-        log.info("verification %s score=%s attempts=%d %.0fms %s", outcome.status, outcome.score,
-                 outcome.attempts, outcome.elapsed_ms, outcome.message)
+        log.info(
+            "verification %s score=%s attempts=%d %.0fms %s",
+            outcome.status,
+            outcome.score,
+            outcome.attempts,
+            outcome.elapsed_ms,
+            outcome.message,
+        )
         _annotate(tracing.current_span(), outcome)
         return outcome
 
-    async def _attempts(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None,
-                        attempts: list[int], tool_calls: Sequence[Any] | None) -> Outcome:
+    async def _attempts(
+        self,
+        task: TaskDef,
+        handle: InstanceHandle,
+        final_answer: str | None,
+        attempts: list[int],
+        tool_calls: Sequence[Any] | None,
+    ) -> Outcome:
         extra = {} if tool_calls is None else {"tool_calls": tool_calls}
         delay = self._backoff
         last = ""
@@ -97,14 +116,18 @@ class Verifier:
             except Exception as exc:  # a provider bug must not become a silent score
                 return Outcome(VerificationStatus.ERROR, message=f"{type(exc).__name__}: {exc}")
             if not result.success:
-                return Outcome(VerificationStatus.ERROR, message=result.message or "verifier failed",
-                               stdout=result.stdout)
+                return Outcome(
+                    VerificationStatus.ERROR, message=result.message or "verifier failed", stdout=result.stdout
+                )
             if result.score is None:
-                return Outcome(VerificationStatus.ERROR, message="verifier returned no numeric score",
-                               stdout=result.stdout)
+                return Outcome(
+                    VerificationStatus.ERROR, message="verifier returned no numeric score", stdout=result.stdout
+                )
             return Outcome(VerificationStatus.OK, score=result.score, stdout=result.stdout)
-        return Outcome(VerificationStatus.ERROR,
-                       message=f"verifier infrastructure failed after {self._retries + 1} attempts: {last}")
+        return Outcome(
+            VerificationStatus.ERROR,
+            message=f"verifier infrastructure failed after {self._retries + 1} attempts: {last}",
+        )
 
 
 def _annotate(span: tracing.Span, outcome: Outcome) -> None:

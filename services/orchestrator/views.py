@@ -2,49 +2,62 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from google.protobuf import timestamp_pb2
-from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from rlgate.convert import json_text
 from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.runtime.errors import InvalidArgument
-from rlgate.store import Session, ToolCallEntry
+from rlgate.store import DoneReason, Session, SessionStatus, ToolCallEntry, Verification, VerificationStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
+# The domain's enums on the wire: one explicit table per enum (a member missing from one is a KeyError in the
+# tests, not a label that happens to build).
+SESSION_STATUS: dict[SessionStatus, common_pb2.SessionStatus] = {
+    SessionStatus.PROVISIONING: common_pb2.SESSION_STATUS_PROVISIONING,
+    SessionStatus.ACTIVE: common_pb2.SESSION_STATUS_ACTIVE,
+    SessionStatus.DONE: common_pb2.SESSION_STATUS_DONE,
+    SessionStatus.CLOSED: common_pb2.SESSION_STATUS_CLOSED,
+    SessionStatus.EXPIRED: common_pb2.SESSION_STATUS_EXPIRED,
+    SessionStatus.FAILED: common_pb2.SESSION_STATUS_FAILED,
+}
+SESSION_STATUS_OF_WIRE: dict[int, SessionStatus] = {wire: status for status, wire in SESSION_STATUS.items()}
+DONE_REASON: dict[DoneReason, orchestrator_pb2.DoneReason] = {
+    DoneReason.NONE: orchestrator_pb2.DONE_REASON_UNSPECIFIED,
+    DoneReason.FINAL_ANSWER: orchestrator_pb2.DONE_REASON_FINAL_ANSWER,
+    DoneReason.AGENT_DONE: orchestrator_pb2.DONE_REASON_AGENT_DONE,
+    DoneReason.MAX_TURNS: orchestrator_pb2.DONE_REASON_MAX_TURNS,
+}
+VERIFICATION_STATUS: dict[VerificationStatus, common_pb2.VerificationStatus] = {
+    VerificationStatus.OK: common_pb2.VERIFICATION_STATUS_OK,
+    VerificationStatus.ERROR: common_pb2.VERIFICATION_STATUS_ERROR,
+    VerificationStatus.TIMEOUT: common_pb2.VERIFICATION_STATUS_TIMEOUT,
+    VerificationStatus.SKIPPED: common_pb2.VERIFICATION_STATUS_SKIPPED,
+}
 
-def session_status(status: str) -> int:
-    return int(common_pb2.SessionStatus.Value(f"SESSION_STATUS_{status.upper()}"))
+
+def status_filter(value: int, field: str = "status") -> SessionStatus | None:
+    """A request's SessionStatus filter; None for SESSION_STATUS_UNSPECIFIED (no filter). proto3 enums are
+    open (any int32 arrives), so a number this build does not know is the caller's mistake: INVALID_ARGUMENT
+    naming the field."""
+    if value == common_pb2.SESSION_STATUS_UNSPECIFIED:
+        return None
+    status = SESSION_STATUS_OF_WIRE.get(value)
+    if status is None:
+        raise InvalidArgument(field, f"unknown SessionStatus value {value}")
+    return status
 
 
-def request_enum(enum: EnumTypeWrapper, value: int, field: str) -> str:
-    """A request's enum number -> its name. proto3 enums are open (any int32 arrives), so a number this
-    build does not know is the caller's mistake: INVALID_ARGUMENT naming the field, never a ValueError."""
-    if value not in enum.values():
-        raise InvalidArgument(field, f"unknown {enum.DESCRIPTOR.name} value {value}")
-    return enum.Name(value)
-
-
-def status_name(value: int, field: str = "status") -> str:
-    """SESSION_STATUS_ACTIVE -> 'active' (a request's SessionStatus; see `request_enum`)."""
-    return request_enum(common_pb2.SessionStatus, value, field).removeprefix("SESSION_STATUS_").lower()
-
-
-def done_reason(reason: str) -> int:
-    if not reason:
-        return orchestrator_pb2.DONE_REASON_UNSPECIFIED
-    return int(orchestrator_pb2.DoneReason.Value(f"DONE_REASON_{reason.upper()}"))
-
-
-def verification(record: dict[str, Any]) -> common_pb2.Verification:
-    status = str(record.get("status") or "")
+def verification(outcome: Verification | None) -> common_pb2.Verification:
+    """An episode's scoring on the wire: the empty message (VERIFICATION_STATUS_UNSPECIFIED) until it is
+    scored."""
+    if outcome is None:
+        return common_pb2.Verification()
     return common_pb2.Verification(
-        status=common_pb2.VerificationStatus.Value(f"VERIFICATION_STATUS_{status.upper()}") if status else 0,
-        message=str(record.get("message") or ""),
-        stdout=str(record.get("stdout") or ""),
-        attempts=int(record.get("attempts") or 0),
-        elapsed_ms=float(record.get("elapsed_ms") or 0.0),
+        status=VERIFICATION_STATUS[outcome.status],
+        message=outcome.message,
+        stdout=outcome.stdout,
+        attempts=outcome.attempts,
+        elapsed_ms=outcome.elapsed_ms,
     )
 
 
@@ -94,12 +107,12 @@ def instance_info(session: Session) -> orchestrator_pb2.InstanceInfo:
 def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) -> orchestrator_pb2.SessionInfo:
     info = orchestrator_pb2.SessionInfo(
         session_id=session.session_id,
-        status=session_status(session.status),
+        status=SESSION_STATUS[session.status],
         task=task_info(task, session.env_key),
         episode=session.episode,
         turn=session.turn,
         max_turns=session.max_turns,
-        done_reason=done_reason(session.done_reason),
+        done_reason=DONE_REASON[session.done_reason],
         verification=verification(session.verification),
         labels=session.labels,
         run_id=session.run_id,
@@ -121,10 +134,24 @@ def tool_call_entry(entry: ToolCallEntry) -> orchestrator_pb2.ToolCallLogEntry:
         request_id=entry.request_id,
         tool=entry.tool,
         is_error=entry.is_error,
-        error_kind=common_pb2.ToolErrorKind.Value(kind) if kind in common_pb2.ToolErrorKind.keys() else 0,  # noqa: SIM118
+        error_kind=kind if kind in common_pb2.ToolErrorKind.keys() else "TOOL_ERROR_KIND_UNSPECIFIED",  # noqa: SIM118
         result_summary=entry.result_summary,
         endpoint=entry.endpoint,
         duration_ms=entry.duration_ms,
         finished_at=timestamp(entry.finished_at),
         arguments_json=json_text(entry.arguments),
     )
+
+
+def step_response(session: Session) -> orchestrator_pb2.StepResponse:
+    response = orchestrator_pb2.StepResponse(
+        turn=session.turn,
+        done=session.status == SessionStatus.DONE,
+        truncated=session.done_reason == DoneReason.MAX_TURNS,
+        done_reason=DONE_REASON[session.done_reason],
+        verification=verification(session.verification),
+        status=SESSION_STATUS[session.status],
+    )
+    if session.reward is not None:
+        response.reward = session.reward
+    return response

@@ -12,6 +12,7 @@ from rlgate.store.memory import MemoryStore
 from rlgate.store.models import (
     OPEN_STATUSES,
     ConflictError,
+    DoneReason,
     Intent,
     IntentState,
     RequestExists,
@@ -23,12 +24,15 @@ from rlgate.store.models import (
     StoreError,
     StoreFull,
     ToolCallEntry,
+    Verification,
+    VerificationStatus,
     call_scope,
 )
 
 __all__ = [
     "OPEN_STATUSES",
     "ConflictError",
+    "DoneReason",
     "Intent",
     "IntentState",
     "MemoryStore",
@@ -42,6 +46,8 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "ToolCallEntry",
+    "Verification",
+    "VerificationStatus",
     "call_scope",
     "open_store",
 ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from rlgate.runtime import jsoncodec
 
@@ -53,6 +54,20 @@ class SessionStatus(StrEnum):
 OPEN_STATUSES = frozenset({SessionStatus.PROVISIONING, SessionStatus.ACTIVE, SessionStatus.DONE})
 
 
+class DoneReason(StrEnum):
+    NONE = ""  # the episode has not ended
+    FINAL_ANSWER = "final_answer"
+    AGENT_DONE = "agent_done"
+    MAX_TURNS = "max_turns"
+
+
+class VerificationStatus(StrEnum):
+    OK = "ok"  # the verifier returned a score: the session's reward
+    ERROR = "error"  # it raised, or its execution failed after retries: no reward (never 0)
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"  # the task has no verifier
+
+
 class RequestState(StrEnum):
     PENDING = "pending"
     DONE = "done"
@@ -76,6 +91,11 @@ class _Json:
 
     _field_names: tuple[str, ...] = ()
     _field_set: frozenset[str] = frozenset()
+    # Fields whose JSON value is not the field's value: name -> its reader (raising ValueError or TypeError
+    # for a value this version cannot read: the backends report a corrupt record) and name -> its writer
+    # (enums need none: the encoder writes their values).
+    _readers: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    _writers: ClassVar[dict[str, Callable[[Any], Any]]] = {}
 
     @classmethod
     def _init_fields(cls) -> None:
@@ -87,9 +107,13 @@ class _Json:
         cls._field_set = frozenset(cls._field_names)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a new dict; values are shared, not copied (copy before mutating them)."""
+        """The stored form: the fields as a new dict; values are shared, not copied (copy before mutating
+        them). Enums stay members (the encoder writes their values)."""
         values = self.__dict__
-        return {name: values[name] for name in self._field_names}
+        data = {name: values[name] for name in self._field_names}
+        for name, write in self._writers.items():
+            data[name] = write(data[name])
+        return data
 
     def to_json(self) -> str:
         return jsoncodec.dumps(self.to_dict())
@@ -102,10 +126,14 @@ class _Json:
         if data.keys() == cls._field_set:  # the usual case: exactly our fields, so skip __init__
             record = object.__new__(cls)
             record.__dict__ = data
-            return record
-        # Written by another version: drop the keys this one lacks; __init__ fills defaults (or raises
-        # TypeError when a required field is missing).
-        return cls(**{k: v for k, v in data.items() if k in cls._field_set})
+        else:
+            # Written by another version: drop the keys this one lacks; __init__ fills defaults (or raises
+            # TypeError when a required field is missing).
+            record = cls(**{k: v for k, v in data.items() if k in cls._field_set})
+        values = record.__dict__
+        for name, read in cls._readers.items():
+            values[name] = read(values[name])
+        return record
 
     def copy(self, **changes: Any) -> Self:
         """A shallow copy with `changes` applied, like `dataclasses.replace` without re-running __init__
@@ -119,6 +147,54 @@ class _Json:
         return clone
 
 
+E = TypeVar("E", bound=StrEnum)
+
+
+def _member_of(enum: type[E]) -> Callable[[Any], E]:
+    """Stored value -> enum member (a dict lookup: a tenth of calling the enum), ValueError for an unknown one.
+    A member maps to itself, so defaults filled in by __init__ pass through."""
+    members: dict[Any, E] = {member.value: member for member in enum}
+
+    def member(value: Any) -> E:
+        try:
+            return members[value]
+        except (KeyError, TypeError):
+            raise ValueError(f"{value!r} is not a {enum.__name__}") from None
+
+    return member
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The outcome of scoring an ended episode (the reward itself is `Session.reward`, set only when OK)."""
+
+    status: VerificationStatus
+    message: str = ""
+    stdout: str = ""  # the verifier's output, its tail when long
+    attempts: int = 0
+    elapsed_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self:
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a verification object, got {type(data).__name__}")
+        known = {k: v for k, v in data.items() if k in _VERIFICATION_FIELDS}
+        return cls(**{**known, "status": _verification_status(known.get("status"))})
+
+
+_VERIFICATION_FIELDS = frozenset(f.name for f in dataclasses.fields(Verification))
+_verification_status = _member_of(VerificationStatus)
+
+
+def _stored_verification(verification: Verification | None) -> dict[str, Any]:
+    return {} if verification is None else verification.to_dict()  # {}: not scored (the form every version reads)
+
+
+def _loaded_verification(stored: Any) -> Verification | None:
+    return None if not stored else Verification.from_dict(stored)
 
 
 @dataclass
@@ -128,17 +204,16 @@ class Session(_Json):
     session_id: str
     env_key: str  # "env_id:version"
     task_key: str = ""  # "" for an env-only session
-    status: str = SessionStatus.PROVISIONING
+    status: SessionStatus = SessionStatus.PROVISIONING
     run_id: str = ""  # the caller's run (CloseSessions)
     orchestrator_run: str = ""  # the orchestrator run that owns the instance (reconciliation)
     modality: str = "tool_use"
     episode: int = 1
     turn: int = 0
     max_turns: int = 0
-    done_reason: str = ""  # "", "final_answer", "agent_done", "max_turns"
+    done_reason: DoneReason = DoneReason.NONE
     reward: float | None = None
-    # status, message, stdout, attempts, elapsed_ms
-    verification: dict[str, Any] = field(default_factory=dict)
+    verification: Verification | None = None  # None until the ended episode is scored
     labels: dict[str, str] = field(default_factory=dict)
     provider: str = "fleet"
     instance_id: str = ""
@@ -217,3 +292,9 @@ class Intent(_Json):
 
 for _record in (Session, ToolCallEntry, RequestRecord, Intent):
     _record._init_fields()
+Session._readers = {
+    "status": _member_of(SessionStatus),
+    "done_reason": _member_of(DoneReason),
+    "verification": _loaded_verification,
+}
+Session._writers = {"verification": _stored_verification}

@@ -34,7 +34,7 @@ from rlgate.orchestrator.providers.fleet import map_fleet_error, score_of
 from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
 from rlgate.orchestrator.verifier import Verifier
-from rlgate.orchestrator.views import status_name
+from rlgate.orchestrator.views import DONE_REASON, SESSION_STATUS, VERIFICATION_STATUS, status_filter
 from rlgate.runtime.errors import (
     MAX_ECHO,
     FailedPrecondition,
@@ -45,6 +45,7 @@ from rlgate.runtime.errors import (
     Unavailable,
     clip,
 )
+from rlgate.store import DoneReason, SessionStatus, VerificationStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 
@@ -53,8 +54,16 @@ def _task(key: str, env: str = "mailbox", version: str = "v1") -> TaskDef:
 
 
 def test_task_from_fleet_json_variants() -> None:
-    t = task_from_json({"key": "k", "prompt": "p", "env_key": "mailbox:v2", "task_modality": "computer_use",
-                        "verifier": {"code": "def verify(env): return 1"}, "metadata": {"max_turns": 7}})
+    t = task_from_json(
+        {
+            "key": "k",
+            "prompt": "p",
+            "env_key": "mailbox:v2",
+            "task_modality": "computer_use",
+            "verifier": {"code": "def verify(env): return 1"},
+            "metadata": {"max_turns": 7},
+        }
+    )
     assert (t.env_id, t.version, t.modality, t.max_turns) == ("mailbox", "v2", "computer_use", 7)
     assert t.verifier_code.startswith("def verify") and t.env_key == "mailbox:v2"
     t = task_from_json({"id": "k2", "prompt": "p", "environment_id": "tracker", "version": "v1"})
@@ -100,8 +109,13 @@ def test_page_size_bounds() -> None:
 
 
 def test_error_details_travel_in_google_rpc_status() -> None:
-    status = ResourceExhausted("limit", subject="instances:mailbox:v1", reason="INSTANCE_LIMIT",
-                               metadata={"running": 5, "limit": 5, "none": None}, retry_after_s=2.5).to_status()
+    status = ResourceExhausted(
+        "limit",
+        subject="instances:mailbox:v1",
+        reason="INSTANCE_LIMIT",
+        metadata={"running": 5, "limit": 5, "none": None},
+        retry_after_s=2.5,
+    ).to_status()
     kinds = {d.TypeName() for d in status.details}
     assert kinds == {"google.rpc.ErrorInfo", "google.rpc.QuotaFailure", "google.rpc.RetryInfo"}
     info = error_details_pb2.ErrorInfo()
@@ -120,30 +134,40 @@ def test_errors_never_grow_with_the_request() -> None:
     assert clip("short") == "short" and clip(huge) == "x" * MAX_ECHO + "…"
     errors: list[RlgateError] = [
         NotFound(f"unknown session {huge!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": huge}),
-        FailedPrecondition(huge, metadata={huge[:10]: huge}), InvalidArgument(huge, huge),
+        FailedPrecondition(huge, metadata={huge[:10]: huge}),
+        InvalidArgument(huge, huge),
         ResourceExhausted(huge, subject=huge, reason="MAX_SESSIONS", metadata={"limit": huge}),
     ]
     for error in errors:
         assert error.to_status().ByteSize() < 3 * 1024, type(error).__name__
 
 
-@pytest.mark.parametrize(("request_", "code", "field"), [
-    (orchestrator_pb2.StateRequest(session_id="s-" + "x" * 20_000), grpc.StatusCode.NOT_FOUND, "session_id"),
-    (orchestrator_pb2.CloseRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
-    (orchestrator_pb2.StepRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
-    (orchestrator_pb2.ResetRequest(task_key="t" * (MAX_KEY + 1)), grpc.StatusCode.NOT_FOUND, "task_key"),
-    (orchestrator_pb2.ResetRequest(request_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "request_id"),
-    (orchestrator_pb2.StepRequest(session_id="s-1", request_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT,
-     "request_id"),
-    (orchestrator_pb2.ResetRequest(env_key="e" * (MAX_KEY + 1)), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
-    (orchestrator_pb2.ResetRequest(run_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
-    (orchestrator_pb2.ResetRequest(labels={"k" * 64: "v"}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
-    (orchestrator_pb2.CloseSessionsRequest(run_id="r" * 10_000), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
-    (orchestrator_pb2.ListSessionsRequest(labels={"k": "v" * 64}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
-    (orchestrator_pb2.ListSessionsRequest(page_token="p" * (MAX_PAGE_TOKEN + 1)),
-     grpc.StatusCode.INVALID_ARGUMENT, "page_token"),
-    (orchestrator_pb2.ListTasksRequest(env_key="e" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
-])
+@pytest.mark.parametrize(
+    ("request_", "code", "field"),
+    [
+        (orchestrator_pb2.StateRequest(session_id="s-" + "x" * 20_000), grpc.StatusCode.NOT_FOUND, "session_id"),
+        (orchestrator_pb2.CloseRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
+        (orchestrator_pb2.StepRequest(session_id="s" * 129), grpc.StatusCode.NOT_FOUND, "session_id"),
+        (orchestrator_pb2.ResetRequest(task_key="t" * (MAX_KEY + 1)), grpc.StatusCode.NOT_FOUND, "task_key"),
+        (orchestrator_pb2.ResetRequest(request_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "request_id"),
+        (
+            orchestrator_pb2.StepRequest(session_id="s-1", request_id="r" * 129),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request_id",
+        ),
+        (orchestrator_pb2.ResetRequest(env_key="e" * (MAX_KEY + 1)), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
+        (orchestrator_pb2.ResetRequest(run_id="r" * 129), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+        (orchestrator_pb2.ResetRequest(labels={"k" * 64: "v"}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
+        (orchestrator_pb2.CloseSessionsRequest(run_id="r" * 10_000), grpc.StatusCode.INVALID_ARGUMENT, "run_id"),
+        (orchestrator_pb2.ListSessionsRequest(labels={"k": "v" * 64}), grpc.StatusCode.INVALID_ARGUMENT, "labels"),
+        (
+            orchestrator_pb2.ListSessionsRequest(page_token="p" * (MAX_PAGE_TOKEN + 1)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "page_token",
+        ),
+        (orchestrator_pb2.ListTasksRequest(env_key="e" * 5000), grpc.StatusCode.INVALID_ARGUMENT, "env_key"),
+    ],
+)
 def test_request_ids_are_bounded_before_any_work(request_: Any, code: grpc.StatusCode, field: str) -> None:
     with pytest.raises(RlgateError) as err:
         check_request(request_)
@@ -153,10 +177,18 @@ def test_request_ids_are_bounded_before_any_work(request_: Any, code: grpc.Statu
 
 
 def test_requests_within_the_limits_pass() -> None:
-    check_request(orchestrator_pb2.ResetRequest(request_id="r" * 128, task_key="t" * MAX_KEY, run_id="u" * 128,
-                                                env_key="e" * MAX_KEY, labels={"k" * 63: "v" * 63}))
-    check_request(orchestrator_pb2.StepRequest(session_id="s" * 128, assistant_text="a" * 100_000,
-                                               final_answer="f" * 100_000))
+    check_request(
+        orchestrator_pb2.ResetRequest(
+            request_id="r" * 128,
+            task_key="t" * MAX_KEY,
+            run_id="u" * 128,
+            env_key="e" * MAX_KEY,
+            labels={"k" * 63: "v" * 63},
+        )
+    )
+    check_request(
+        orchestrator_pb2.StepRequest(session_id="s" * 128, assistant_text="a" * 100_000, final_answer="f" * 100_000)
+    )
     # A page token positioned at the longest possible task key fits the page_token limit.
     token = encode_token("\U0001f600" * MAX_KEY, scope="tasks:")
     check_request(orchestrator_pb2.ListTasksRequest(page_token=token))
@@ -164,17 +196,48 @@ def test_requests_within_the_limits_pass() -> None:
 
 
 def test_unknown_enum_numbers_are_invalid_argument() -> None:
-    assert status_name(common_pb2.SESSION_STATUS_ACTIVE) == "active"
+    assert status_filter(common_pb2.SESSION_STATUS_ACTIVE) is SessionStatus.ACTIVE
+    assert status_filter(common_pb2.SESSION_STATUS_UNSPECIFIED) is None  # no filter
     for bad in (99, -1, 2**31 - 1):
         with pytest.raises(InvalidArgument) as err:
-            status_name(bad)
+            status_filter(bad)
         assert err.value.field == "status"
 
 
-@pytest.mark.parametrize(("result", "score"), [
-    (1, 1.0), (0.25, 0.25), (True, 1.0), (False, 0.0), ({"score": 0.5}, 0.5), ("0.75", 0.75),
-    (None, None), ("yes", None), ([1], None), ({"value": 1}, None),
-])
+@pytest.mark.parametrize(
+    ("table", "domain", "wire", "unset"),
+    [
+        (SESSION_STATUS, SessionStatus, common_pb2.SessionStatus, []),
+        (DONE_REASON, DoneReason, orchestrator_pb2.DoneReason, [DoneReason.NONE]),
+        (VERIFICATION_STATUS, VerificationStatus, common_pb2.VerificationStatus, []),
+    ],
+    ids=["SessionStatus", "DoneReason", "VerificationStatus"],
+)
+def test_every_domain_enum_member_has_its_own_wire_value(table: Any, domain: Any, wire: Any, unset: list[Any]) -> None:
+    """The tables are the one mapping: every member is in them, one to one, and the wire's only value without a
+    member is UNSPECIFIED (which stands for the domain's 'not set' member, if it has one)."""
+    assert set(table) == set(domain)
+    assert len(set(table.values())) == len(table)
+    unspecified = {name: value for name, value in wire.items() if name.endswith("_UNSPECIFIED")}
+    assert set(wire.values()) - set(table.values()) <= set(unspecified.values())
+    assert [m for m in domain if table[m] in unspecified.values()] == unset
+
+
+@pytest.mark.parametrize(
+    ("result", "score"),
+    [
+        (1, 1.0),
+        (0.25, 0.25),
+        (True, 1.0),
+        (False, 0.0),
+        ({"score": 0.5}, 0.5),
+        ("0.75", 0.75),
+        (None, None),
+        ("yes", None),
+        ([1], None),
+        ({"value": 1}, None),
+    ],
+)
 def test_score_of_never_invents_a_zero(result: Any, score: float | None) -> None:
     assert score_of(result) == score
 
@@ -200,7 +263,8 @@ def test_config_parsers() -> None:
     with pytest.raises(ValueError):
         parse_pool_targets("mailbox:v1")
     assert parse_mcp_envs("calc:v1=http://127.0.0.1:1/mcp|http://127.0.0.1:2/mcp") == {
-        "calc:v1": ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]}
+        "calc:v1": ["http://127.0.0.1:1/mcp", "http://127.0.0.1:2/mcp"]
+    }
     with pytest.raises(ValueError):
         parse_mcp_envs("calc:v1")
 
@@ -218,8 +282,9 @@ class _ScriptedProvider(McpProvider):
 
     can_verify = Provider.can_verify  # scored when the task has verifier code (McpProvider wants an answer)
 
-    async def verify(self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *,
-                     timeout_s: float) -> VerifierRun:
+    async def verify(
+        self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *, timeout_s: float
+    ) -> VerifierRun:
         step = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
         if step == "hang":
@@ -234,7 +299,8 @@ async def _verify(script: list[Any], *, retries: int = 2, limit_s: float = 2.0) 
     provider = _ScriptedProvider(script)
     task = TaskDef(key="k", env_id="e", version="v1", prompt="p", verifier_code="def verify(env): return 1")
     outcome = await Verifier(provider, timeout_s=limit_s, retries=retries, backoff_s=0.01).run(
-        task, InstanceHandle(instance_id="i", env_key="e:v1"), "answer")
+        task, InstanceHandle(instance_id="i", env_key="e:v1"), "answer"
+    )
     return outcome, provider.calls
 
 
@@ -260,7 +326,8 @@ async def test_verifier_timeout_is_rlgates_own() -> None:
 async def test_verifier_skips_tasks_without_scoring() -> None:
     provider = _ScriptedProvider([VerifierRun(success=True, score=1.0)])
     outcome = await Verifier(provider, timeout_s=1, retries=0).run(
-        TaskDef(key="k", env_id="e", version="v1", prompt="p"), InstanceHandle(instance_id="i", env_key="e"), None)
+        TaskDef(key="k", env_id="e", version="v1", prompt="p"), InstanceHandle(instance_id="i", env_key="e"), None
+    )
     assert outcome.status == "skipped" and provider.calls == 0
     outcome = await Verifier(provider, timeout_s=1, retries=0).run(None, InstanceHandle("i", "e"), None)
     assert outcome.status == "skipped"
@@ -274,19 +341,31 @@ class _RejectingProvider(_ScriptedProvider):
         self.error = error
         self.creates = 0
 
-    async def create(self, env_key: str, *, env_variables: dict[str, Any], run_id: str, ttl_s: int,
-                     heartbeat_interval_s: int, timeout_s: float) -> InstanceHandle:
+    async def create(
+        self,
+        env_key: str,
+        *,
+        env_variables: dict[str, Any],
+        run_id: str,
+        ttl_s: int,
+        heartbeat_interval_s: int,
+        timeout_s: float,
+    ) -> InstanceHandle:
         self.creates += 1
         raise self.error
 
 
-@pytest.mark.parametrize(("error", "code", "reason"), [
-    (RateLimited("429"), grpc.StatusCode.UNAVAILABLE, "RATE_LIMITED"),
-    (Retryable("503 placement"), grpc.StatusCode.UNAVAILABLE, "PROVIDER_UNAVAILABLE"),
-    (InstanceLimit("limit", 10, 10), grpc.StatusCode.RESOURCE_EXHAUSTED, "INSTANCE_LIMIT"),
-])
-async def test_provisioner_retries_until_the_deadline_then_maps(error: Exception, code: grpc.StatusCode,
-                                                                reason: str, tmp_path: Any) -> None:
+@pytest.mark.parametrize(
+    ("error", "code", "reason"),
+    [
+        (RateLimited("429"), grpc.StatusCode.UNAVAILABLE, "RATE_LIMITED"),
+        (Retryable("503 placement"), grpc.StatusCode.UNAVAILABLE, "PROVIDER_UNAVAILABLE"),
+        (InstanceLimit("limit", 10, 10), grpc.StatusCode.RESOURCE_EXHAUSTED, "INSTANCE_LIMIT"),
+    ],
+)
+async def test_provisioner_retries_until_the_deadline_then_maps(
+    error: Exception, code: grpc.StatusCode, reason: str, tmp_path: Any
+) -> None:
     from rlgate.orchestrator.config import OrchestratorConfig
     from rlgate.orchestrator.provisioning import Provisioner
     from rlgate.runtime.deadline import Deadline
@@ -323,8 +402,9 @@ async def test_provisioner_marks_unknown_outcomes_for_deletion(tmp_path: Any) ->
 
     store = await SqliteStore.open(str(tmp_path / "s.db"))
     try:
-        provisioner = Provisioner(OrchestratorConfig(run_id="unit"), store,
-                                  _RejectingProvider(Retryable("timed out")), "owner-1")
+        provisioner = Provisioner(
+            OrchestratorConfig(run_id="unit"), store, _RejectingProvider(Retryable("timed out")), "owner-1"
+        )
         with pytest.raises(RlgateError):
             await provisioner.create("mailbox:v1", Deadline(0.5))
         intents = await store.list_intents("unit")

@@ -7,13 +7,32 @@ import json
 
 import pytest
 
-from rlgate.store import Intent, RequestRecord, Session, SessionStatus, StoreError, ToolCallEntry
+from rlgate.store import (
+    DoneReason,
+    Intent,
+    RequestRecord,
+    Session,
+    SessionStatus,
+    StoreError,
+    ToolCallEntry,
+    Verification,
+    VerificationStatus,
+)
 from rlgate.store._common import decode
 
 RECORDS = [
-    Session(session_id="s1", env_key="mail:v1", status=SessionStatus.ACTIVE, labels={"a": "b"}, reward=0.5,
-            instance={"root_url": "http://127.0.0.1:1/", "nested": {"k": [1, 2.5, None, True]}},
-            endpoints=["http://127.0.0.1:1/mcp"], tool_filter={"allow": ["x"]}, verification={"status": "ok"}),
+    Session(
+        session_id="s1",
+        env_key="mail:v1",
+        status=SessionStatus.ACTIVE,
+        labels={"a": "b"},
+        reward=0.5,
+        instance={"root_url": "http://127.0.0.1:1/", "nested": {"k": [1, 2.5, None, True]}},
+        endpoints=["http://127.0.0.1:1/mcp"],
+        tool_filter={"allow": ["x"]},
+        verification=Verification(VerificationStatus.OK, stdout="fine", attempts=1, elapsed_ms=2.5),
+        done_reason=DoneReason.FINAL_ANSWER,
+    ),
     ToolCallEntry("s1", 2, "r1", "search", arguments={"q": ["a", {"b": 1}]}, is_error=True, error_kind="X"),
     RequestRecord("call:s1", "r1", owner="me", result="payload"),
     Intent("i1", "run", "mail:v1", instance_id="inst"),
@@ -32,9 +51,69 @@ def test_json_is_the_dataclass_fields(record: Session | ToolCallEntry | RequestR
 
 
 def test_enums_are_stored_as_their_values() -> None:
-    raw = Session(session_id="s", env_key="e", status=SessionStatus.DONE).to_json()
-    assert json.loads(raw)["status"] == "done"
-    assert Session.from_json(raw).status == SessionStatus.DONE
+    raw = Session(session_id="s", env_key="e", status=SessionStatus.DONE, done_reason=DoneReason.MAX_TURNS).to_json()
+    assert (json.loads(raw)["status"], json.loads(raw)["done_reason"]) == ("done", "max_turns")
+    back = Session.from_json(raw)
+    assert back.status is SessionStatus.DONE and back.done_reason is DoneReason.MAX_TURNS
+    assert json.loads(Session(session_id="s", env_key="e").to_json())["verification"] == {}  # not scored yet
+
+
+# A session as the stringly typed models wrote it (status, done_reason and verification as plain JSON values,
+# no verification written as {}): stored records, and records other replicas still write during an upgrade.
+OLD_FORM = {
+    "session_id": "s-old",
+    "env_key": "mail:v1",
+    "task_key": "mail/t1",
+    "status": "done",
+    "run_id": "",
+    "orchestrator_run": "rlgate-x",
+    "modality": "tool_use",
+    "episode": 2,
+    "turn": 3,
+    "max_turns": 3,
+    "done_reason": "max_turns",
+    "reward": None,
+    "verification": {"status": "timeout", "message": "slow", "stdout": "", "attempts": 1, "elapsed_ms": 30000.0},
+    "labels": {},
+    "provider": "fleet",
+    "instance_id": "i",
+    "intent_id": "",
+    "instance": {},
+    "endpoints": [],
+    "tool_filter": {},
+    "token_hash": "",
+    "revoked_tokens": {},
+    "call_budget": 0,
+    "created_at": 1.0,
+    "updated_at": 2.0,
+    "last_active_at": 2.0,
+    "expires_at": 0.0,
+    "closed_at": 0.0,
+    "version": 4,
+}
+
+
+def test_a_record_in_the_old_form_loads() -> None:
+    session = Session.from_json(json.dumps(OLD_FORM))
+    assert session.status is SessionStatus.DONE and session.done_reason is DoneReason.MAX_TURNS
+    assert session.verification == Verification(VerificationStatus.TIMEOUT, "slow", "", 1, 30000.0)
+    assert json.loads(session.to_json()) == OLD_FORM  # written back unchanged: old readers read it
+
+    running = Session.from_json(json.dumps({**OLD_FORM, "status": "active", "done_reason": "", "verification": {}}))
+    assert running.done_reason is DoneReason.NONE and running.verification is None
+    assert json.loads(running.to_json())["verification"] == {}
+
+    older = {k: v for k, v in OLD_FORM.items() if k not in ("done_reason", "verification")}  # before those fields
+    assert Session.from_json(json.dumps(older)).verification is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"status": "paused"}, {"done_reason": "bored"}, {"verification": {"status": "maybe"}}, {"verification": [1]}],
+)
+def test_a_value_this_version_cannot_read_is_a_corrupt_record(change: dict[str, object]) -> None:
+    with pytest.raises(StoreError, match="corrupt Session record"):
+        decode(Session, json.dumps({**OLD_FORM, **change}))
 
 
 def test_decoded_containers_are_fresh() -> None:

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from rlgate.convert import struct_from_dict
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import UpstreamUnavailable
-from rlgate.store import SessionStatus, SessionStore, call_scope, open_store
+from rlgate.store import DoneReason, SessionStatus, SessionStore, call_scope, open_store
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub
@@ -152,7 +152,9 @@ async def test_token_matrix(stub: Stub, store: SessionStore, fleet: LocalfleetPr
         s = await make_session(store, fleet, "gw", instance=b.instance)
         current = await store.get_session(s.session.session_id)
         assert current is not None
-        await store.update_session(replace(current, status=status, expires_at=expires, done_reason="max_turns"))
+        await store.update_session(
+            replace(current, status=status, expires_at=expires, done_reason=DoneReason.MAX_TURNS)
+        )
         code, details = await code_of(s.metadata)
         assert code == grpc.StatusCode.FAILED_PRECONDITION and reason in details, (status, details)
         with pytest.raises(grpc.aio.AioRpcError) as err:
