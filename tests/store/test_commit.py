@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -11,9 +12,8 @@ from rlgate.store import ConflictError, RequestState, Session, SessionStatus, Se
 from tests.store.conftest import StoreFactory
 
 
-def active(sid: str, **fields: object) -> Session:
-    return Session(session_id=sid, env_key="mail:v1", status=SessionStatus.ACTIVE,  # type: ignore[arg-type]
-                   token_hash=f"tok-{sid}", **fields)
+def active(sid: str, **fields: Any) -> Session:
+    return Session(session_id=sid, env_key="mail:v1", status=SessionStatus.ACTIVE, token_hash=f"tok-{sid}", **fields)
 
 
 async def test_step_commit_updates_and_completes(store: SessionStore) -> None:

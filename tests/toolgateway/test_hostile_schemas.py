@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,9 @@ def deep_value_text(depth: int) -> str:
 def exponential_schema(levels: int) -> dict[str, Any]:
     """No cycle, but every level refers to the next twice in an anyOf: checking a value visits 2^levels
     subschemas (a schema of a few hundred bytes that keeps a validator busy for hours)."""
-    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(levels)}
+    defs: dict[str, dict[str, Any]] = {
+        f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"$ref": f"#/$defs/d{i + 1}"}]} for i in range(levels)
+    }
     defs[f"d{levels}"] = {"type": "string"}
     return {"type": "object", "$defs": defs, "properties": {"x": {"$ref": "#/$defs/d0"}}}
 
@@ -240,13 +242,16 @@ def framing(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-Call = Callable[..., Awaitable[toolgateway_pb2.CallToolResponse]]
+Call = Callable[..., Coroutine[Any, Any, toolgateway_pb2.CallToolResponse]]
 
 
 def caller(stub: toolgateway_pb2_grpc.ToolGatewayServiceStub, s: AgentSession) -> Call:
     async def call(name: str, args: str = "{}", deadline_s: float = 20.0) -> toolgateway_pb2.CallToolResponse:
         request = toolgateway_pb2.CallToolRequest(name=name, arguments_json=args)
-        return await stub.CallTool(request, metadata=s.metadata, timeout=deadline_s)  # type: ignore[no-any-return]
+        response: toolgateway_pb2.CallToolResponse = await stub.CallTool(
+            request, metadata=s.metadata, timeout=deadline_s
+        )
+        return response
 
     return call
 
@@ -338,7 +343,7 @@ async def test_tools_that_cannot_be_served_are_left_out_with_one_warning(
 ) -> None:
     """Nested past the JSON text bound, larger than MAX_TOOL_BYTES, or a name CallTool would refuse: left out
     of ListTools with one warning naming them, and a call of one is an UNKNOWN_TOOL result saying why."""
-    tools = [
+    tools: list[dict[str, Any]] = [
         ECHO,
         {"name": "deepish", "inputSchema": "@deepish@"},
         {"name": "big", "inputSchema": big_schema(MAX_TOOL_BYTES + 1000)},

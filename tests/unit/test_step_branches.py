@@ -36,7 +36,7 @@ class Episode:
     session_id: str
 
     async def step(
-        self, request_id: str = "", *, deadline_s: float = 10.0, **fields: object
+        self, request_id: str = "", *, deadline_s: float = 10.0, **fields: Any
     ) -> orchestrator_pb2.StepResponse:
         request = orchestrator_pb2.StepRequest(
             session_id=self.session_id, request_id=request_id or uuid.uuid4().hex, assistant_text="thinking", **fields
