@@ -4,6 +4,7 @@ score extraction, config parsing, Fleet error mapping, the verifier's retry/time
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -119,14 +120,14 @@ def test_error_details_travel_in_google_rpc_status() -> None:
     kinds = {d.TypeName() for d in status.details}
     assert kinds == {"google.rpc.ErrorInfo", "google.rpc.QuotaFailure", "google.rpc.RetryInfo"}
     info = error_details_pb2.ErrorInfo()
-    next(d for d in status.details if d.Is(info.DESCRIPTOR)).Unpack(info)
+    assert any(d.Unpack(info) for d in status.details)  # Unpack is False for a detail of another type
     assert info.reason == "INSTANCE_LIMIT" and dict(info.metadata) == {"running": "5", "limit": "5"}
     retry = error_details_pb2.RetryInfo()
-    next(d for d in status.details if d.Is(retry.DESCRIPTOR)).Unpack(retry)
+    assert any(d.Unpack(retry) for d in status.details)
     assert retry.retry_delay.seconds == 2 and retry.retry_delay.nanos == 500_000_000
     assert Unavailable("down").to_grpc_status().code == grpc.StatusCode.UNAVAILABLE
     bad = InvalidArgument("labels", "too long").to_status()
-    assert any(d.Is(error_details_pb2.BadRequest.DESCRIPTOR) for d in bad.details)
+    assert any(d.Unpack(error_details_pb2.BadRequest()) for d in bad.details)
 
 
 def test_errors_never_grow_with_the_request() -> None:
@@ -283,7 +284,13 @@ class _ScriptedProvider(McpProvider):
     can_verify = Provider.can_verify  # scored when the task has verifier code (McpProvider wants an answer)
 
     async def verify(
-        self, task: TaskDef, handle: InstanceHandle, final_answer: str | None, *, timeout_s: float
+        self,
+        task: TaskDef,
+        handle: InstanceHandle,
+        final_answer: str | None,
+        *,
+        timeout_s: float,
+        tool_calls: Sequence[Any] | None = None,
     ) -> VerifierRun:
         step = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1

@@ -20,7 +20,7 @@ from rlgate.store import (
 )
 from rlgate.store._common import decode
 
-RECORDS = [
+RECORDS: list[Session | ToolCallEntry | RequestRecord | Intent] = [
     Session(
         session_id="s1",
         env_key="mail:v1",
