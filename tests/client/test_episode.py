@@ -15,6 +15,7 @@ from rlgate.convert import arguments_of
 from rlgate.episode import RESET_LABEL
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.client.scripted import ScriptedServer, Sleep
+from tests.support.wait import wait_until
 
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05)
 
@@ -183,14 +184,11 @@ async def test_cancelled_async_episode_still_closes(server: ScriptedServer) -> N
 
         task = asyncio.create_task(run())
         await started.wait()
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: server.script.count("Step"), 5, "the Step at the server")  # cancelled mid-call
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(50):
-            if server.script.count("Close"):
-                break
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: server.script.count("Close"), 5, "the Close at the server")
     assert server.script.count("Close") == 1
 
 

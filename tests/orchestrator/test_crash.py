@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -21,11 +22,13 @@ from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import REPO, instances_of
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.ports import free_port, wait_for_port
+from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
 RECONCILE_S = 2.0
 OWNER_TTL_S = 2.0
 CREATE_DELAY_S = 4.0
+RECONCILE_PASS = re.compile(r"reconcile: \d+ instance\(s\), kept ")
 
 
 class OrchestratorProcess:
@@ -87,6 +90,10 @@ class OrchestratorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
+    def reconcile_passes(self) -> int:
+        """Reconcile passes the process has logged (each ends with one summary line)."""
+        return len(RECONCILE_PASS.findall(self.log_path.read_text(errors="replace"))) if self.log_path.exists() else 0
+
 
 @pytest.fixture
 def crash_lf() -> Iterator[LocalfleetProcess]:
@@ -138,7 +145,13 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
                 )
                 for i in range(10)
             ]
-            await asyncio.sleep(1.5)  # the creates are now waiting inside localfleet
+
+            async def all_creating() -> bool:
+                listed = await asyncio.to_thread(instances_of, lf, run_id)
+                return sum(1 for i in listed if i["status"] == "pending") == 10
+
+            # Killed while every create waits inside localfleet (within the delay: after it they land).
+            await wait_until(all_creating, CREATE_DELAY_S, "all 10 creates pending in localfleet")
             orch.signal(signal.SIGKILL)
             orch.wait(10)
             results = await asyncio.gather(*in_flight, return_exceptions=True)
@@ -191,7 +204,9 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
                 *(stub.Step(orchestrator_pb2.StepRequest(session_id=r.session_id), timeout=60) for r in retried)
             )
             assert all(s.turn == 1 for s in steps)
-        await asyncio.sleep(RECONCILE_S + 1)
+        # A whole reconcile pass after the retries (the second summary line from now) deleted nothing.
+        passes = orch.reconcile_passes()
+        await wait_until(lambda: orch.reconcile_passes() >= passes + 2, 3 * RECONCILE_S + 10, "two reconcile passes")
         assert await _orphans(lf, store, run_id) == []
         assert len(instances_of(lf, run_id)) == 30
 

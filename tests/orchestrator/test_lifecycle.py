@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +23,14 @@ from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import Running, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.statuses import rich_status
+from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"not within {within}s: {what}")
+def pending(lf: LocalfleetProcess, run_id: str) -> int:
+    """The run's instances localfleet is still creating."""
+    return sum(1 for i in instances_of(lf, run_id) if i["status"] == "pending")
 
 
 async def test_warm_pool_serves_without_create_and_refills(
@@ -42,7 +38,7 @@ async def test_warm_pool_serves_without_create_and_refills(
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=2"))
     pool = orch.handle.orchestrator.pool
-    await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool filled")
+    await wait_until(lambda: pool.size("mailbox:v1") == 2, 60, "pool filled")
     created = lf.counters()["instances_created"]
     idle = set(pool.instance_ids())
     start = time.monotonic()
@@ -50,7 +46,7 @@ async def test_warm_pool_serves_without_create_and_refills(
     pooled_reset_s = time.monotonic() - start
     assert reset.instance.instance_id in idle  # served from the pool: no create for it
     assert reset.tools
-    await eventually(lambda: pool.size("mailbox:v1") == 2, 60, "pool refilled")
+    await wait_until(lambda: pool.size("mailbox:v1") == 2, 60, "pool refilled")
     assert lf.counters()["instances_created"] == created + 1
     live = instances_of(lf, orch.config.run_id)
     assert len(live) == 3  # one in use, two idle: all tagged with the run id
@@ -62,16 +58,16 @@ async def test_pool_on_close_returns_a_clean_instance(
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1", pool_on_close=True))
     pool = orch.handle.orchestrator.pool
-    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
+    await wait_until(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
     a = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
-    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool refilled")
+    await wait_until(lambda: pool.size("mailbox:v1") == 1, 60, "pool refilled")
     b = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
     # Pool empty now; closing a returns its instance to the pool (reset first), b's is deleted (pool full).
     await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=a.session_id), timeout=30)
     instance_a = a.instance.instance_id
     assert instance_a in pool.instance_ids() or pool.size("mailbox:v1") == 1
     await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=b.session_id), timeout=30)
-    await eventually(lambda: len(instances_of(lf, orch.config.run_id)) == 1, 30, "only the pooled instance left")
+    await wait_until(lambda: len(instances_of(lf, orch.config.run_id)) == 1, 30, "only the pooled instance left")
 
 
 async def test_idle_session_is_reaped(
@@ -87,7 +83,7 @@ async def test_idle_session_is_reaped(
         await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=kept.session_id), timeout=10)
         return s is not None and s.status == SessionStatus.EXPIRED
 
-    await eventually(expired, 20, "idle session expired")
+    await wait_until(expired, 20, "idle session expired")
     s = await store.get_session(reset.session_id)
     assert s is not None and s.token_hash == ""
     live = {i["instance_id"] for i in instances_of(lf, orch.config.run_id)}
@@ -108,8 +104,8 @@ async def test_session_ttl_expires(
         s = await store.get_session(reset.session_id)
         return s is not None and s.status == SessionStatus.EXPIRED
 
-    await eventually(expired, 20, "TTL expiry")
-    await eventually(lambda: instances_of(lf, orch.config.run_id) == [], 20, "instance released")
+    await wait_until(expired, 20, "TTL expiry")
+    await wait_until(lambda: instances_of(lf, orch.config.run_id) == [], 20, "instance released")
 
 
 async def test_max_sessions(lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]) -> None:
@@ -127,7 +123,14 @@ async def test_max_sessions(lf: LocalfleetProcess, orchestrator_factory: Callabl
 async def test_instance_limit_waits_for_capacity_then_exhausts(
     lf: LocalfleetProcess,
     orchestrator_factory: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="rlgate.orchestrator.provisioning")
+
+    def refusals() -> int:
+        """Creates the instance limit refused (each is logged before the create waits for capacity)."""
+        return sum(r.getMessage().startswith("instance limit reached") for r in caplog.records)
+
     orch: Running = await orchestrator_factory(fast_config(lf))
     running = len([i for i in await AsyncFleet(api_key="t", base_url=lf.base_url).instances(status="running")])
     lf.set_faults({"instance_limit": running + 1})
@@ -149,8 +152,9 @@ async def test_instance_limit_waits_for_capacity_then_exhausts(
         )
         return response
 
+    refused = refusals()
     waiting = asyncio.create_task(reset())
-    await asyncio.sleep(1.0)
+    await wait_until(lambda: refusals() > refused, 10, "the Reset's create refused at the limit, waiting")
     assert not waiting.done()
     await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=first.session_id), timeout=30)
     second = await waiting
@@ -168,8 +172,10 @@ async def test_slow_create_past_deadline_is_unavailable_and_leaves_nothing(
         await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=2.0)
     assert time.monotonic() - start < 2.0 + 1.0
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    # The create localfleet finishes later is an orphan of a failed intent: reconciliation deletes it.
-    await asyncio.sleep(4.0)
+    # A create the provider finishes later is an orphan of a failed intent: reconciliation deletes it. (localfleet
+    # drops a create whose caller left: then nothing is left to delete.)
+    run_id = orch.config.run_id
+    await wait_until(lambda: asyncio.to_thread(lambda: pending(lf, run_id) == 0), 10, "the slow create ended")
     await orch.handle.orchestrator.reconciler.run_once()
     assert instances_of(lf, orch.config.run_id) == []
 
@@ -220,7 +226,7 @@ async def test_graceful_stop_closes_everything(
     ids = [
         (await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)).session_id for _ in range(3)
     ]
-    await eventually(lambda: orch.handle.orchestrator.pool.size("mailbox:v1") == 1, 60, "pool filled")
+    await wait_until(lambda: orch.handle.orchestrator.pool.size("mailbox:v1") == 1, 60, "pool filled")
     assert len(instances_of(lf, orch.config.run_id)) == 4
     await orch.handle.stop()
     assert instances_of(lf, orch.config.run_id) == []
@@ -316,13 +322,22 @@ async def test_instances_are_tagged_and_heartbeats_keep_them_alive(
     [inst] = instances_of(lf, orch.config.run_id)
     assert inst["run_id"] == orch.config.run_id and inst["ttl_seconds"] == 120 and inst["heartbeat_interval"] == 2
     assert inst["env_variables"]["RLGATE_INTENT_ID"].startswith(orch.handle.orchestrator.owner)
-    await asyncio.sleep(6.0)  # three heartbeat intervals: only the heartbeat loop keeps it alive
+    # Silent, it would die two intervals after its creation: a beat later than that, while it lives, is the
+    # heartbeat loop keeping it alive.
+    silent_death = datetime.fromisoformat(inst["created_at"]).timestamp() + 2 * int(inst["heartbeat_interval"])
+
+    def beaten_past_silent_death() -> bool:
+        listed = {i["instance_id"]: i for i in instances_of(lf, orch.config.run_id)}
+        assert inst["instance_id"] in listed, "the instance died while the heartbeat loop ran"
+        return datetime.fromisoformat(listed[inst["instance_id"]]["updated_at"]).timestamp() > silent_death
+
+    await wait_until(lambda: asyncio.to_thread(beaten_past_silent_death), 15, "a heartbeat past its silent death")
     assert [i["instance_id"] for i in instances_of(lf, orch.config.run_id)] == [inst["instance_id"]]
     step = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id), timeout=30)
     assert step.turn == 1
     # Without rlgate (loops gone, store gone) the instance dies on its own.
     await orch.handle.orchestrator.stop()
-    await eventually(lambda: instances_of(lf, orch.config.run_id) == [], 15, "instance expired by heartbeat")
+    await wait_until(lambda: instances_of(lf, orch.config.run_id) == [], 15, "instance expired by heartbeat")
 
 
 async def test_reconcile_keeps_a_pool_instance_being_handed_out(
@@ -333,7 +348,7 @@ async def test_reconcile_keeps_a_pool_instance_being_handed_out(
     nor a session; reconciliation must not take it for an orphan."""
     orch: Running = await orchestrator_factory(fast_config(lf, warm_pool="mailbox:v1=1", reconcile_interval_s=3600))
     pool = orch.handle.orchestrator.pool
-    await eventually(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
+    await wait_until(lambda: pool.size("mailbox:v1") == 1, 60, "pool filled")
     entry = await pool.take("mailbox:v1")
     assert entry is not None
     report = await orch.handle.orchestrator.reconciler.run_once()
@@ -421,7 +436,8 @@ async def test_slow_provisioning_does_not_block_other_rpcs(
         return response
 
     creates = [asyncio.create_task(slow_reset()) for _ in range(5)]
-    await asyncio.sleep(0.5)
+    run_id = orch.config.run_id
+    await wait_until(lambda: asyncio.to_thread(lambda: pending(lf, run_id) == 5), 3, "5 creates in localfleet")
     worst = 0.0
     for _ in range(10):
         start = time.monotonic()

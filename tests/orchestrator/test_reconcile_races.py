@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections import Counter
@@ -25,23 +26,29 @@ from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionSto
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
 WORKERS = 16
 EPISODES_PER_WORKER = 4
 TURNS = 3
+PASS_SUMMARY = re.compile(r"reconcile: \d+ instance\(s\), kept ")
 
 
 class DeletionLog(logging.Handler):
-    """Every 'deleting orphan' decision the reconciler logs: (time, instance id)."""
+    """Every 'deleting orphan' decision the reconciler logs: (time, instance id); and how many passes ran."""
 
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(logging.INFO)
         self.deleted: list[tuple[float, str]] = []
+        self.passes = 0  # each pass that ran ends with one summary line
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("reconcile: deleting orphan instance") and record.args:
+        message = record.getMessage()
+        if message.startswith("reconcile: deleting orphan instance") and record.args:
             self.deleted.append((record.created, str(record.args[0])))  # type: ignore[index]
+        elif PASS_SUMMARY.match(message):
+            self.passes += 1
 
 
 @dataclass
@@ -128,8 +135,11 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     async with httpx.AsyncClient() as http:
         await asyncio.gather(*(worker(n, http) for n in range(WORKERS)))
 
-    # Let a few more passes run, then check what reconciliation deleted.
-    await asyncio.sleep(2.0)
+    # The real orphans deleted, then two more passes (the second begun after the traffic and the deletions):
+    # what reconciliation deleted is final.
+    await wait_until(lambda: orphans <= {iid for _, iid in deletions.deleted}, 30, "both real orphans deleted")
+    passes = deletions.passes
+    await wait_until(lambda: deletions.passes >= passes + 2, 30, "two more reconcile passes")
     live_deleted = [
         f"{iid} deleted at +{at - ep.opened:.2f}s of its session"
         for at, iid in deletions.deleted

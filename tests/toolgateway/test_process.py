@@ -20,8 +20,9 @@ from rlgate.store import SessionStore
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.localfleet import REPO, LocalfleetProcess
 from tests.support.ports import free_port, wait_for_port
+from tests.support.wait import wait_until
 from tests.toolgateway.conftest import create_instance, make_session
-from tests.toolgateway.test_gateway import call, wait_for
+from tests.toolgateway.test_gateway import call
 
 Kind = common_pb2.ToolErrorKind
 
@@ -38,13 +39,29 @@ class GatewayProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> GatewayProcess:
-        args = [sys.executable, "-m", "rlgate.cli", "toolgateway", "--listen", self.address,
-                "--store-url", f"sqlite:///{self.db}", "--owner-ttl-s", "1.5", "--log-level", "WARNING",
-                "--drain-s", "1", "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+        args = [
+            sys.executable,
+            "-m",
+            "rlgate.cli",
+            "toolgateway",
+            "--listen",
+            self.address,
+            "--store-url",
+            f"sqlite:///{self.db}",
+            "--owner-ttl-s",
+            "1.5",
+            "--log-level",
+            "WARNING",
+            "--drain-s",
+            "1",
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
+        ]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), start_new_session=True
+            )
         wait_for_port(self.port, timeout=60)
         return self
 
@@ -66,6 +83,18 @@ class GatewayProcess:
         assert self.proc is not None
         return int(psutil.Process(self.proc.pid).memory_info().rss)
 
+    async def settled_rss(self) -> int:
+        """RSS once the work still running after the replies (closings, logging) has ended: two readings
+        0.2 s apart within 1 MB of each other."""
+        last = self.rss()
+
+        def steady() -> int:
+            nonlocal last
+            previous, last = last, self.rss()
+            return last if abs(last - previous) < 1_000_000 else 0
+
+        return int(await wait_until(steady, 10, "the gateway's RSS settled", interval=0.2))
+
 
 @pytest.fixture
 def gateway_proc(tmp_path: Path, store: SessionStore) -> Iterator[GatewayProcess]:
@@ -78,7 +107,8 @@ def gateway_proc(tmp_path: Path, store: SessionStore) -> Iterator[GatewayProcess
 
 
 async def test_sigkilled_gateway_answers_retry_with_outcome_unknown(
-        gateway_proc: GatewayProcess, store: SessionStore, fleet: LocalfleetProcess, era: str) -> None:
+    gateway_proc: GatewayProcess, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     fleet.set_faults({"environments": {era: {"hang_tools": ["hang"]}}})
     s = await make_session(store, fleet, era)
     await asyncio.to_thread(gateway_proc.start)
@@ -87,7 +117,7 @@ async def test_sigkilled_gateway_answers_retry_with_outcome_unknown(
         assert (await call(stub, s, "add", {"n": 1})).result.content[0].text.text == "2 (int)"
         before = fleet.counters()["by_env"][era]["tool_calls"]
         in_flight = asyncio.create_task(call(stub, s, "hang", request_id="crash-1", timeout=30))
-        assert await wait_for(lambda: fleet.counters()["by_env"][era]["tool_calls"] == before + 1)
+        await wait_until(lambda: fleet.counters()["by_env"][era]["tool_calls"] == before + 1, 5, "the call upstream")
         gateway_proc.kill()
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await in_flight
@@ -111,8 +141,9 @@ async def test_sigkilled_gateway_answers_retry_with_outcome_unknown(
 
 
 @pytest.mark.slow
-async def test_two_hundred_sessions_memory(gateway_proc: GatewayProcess, store: SessionStore,
-                                           fleet: LocalfleetProcess, era: str) -> None:
+async def test_two_hundred_sessions_memory(
+    gateway_proc: GatewayProcess, store: SessionStore, fleet: LocalfleetProcess, era: str
+) -> None:
     instances = [create_instance(fleet, era) for _ in range(4)]
     sessions = [await make_session(store, fleet, era, instance=instances[i % 4]) for i in range(201)]
     await asyncio.to_thread(gateway_proc.start)
@@ -120,21 +151,20 @@ async def test_two_hundred_sessions_memory(gateway_proc: GatewayProcess, store: 
         stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
 
         async def touch(i: int) -> None:
-            resp = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=sessions[i].metadata,
-                                        timeout=60)
+            resp = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=sessions[i].metadata, timeout=60)
             assert len(resp.tools) == 7
             await call(stub, sessions[i], "add", {"n": i})  # both endpoints listed, one called
 
         await touch(200)  # warm: imports, first connections, gRPC buffers
-        await asyncio.sleep(0.5)
-        base = gateway_proc.rss()
+        base = await gateway_proc.settled_rss()
         start = time.monotonic()
         for chunk in range(0, 200, 25):
             await asyncio.gather(*(touch(i) for i in range(chunk, chunk + 25)))
         elapsed = time.monotonic() - start
-        await asyncio.sleep(0.5)
-        added = gateway_proc.rss() - base
+        added = await gateway_proc.settled_rss() - base
         # Both endpoints are listed, but only `{root}mcp` owns a tool_use tool: one client per session stays.
-        print(f"\n{era}: 200 sessions (200 upstream clients) added {added / 1e6:.1f} MB RSS "
-              f"({added / 200 / 1e3:.0f} KB per session), opened in {elapsed:.1f}s")
+        print(
+            f"\n{era}: 200 sessions (200 upstream clients) added {added / 1e6:.1f} MB RSS "
+            f"({added / 200 / 1e3:.0f} KB per session), opened in {elapsed:.1f}s"
+        )
         assert added <= 25e6
