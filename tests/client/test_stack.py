@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import rlgate
@@ -28,6 +29,7 @@ from rlgate.runtime.stack import LocalStack
 from rlgate.v1 import common_pb2
 from tests.client.tinker_support import ScriptedPolicy, renderer
 from tests.support.ports import free_port, wait_for_port
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -318,7 +320,14 @@ async def test_gateway_sigkill_during_rollout_loses_no_episode(
         out=tmp_path / "traj.jsonl",
     )  # fmt: skip
     rollout = asyncio.create_task(run_rollout(config))
-    await asyncio.sleep(4.0)
+
+    async def calling_tools() -> bool:
+        async with httpx.AsyncClient(base_url=crashy.localfleet_url, timeout=10) as http:
+            counters = (await http.get("/_admin/counters")).raise_for_status().json()
+        return int(counters["tool_calls"]) >= config.concurrency
+
+    # Mid-rollout: the episodes are calling tools through the gateway (as many calls as episodes at once).
+    await wait_until(calling_tools, 120, "the rollout's tool calls under way")
     assert not rollout.done()
     await asyncio.to_thread(crashy.restart, "toolgateway")
     summary, records = await rollout
