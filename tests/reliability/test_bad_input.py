@@ -232,7 +232,7 @@ def _depth(value: Any) -> int:
 
 # Text that is not a JSON object, or barely is: syntax errors, NaN literals, other top-level types, nesting
 # far past any parser's depth, a 500-digit integer, duplicate keys. JSON rlgate cannot write back (an escaped
-# lone surrogate, a number past a double) is left to test_unrepresentable_json_* (xfail: UNREPRESENTABLE_FINDING)
+# lone surrogate, a number past a double) is left to test_unrepresentable_json_* (refused where it is parsed)
 # until it stops answering INTERNAL.
 JSON_TEXTS = st.one_of(
     ARGS.map(lambda a: json.dumps(a, allow_nan=True)),
@@ -653,20 +653,9 @@ def test_client_survives_deeply_nested_model_arguments(fx: Fixture) -> None:
     assert reply.result.is_error and reply.result.error_kind == common_pb2.TOOL_ERROR_KIND_INVALID_ARGUMENTS
 
 
-UNREPRESENTABLE_FINDING = (
-    'finding: JSON text that parses but cannot be written back as JSON — an escaped lone surrogate ({"a": '
-    '"\\ud800"}: no UTF-8 form) or a number past a double ({"a": 1e999} parses as inf) — is accepted by '
-    "rlgate.convert.parse_json_text; the request ledger's fingerprint (services/runtime/ledger.py fingerprint -> "
-    "json_text) then raises (InvalidJsonValue / ValueError): INTERNAL for a Step whose tool-call summary carries "
-    "it, with a request_id, and for such CallTool arguments. Fix: refuse it where it is parsed "
-    "(clients/python/rlgate/convert.py parse_json_text -> InvalidJsonValue, so INVALID_ARGUMENT)"
-)
-# valid JSON syntax, no JSON value rlgate can carry
+# valid JSON syntax, no JSON value rlgate can carry: INVALID_ARGUMENT where it is parsed (convert.parse_json_text)
 UNREPRESENTABLE = {"lone-surrogate": '{"a": "\\ud800"}', "overflow": '{"a": 1e999}'}
-unrepresentable = pytest.mark.parametrize(
-    "text", [pytest.param(t, id=k, marks=pytest.mark.xfail(strict=True, reason=UNREPRESENTABLE_FINDING))
-             for k, t in UNREPRESENTABLE.items()]
-)  # fmt: skip
+unrepresentable = pytest.mark.parametrize("text", list(UNREPRESENTABLE.values()), ids=list(UNREPRESENTABLE))
 
 
 @unrepresentable

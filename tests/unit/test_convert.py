@@ -63,3 +63,12 @@ def test_json_text_refuses_a_lone_surrogate_instead_of_failing_to_encode_later()
     with pytest.raises(InvalidJsonValue, match="surrogate"):
         json_text({"q": "model wrote \ud800"})
     assert json_text({"q": "ünïcode"}) == '{"q":"ünïcode"}'
+
+
+@pytest.mark.parametrize("text", ['{"a": "\\ud800"}', '{"a": 1e999}', '{"\\udc00": 1}', '[-1e400]'])
+def test_parse_json_text_refuses_json_that_cannot_be_written_back(text: str) -> None:
+    from rlgate.convert import InvalidJsonValue, parse_json_text
+
+    with pytest.raises(InvalidJsonValue):
+        parse_json_text(text)
+    assert parse_json_text('{"a": "\\ud83d\\ude00", "b": 1.5e300}') == {"a": "😀", "b": 1.5e300}

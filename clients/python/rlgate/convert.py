@@ -126,10 +126,13 @@ def parse_json_text(text: str | bytes, what: str = "$") -> Any:
     """Parse JSON text rlgate received (exact: integers stay ints). Raises InvalidJsonValue with `what`
     for text that is not JSON, uses NaN/Infinity, or nests deeper than MAX_JSON_TEXT_DEPTH."""
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise InvalidJsonValue(f"{what} is not valid JSON: {str(exc)[:200]}") from exc
     _check_depth(value, what, 1, MAX_JSON_TEXT_DEPTH)
+    # Valid syntax that no JSON text can carry back (an escaped lone surrogate) is refused here, where it
+    # arrives, rather than failing later when rlgate writes it (a fingerprint, the store, a reply).
+    _check_surrogates(value, what)
     return value
 
 
@@ -186,3 +189,30 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999 parses as inf, which JSON cannot write back
+        raise ValueError(f"the number {text[:40]} is too large for a double")
+    return number
+
+
+def _check_surrogates(value: Any, what: str) -> None:
+    stack: list[tuple[Any, str]] = [(value, what)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise InvalidJsonValue(
+                    f"the string at {path} contains a lone UTF-16 surrogate, which JSON text cannot carry"
+                )
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if _SURROGATE.search(key):
+                    raise InvalidJsonValue(
+                        f"a key in {path} contains a lone UTF-16 surrogate, which JSON text cannot carry"
+                    )
+                stack.append((child, f"{path}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
