@@ -273,7 +273,12 @@ async def test_concurrent_reconciliation_deletes_each_orphan_exactly_once(
                     return [i["instance_id"] for i in probe.instances(RUN_ID)] == [stranger]
 
                 await wait_until(only_the_stranger_left, SETTLE_S, "every orphan deleted")
-                await asyncio.sleep(3 * ORCHESTRATOR_SETTINGS["RLGATE_RECONCILE_INTERVAL_S"])  # more rounds
+                # Three more rounds, on either replica, that found the orphans gone (only a pass lists the run's
+                # instances, once when it finds no orphan): none may delete one again.
+                listed = proxy.requests[("GET", "/v1/env/instances")]
+                await wait_until(
+                    lambda: proxy.requests[("GET", "/v1/env/instances")] >= listed + 3, SETTLE_S, "three more rounds"
+                )
                 deletes = {i: proxy.requests[("DELETE", f"/v1/env/instances/{i}")] for i in orphans}
                 assert deletes == dict.fromkeys(orphans, 1), f"DELETE requests per orphan: {deletes}"
                 batch = [k for k in proxy.requests if k[0] == "DELETE" and k[1].endswith("/batch")]
