@@ -2,7 +2,7 @@
 
 Trainers do not always call Close; a session past its TTL (`expires_at`) or idle longer than
 `idle_timeout_s` (no Step, no tool call: the gateway touches `last_active_at`) is EXPIRED: token revoked,
-instance released. The compare-and-set in `EpisodeManager` makes exactly one replica win each expiry.
+instance released. The compare-and-set in `closing` makes exactly one replica win each expiry.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ import time
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import InstanceGone, Provider, ProviderError
+from rlgate.orchestrator.sessions import Sessions
 from rlgate.store import Session, SessionStatus, SessionStore
 
 log = logging.getLogger(__name__)
 
 
 class Reaper:
-    def __init__(self, config: OrchestratorConfig, episodes: EpisodeManager) -> None:
+    def __init__(self, config: OrchestratorConfig, episodes: Episodes) -> None:
         self._config = config
         self._episodes = episodes
 
@@ -30,11 +31,12 @@ class Reaper:
         """Expire due sessions of this run; returns the ids this call expired."""
         at = time.time() if now is None else now
         reaped: list[str] = []
-        for s in await self._episodes.open_sessions(orchestrator_run=self._config.run_id):
+        for s in await self._episodes.sessions.open_sessions(orchestrator_run=self._config.run_id):
             reason = self.due(s, at)
             # Re-checked on the fresh record inside the compare-and-set: activity since the listing wins.
-            if reason and await self._episodes.expire(s.session_id, f"reaped: {reason}",
-                                                      only_if=lambda fresh: bool(self.due(fresh, at))):
+            if reason and await self._episodes.closing.expire(
+                s.session_id, f"reaped: {reason}", only_if=lambda fresh: bool(self.due(fresh, at))
+            ):
                 metrics.REAPED.labels(reason).inc()
                 reaped.append(s.session_id)
         return reaped
@@ -54,18 +56,19 @@ class Heartbeater:
     """Heartbeats every instance this run holds (sessions and warm pools), so Fleet keeps them alive while
     rlgate does, and lets them die on their own (heartbeat_interval) when rlgate and its store are gone."""
 
-    def __init__(self, config: OrchestratorConfig, store: SessionStore, provider: Provider,
-                 episodes: EpisodeManager, pool: WarmPool) -> None:
+    def __init__(
+        self, config: OrchestratorConfig, store: SessionStore, provider: Provider, sessions: Sessions, pool: WarmPool
+    ) -> None:
         self._config = config
         self._store = store
         self._provider = provider
-        self._episodes = episodes
+        self._sessions = sessions
         self._pool = pool
 
     async def run_once(self) -> int:
         if not self._provider.manages_instances:
             return 0
-        sessions = await self._episodes.open_sessions(orchestrator_run=self._config.run_id)
+        sessions = await self._sessions.open_sessions(orchestrator_run=self._config.run_id)
         ids = {s.instance_id for s in sessions if s.instance_id} | set(self._pool.instance_ids())
         sem = asyncio.Semaphore(16)
 

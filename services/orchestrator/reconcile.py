@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.provisioning import Provisioner, intent_owner
@@ -75,7 +75,7 @@ class Reconciler:
         provider: Provider,
         provisioner: Provisioner,
         pool: WarmPool,
-        episodes: EpisodeManager,
+        episodes: Episodes,
         owner: str,
     ) -> None:
         self._config = config
@@ -122,7 +122,7 @@ class Reconciler:
             return
         report.ran = True
         snapshot_at = time.time()
-        sessions = await self._episodes.open_sessions(orchestrator_run=self._config.run_id)
+        sessions = await self._episodes.sessions.open_sessions(orchestrator_run=self._config.run_id)
         intents = {i.intent_id: i for i in await self._store.list_intents(self._config.run_id)}
         instances = await self._provider.list_instances(self._config.run_id, timeout_s=self._config.provider_timeout_s)
         report.instances = len(instances)
@@ -154,7 +154,7 @@ class Reconciler:
             # instances still there: one released meanwhile (its intent gone with it) is no orphan.
             fresh = {
                 s.instance_id
-                for s in await self._episodes.open_sessions(orchestrator_run=self._config.run_id)
+                for s in await self._episodes.sessions.open_sessions(orchestrator_run=self._config.run_id)
                 if s.instance_id
             }
             listed = {
@@ -198,14 +198,14 @@ class Reconciler:
         stuck_after = self._config.provision_timeout_s + self._config.reset_timeout_s + 30
         for s in sessions:
             if s.status == SessionStatus.PROVISIONING:
-                if s.updated_at < snapshot_at - stuck_after and await self._episodes.fail(
+                if s.updated_at < snapshot_at - stuck_after and await self._episodes.closing.fail(
                     s.session_id, "reset did not finish (its owner is gone)"
                 ):
                     report.sessions_failed += 1
             elif (
                 s.instance_id
                 and s.instance_id not in live_ids
-                and await self._episodes.fail(
+                and await self._episodes.closing.fail(
                     s.session_id, f"instance {s.instance_id} no longer exists", instance_id=s.instance_id
                 )
             ):

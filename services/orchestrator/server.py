@@ -161,7 +161,7 @@ async def _refuse_draining(_request: Any, context: grpc.aio.ServicerContext) -> 
 async def _serve_when_ready(orchestrator: Orchestrator, server: RunningServer) -> None:
     """Health SERVING once the catalog has loaded (owned by the handle, cancelled on drain and stop)."""
     await orchestrator.wait_tasks_loaded()
-    if orchestrator.episodes.accepting:  # not draining meanwhile
+    if orchestrator.episodes.admission.accepting:  # not draining meanwhile
         await server.set_serving(True)
         log.info("task catalog loaded: health SERVING")
 
@@ -195,7 +195,7 @@ class OrchestratorHandle:
 
     async def drain(self) -> None:
         """Refuse new RPCs, let those in flight finish, close (or hand back) sessions, empty pools."""
-        self.orchestrator.episodes.accepting = False  # the gate refuses from this instant
+        self.orchestrator.episodes.admission.accepting = False  # the gate refuses from this instant
         await self._stop_readiness()
         await self.orchestrator.drain(self.gate)
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import Provider
 from rlgate.orchestrator.provisioning import Provisioner, default_run_id, store_identity
@@ -104,7 +104,7 @@ class Orchestrator:
         self.catalog = TaskCatalog()
         self.provisioner = Provisioner(config, store, provider, self.owner, store_id)
         self.pool = WarmPool(config, provider, self.provisioner)
-        self.episodes = EpisodeManager(
+        self.episodes = Episodes.create(
             config,
             store,
             provider,
@@ -117,7 +117,7 @@ class Orchestrator:
         )
         self.reconciler = Reconciler(config, store, provider, self.provisioner, self.pool, self.episodes, self.owner)
         self.reaper = Reaper(config, self.episodes)
-        self.heartbeater = Heartbeater(config, store, provider, self.episodes, self.pool)
+        self.heartbeater = Heartbeater(config, store, provider, self.episodes.sessions, self.pool)
         self._tasks: list[asyncio.Task[None]] = []
         self._tasks_loaded = asyncio.Event()
 
@@ -207,7 +207,7 @@ class Orchestrator:
     async def _reap(self) -> None:
         await self.reaper.run_once()
         counts = dict.fromkeys(OPEN_STATUSES, 0)
-        for s in await self.episodes.open_sessions(orchestrator_run=self.config.run_id):
+        for s in await self.episodes.sessions.open_sessions(orchestrator_run=self.config.run_id):
             counts[s.status] = counts.get(s.status, 0) + 1
         for status, n in counts.items():
             metrics.SESSIONS.labels(str(status)).set(n)
@@ -243,7 +243,7 @@ class Orchestrator:
     @property
     def draining(self) -> bool:
         """Shutdown has begun: every new RPC is refused (UNAVAILABLE, reason SHUTTING_DOWN)."""
-        return not self.episodes.accepting
+        return not self.episodes.admission.accepting
 
     async def drain(self, calls: InFlight | None = None) -> None:
         """SIGTERM: refuse new work at once and let what is in flight finish (the RPCs admitted before, and
@@ -251,14 +251,14 @@ class Orchestrator:
         answered UNAVAILABLE so their clients retry elsewhere. Then close (or hand back) every open session
         of this run and empty the warm pools, all within `drain_s`. What does not finish in time is handed
         back by `stop`."""
-        self.episodes.accepting = False
+        self.episodes.admission.accepting = False
         loop = asyncio.get_running_loop()
         end = loop.time() + self.config.drain_s
         try:
             async with asyncio.timeout(self.config.drain_s * IN_FLIGHT_SHARE):
                 if calls is not None:
                     await calls.idle()
-                await self.episodes.wait_endings()
+                await self.episodes.endings.wait()
         except TimeoutError:
             cut = calls.cut() if calls is not None else 0
             log.warning(
@@ -269,14 +269,15 @@ class Orchestrator:
             )
         try:
             async with asyncio.timeout_at(end):
-                await self.episodes.wait_creations()  # admitted Resets finish (or, cut, release what they made)
+                # Admitted Resets finish (or, cut, release what they made).
+                await self.episodes.admission.wait_creations()
                 if self.config.shutdown_mode == "close":
-                    sessions = await self.episodes.open_sessions(orchestrator_run=self.config.run_id)
+                    sessions = await self.episodes.sessions.open_sessions(orchestrator_run=self.config.run_id)
                     sem = asyncio.Semaphore(32)
 
                     async def close(session_id: str) -> None:
                         async with sem:
-                            await self.episodes.close(session_id)
+                            await self.episodes.closing.close(session_id)
 
                     await asyncio.gather(*(close(s.session_id) for s in sessions), return_exceptions=True)
                     log.info("shutdown: closed %d session(s)", len(sessions))
@@ -285,7 +286,7 @@ class Orchestrator:
                 await self.pool.drain()
                 # Endings of calls just cut go on with the time left (their callers' retries elsewhere wait for
                 # the record); `stop` hands back the rest.
-                await self.episodes.wait_endings()
+                await self.episodes.endings.wait()
         except TimeoutError:
             log.error(
                 "shutdown: drain did not finish within %.1fs; what is left is handed back (instance TTLs "
@@ -296,7 +297,7 @@ class Orchestrator:
     async def stop(self) -> None:
         """Cancel every background loop, hand back what is still in flight and release clients (after
         `drain`, or alone in tests). Every step is bounded, and all of them together (`STOP_TOTAL_S`)."""
-        self.episodes.accepting = False
+        self.episodes.admission.accepting = False
         loop = asyncio.get_running_loop()
         end = loop.time() + STOP_TOTAL_S
 
@@ -309,7 +310,7 @@ class Orchestrator:
         self._tasks.clear()
         # Endings not scored by now keep their request records PENDING: declared dead below, this process
         # hands them to the first retry on another replica, which finishes the scoring.
-        await step("unfinished endings", self.episodes.abandon_endings())
+        await step("unfinished endings", self.episodes.abandon())
         await step("handing back request records", self.store.heartbeat_owner(self.owner, 0))
         await step("releasing the reconcile lease", self.reconciler.release_lease())
         await step("closing the provider client", self.provider.close())

@@ -1,5 +1,5 @@
 """gRPC handlers: check every request's ids (`limits.check_request`), translate requests into
-`EpisodeManager` calls and `RlgateError`s into statuses with google.rpc details, and name the caller whose
+`Episodes` calls and `RlgateError`s into statuses with google.rpc details, and name the caller whose
 request ids a Reset or Step uses (the API key's hash). No orchestration logic lives here."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.limits import check_request
+from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.auth import bearer_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import MAX_MESSAGE, RlgateError, clip
@@ -52,7 +53,7 @@ async def _answer(context: grpc.aio.ServicerContext, request: Message, call: Cal
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
-    def __init__(self, config: OrchestratorConfig, episodes: EpisodeManager) -> None:
+    def __init__(self, config: OrchestratorConfig, episodes: Episodes) -> None:
         self._config = config
         self._episodes = episodes
 
@@ -81,32 +82,32 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             run_id=request.run_id,
             caller=self._caller(context),
         )
-        return await _answer(context, request, lambda: self._episodes.reset(params, self._deadline(context)))
+        return await _answer(context, request, lambda: self._episodes.resets.reset(params, self._deadline(context)))
 
     async def Step(
         self, request: orchestrator_pb2.StepRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.StepResponse:
         return await _answer(
-            context, request, lambda: self._episodes.step(request, self._deadline(context), self._caller(context))
+            context, request, lambda: self._episodes.steps.step(request, self._deadline(context), self._caller(context))
         )
 
     async def State(
         self, request: orchestrator_pb2.StateRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.StateResponse:
         return await _answer(
-            context, request, lambda: self._episodes.state(request.session_id, request.include_tool_calls)
+            context, request, lambda: self._episodes.queries.state(request.session_id, request.include_tool_calls)
         )
 
     async def Close(
         self, request: orchestrator_pb2.CloseRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.CloseResponse:
-        return await _answer(context, request, lambda: self._episodes.close(request.session_id))
+        return await _answer(context, request, lambda: self._episodes.closing.close(request.session_id))
 
     async def CloseSessions(
         self, request: orchestrator_pb2.CloseSessionsRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.CloseSessionsResponse:
         async def run() -> orchestrator_pb2.CloseSessionsResponse:
-            ids = await self._episodes.close_sessions(dict(request.labels), request.run_id)
+            ids = await self._episodes.closing.close_sessions(dict(request.labels), request.run_id)
             return orchestrator_pb2.CloseSessionsResponse(session_ids=ids)
 
         return await _answer(context, request, run)
@@ -115,14 +116,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         self, request: orchestrator_pb2.ListTasksRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ListTasksResponse:
         async def run() -> orchestrator_pb2.ListTasksResponse:
-            return self._episodes.list_tasks(request)
+            return self._episodes.queries.list_tasks(request)
 
         return await _answer(context, request, run)
 
     async def ListSessions(
         self, request: orchestrator_pb2.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.ListSessionsResponse:
-        return await _answer(context, request, lambda: self._episodes.list_sessions(request))
+        return await _answer(context, request, lambda: self._episodes.queries.list_sessions(request))
 
 
 __all__ = ["OrchestratorServicer"]

@@ -2,7 +2,7 @@
 
 - `FakeProvider` (provider.py): the orchestrator's `Provider`, instances in a dict, scriptable creates,
   resets and verifier runs, every delete recorded.
-- `make_episodes` (episodes.py): an `EpisodeManager` wired as the orchestrator wires it, on a fake provider.
+- `make_episodes` (episodes.py): the `Episodes` parts wired as the orchestrator wires it, on a fake provider.
 - `FakeUpstreamPool` (upstream.py): what `ToolGateway` calls on `rlgate.mcpclient`'s pool and a session's
   upstreams, with a scriptable outcome per tool call (answer, not sent, lost, timed out, rejected, reply too
   large, hang until cancelled).

@@ -1,5 +1,5 @@
 """The orchestrator's episode logic wired as `Orchestrator` wires it, on a fake provider and any store: an
-`EpisodeManager` to call Reset / Step / Close on directly, without a gRPC server."""
+`Episodes` to call Reset / Step / Close on directly, without a gRPC server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.orchestrator.provisioning import Provisioner
@@ -41,12 +41,12 @@ def make_episodes(
     tools: FakeToolCache | None = None,
     verify_timeout_s: float = 10.0,
     **config: Any,
-) -> EpisodeManager:
-    """An `EpisodeManager` for `owner` (heartbeat it in the store for it to count as alive). `config`:
+) -> Episodes:
+    """The `Episodes` of `owner` (heartbeat it in the store for it to count as alive). `config`:
     `OrchestratorConfig` fields (run_id defaults to RUN_ID)."""
     settings = OrchestratorConfig(**{"run_id": RUN_ID, "provider": "fleet", **config})
     provisioner = Provisioner(settings, store, provider, owner, STORE_ID)
-    return EpisodeManager(
+    return Episodes.create(
         settings,
         store,
         provider,

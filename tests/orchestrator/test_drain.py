@@ -31,7 +31,7 @@ BOUND_S = 10.0  # how long anything that should happen "at once" may take on a l
 
 def hold_scoring(orch: Running) -> tuple[asyncio.Event, asyncio.Event]:
     """Make `orch`'s verifier wait: (entered, release). Scoring starts when it is released."""
-    verifier = orch.handle.orchestrator.episodes.verifier
+    verifier = orch.handle.orchestrator.episodes.endings.verifier
     run = verifier.run
     entered, release = asyncio.Event(), asyncio.Event()
 

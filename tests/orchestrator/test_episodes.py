@@ -585,7 +585,7 @@ async def test_every_revoked_token_is_remembered_so_the_gateway_can_say_why(
     assert await list_tools_code(gateway, forged) == grpc.StatusCode.UNAUTHENTICATED
 
     reaped = await orch.stub.Reset(orchestrator_pb2.ResetRequest(env_key="mailbox:v1"), timeout=60)
-    assert await orch.handle.orchestrator.episodes.expire(reaped.session_id, "test: idle")
+    assert await orch.handle.orchestrator.episodes.closing.expire(reaped.session_id, "test: idle")
     session = await store.get_session(reaped.session_id)
     assert session is not None and session.revoked_tokens == {token_hash(reaped.agent_token): 1}
     assert await list_tools_code(gateway, reaped.agent_token) == grpc.StatusCode.FAILED_PRECONDITION

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator.episodes import EpisodeManager
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.service import Orchestrator, make_provider
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, InvalidArgument
@@ -50,7 +50,7 @@ class CountingStore:
 
 
 @pytest.fixture
-async def parts(tmp_path: Path) -> AsyncIterator[tuple[EpisodeManager, CountingStore, SessionStore]]:
+async def parts(tmp_path: Path) -> AsyncIterator[tuple[Episodes, CountingStore, SessionStore]]:
     store = await open_store(f"sqlite:///{tmp_path / 'store.db'}")
     counting = CountingStore(store)
     config = OrchestratorConfig(provider="mcp", mcp_envs="")
@@ -83,10 +83,10 @@ def deadline() -> Deadline:
 
 async def test_a_turn_is_one_read_and_one_write(parts: Any) -> None:
     episodes, counting, store = parts
-    first = await episodes.step(step("r1"), deadline())
+    first = await episodes.steps.step(step("r1"), deadline())
     assert counting.calls == ["get_session", "commit"]
     counting.calls.clear()
-    second = await episodes.step(step("r2"), deadline())
+    second = await episodes.steps.step(step("r2"), deadline())
     assert counting.calls == ["get_session", "commit"]
     assert (first.turn, second.turn) == (1, 2)
     record = await store.get_request(STEPS, "r2")
@@ -98,36 +98,36 @@ async def test_a_turn_is_one_read_and_one_write(parts: Any) -> None:
 
 async def test_a_repeat_replays_the_recorded_response(parts: Any) -> None:
     episodes, _, store = parts
-    first = await episodes.step(step("same"), deadline())
-    again = await episodes.step(step("same"), deadline())
+    first = await episodes.steps.step(step("same"), deadline())
+    again = await episodes.steps.step(step("same"), deadline())
     assert again == first and again.turn == 1
     assert (await store.get_session(SID)).turn == 1  # counted once
 
 
 async def test_a_repeat_with_other_contents_is_invalid_argument(parts: Any) -> None:
     episodes, _, store = parts
-    await episodes.step(step("bound"), deadline())
+    await episodes.steps.step(step("bound"), deadline())
     for changed, field in (
         (step("bound", final_answer="3"), "final_answer"),
         (orchestrator_pb2.StepRequest(session_id=SID, request_id="bound", assistant_text="other"), "assistant_text"),
         (step("bound", done=True), "done"),
     ):
         with pytest.raises(InvalidArgument) as err:
-            await episodes.step(changed, deadline())
+            await episodes.steps.step(changed, deadline())
         assert err.value.field == field
     assert (await store.get_session(SID)).turn == 1
 
 
 async def test_concurrent_repeats_count_once(parts: Any) -> None:
     episodes, _, store = parts
-    replies = await asyncio.gather(*(episodes.step(step("together"), deadline()) for _ in range(5)))
+    replies = await asyncio.gather(*(episodes.steps.step(step("together"), deadline()) for _ in range(5)))
     assert {r.turn for r in replies} == {1}
     assert (await store.get_session(SID)).turn == 1
 
 
 async def test_a_write_by_someone_else_is_seen_not_overwritten(parts: Any) -> None:
     episodes, counting, store = parts
-    await episodes.step(step(), deadline())
+    await episodes.steps.step(step(), deadline())
 
     async def another_replica_takes_a_turn() -> None:
         other = await store.get_session(SID)
@@ -136,7 +136,7 @@ async def test_a_write_by_someone_else_is_seen_not_overwritten(parts: Any) -> No
 
     counting.before["commit"] = another_replica_takes_a_turn  # between this Step's read and its write
     counting.calls.clear()
-    reply = await episodes.step(step(), deadline())
+    reply = await episodes.steps.step(step(), deadline())
     assert reply.turn == 3
     assert counting.calls == ["get_session", "commit", "get_session", "commit"]  # lost; read, write again
     assert (await store.get_session(SID)).turn == 3
@@ -145,13 +145,13 @@ async def test_a_write_by_someone_else_is_seen_not_overwritten(parts: Any) -> No
 async def test_the_ending_turn_claims_first_and_a_repeat_replays_its_score(parts: Any) -> None:
     episodes, counting, store = parts
     for _ in range(4):
-        await episodes.step(step(), deadline())
+        await episodes.steps.step(step(), deadline())
     counting.calls.clear()
-    last = await episodes.step(step("end"), deadline())  # turn 5 of max 5: the episode ends, then is scored
+    last = await episodes.steps.step(step("end"), deadline())  # turn 5 of max 5: the episode ends, then is scored
     assert last.done and last.truncated and "claim_request" in counting.calls
     with pytest.raises(FailedPrecondition):
-        await episodes.step(step(), deadline())
-    assert (await episodes.step(step("end"), deadline())) == last  # a repeat of the ending turn replays it
+        await episodes.steps.step(step(), deadline())
+    assert (await episodes.steps.step(step("end"), deadline())) == last  # a repeat of the ending turn replays it
     assert (await store.get_session(SID)).turn == 5
 
 
@@ -160,15 +160,15 @@ async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_awa
     # episode unscored nor its request_id unanswerable (a retry would get FAILED_PRECONDITION, or wait).
     episodes, _, store = parts
     scoring, release = asyncio.Event(), asyncio.Event()
-    run = episodes.verifier.run
+    run = episodes.endings.verifier.run
 
     async def held(*args: Any) -> Any:
         scoring.set()
         await release.wait()
         return await run(*args)
 
-    episodes.verifier.run = held
-    caller = asyncio.create_task(episodes.step(step("held", done=True), deadline()))
+    episodes.endings.verifier.run = held
+    caller = asyncio.create_task(episodes.steps.step(step("held", done=True), deadline()))
     await asyncio.wait_for(scoring.wait(), 10)
     record = await store.get_request(STEPS, "held")
     assert record is not None and record.state == RequestState.PENDING
@@ -176,7 +176,7 @@ async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_awa
     with pytest.raises(asyncio.CancelledError):
         await caller
     release.set()
-    retry = await asyncio.wait_for(episodes.step(step("held", done=True), deadline()), 10)  # waits, then replays
+    retry = await asyncio.wait_for(episodes.steps.step(step("held", done=True), deadline()), 10)  # waits, then replays
     assert (retry.turn, retry.done, retry.done_reason) == (1, True, orchestrator_pb2.DONE_REASON_AGENT_DONE)
     assert retry.verification.status  # scored (SKIPPED: the mcp provider has no verifier for this session)
     record = await store.get_request(STEPS, "held")

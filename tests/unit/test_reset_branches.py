@@ -1,4 +1,4 @@
-"""Every way a Reset can end, on the orchestrator's logic alone: `EpisodeManager` over the in-memory store and a
+"""Every way a Reset can end, on the orchestrator's logic alone: `Episodes` over the in-memory store and a
 fake provider (tests/fakes), no gRPC server, no Fleet. Besides the answer, each branch must leave no instance
 behind that no session owns (the fake provider records every create and delete), no intent that is not
 DELETING or bound, and a request record a retry can use."""
@@ -13,9 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from rlgate.orchestrator.episodes import EpisodeManager, ResetParams, session_id_for_request
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import PoolEntry
 from rlgate.orchestrator.providers.base import InstanceLimit, ResetFailed, Retryable
+from rlgate.orchestrator.resets import ResetParams, session_id_for_request
 from rlgate.orchestrator.servicer import error_status
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
@@ -32,7 +33,7 @@ ENV = "env:v1"
 
 @dataclass
 class Orch:
-    episodes: EpisodeManager
+    episodes: Episodes
     store: MemoryStore
     provider: FakeProvider
 
@@ -42,11 +43,11 @@ class Orch:
         params = ResetParams(request_id=request_id, **fields)  # type: ignore[arg-type]
         if not (params.task_key or params.env_key or params.session_id):
             params.task_key = "env/t1"
-        return await self.episodes.reset(params, Deadline(deadline_s))
+        return await self.episodes.resets.reset(params, Deadline(deadline_s))
 
     async def owned_instances(self) -> set[str]:
         """Instances an open session uses."""
-        return {s.instance_id for s in await self.episodes.open_sessions()}
+        return {s.instance_id for s in await self.episodes.sessions.open_sessions()}
 
     async def assert_nothing_leaked(self) -> None:
         assert set(self.provider.live) == await self.owned_instances(), (self.provider.live, self.provider.deleted)
@@ -141,8 +142,8 @@ async def test_max_sessions_is_resource_exhausted_before_provisioning() -> None:
 # -- a reused instance whose reset fails is replaced ----------------------------------------------------------
 async def test_a_pooled_instance_whose_reset_fails_is_deleted_and_replaced() -> None:
     orch = await orch_with(warm_pool=f"{ENV}=1")
-    handle, intent = await orch.episodes.provisioner.create(ENV, Deadline(5), state=IntentState.POOLED)
-    assert await orch.episodes.pool.put_back(PoolEntry(handle, intent))
+    handle, intent = await orch.episodes.instances.provisioner.create(ENV, Deadline(5), state=IntentState.POOLED)
+    assert await orch.episodes.instances.pool.put_back(PoolEntry(handle, intent))
     orch.provider.fail_resets(handle.instance_id, ResetFailed("dirty state"))
 
     response = await orch.reset()

@@ -1,4 +1,4 @@
-"""Every way a Step can end, on the orchestrator's logic alone: `EpisodeManager` over the in-memory store and a
+"""Every way a Step can end, on the orchestrator's logic alone: `Episodes` over the in-memory store and a
 fake provider (tests/fakes), no gRPC server, no Fleet. A turn is counted once whatever is retried; an ending
 turn is scored once; a verifier that fails or hangs is never a reward; an ending whose process died is
 finished by the retry."""
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from rlgate.orchestrator.episodes import EpisodeManager, ResetParams
+from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.providers.base import Retryable, VerifierRun
+from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition
 from rlgate.runtime.ledger import scope
@@ -30,7 +31,7 @@ Verified = common_pb2.VerificationStatus
 
 @dataclass
 class Episode:
-    episodes: EpisodeManager
+    episodes: Episodes
     store: MemoryStore
     provider: FakeProvider
     session_id: str
@@ -41,7 +42,7 @@ class Episode:
         request = orchestrator_pb2.StepRequest(
             session_id=self.session_id, request_id=request_id or uuid.uuid4().hex, assistant_text="thinking", **fields
         )
-        return await self.episodes.step(request, Deadline(deadline_s))
+        return await self.episodes.steps.step(request, Deadline(deadline_s))
 
     async def turn(self) -> int:
         session = await self.store.get_session(self.session_id)
@@ -64,7 +65,7 @@ class Episode:
 async def episode_on(store: MemoryStore, provider: FakeProvider, **config: Any) -> Episode:
     await store.heartbeat_owner(OWNER, 60)
     episodes = make_episodes(store, provider, owner=OWNER, **config)
-    reset = await episodes.reset(ResetParams(request_id="reset-1", task_key="env/t1"), Deadline(5))
+    reset = await episodes.resets.reset(ResetParams(request_id="reset-1", task_key="env/t1"), Deadline(5))
     return Episode(episodes, store, provider, reset.session_id)
 
 
@@ -73,7 +74,7 @@ async def ep() -> AsyncIterator[Episode]:
     store = MemoryStore()
     episode = await episode_on(store, FakeProvider())
     yield episode
-    await episode.episodes.wait_endings()
+    await episode.episodes.endings.wait()
     await store.close()
 
 
@@ -173,7 +174,7 @@ async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
     provider.verifies.then(HANG)  # the first scoring never finishes: the process dies during it
     first = asyncio.create_task(dying.step("end", final_answer="42"))
     await asyncio.wait_for(provider.hung.wait(), 5)
-    await dying.episodes.abandon_endings()  # the process goes away mid-scoring: its record stays PENDING
+    await dying.episodes.abandon()  # the process goes away mid-scoring: its record stays PENDING
     with pytest.raises(asyncio.CancelledError):
         await first
     assert await dying.record_state("end") == RequestState.PENDING

@@ -1,0 +1,128 @@
+"""An episode's ending: the verifier scores the episode the last turn ended, and the outcome and the turn's
+answer are recorded. Each ending runs in a task of its own: it finishes even if the Step that ended the episode
+goes away (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode), and shutdown
+waits for the endings in flight or hands them back to other replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from rlgate.orchestrator.providers.base import InstanceHandle, Provider
+from rlgate.orchestrator.sessions import Sessions
+from rlgate.orchestrator.verifier import Verifier
+from rlgate.orchestrator.views import step_response
+from rlgate.runtime.ledger import Claim
+from rlgate.store import Session, VerificationStatus
+from rlgate.v1 import orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Endings:
+    def __init__(self, sessions: Sessions, provider: Provider, verifier: Verifier) -> None:
+        self._sessions = sessions
+        self._provider = provider
+        self.verifier = verifier
+        self._running: set[asyncio.Task[orchestrator_pb2.StepResponse]] = set()
+
+    def start(
+        self, session: Session, final_answer: str | None, claim: Claim
+    ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
+        """Score the episode `session` has just ended and record the request's answer (the claim is held)."""
+        return self._spawn(self._end(session, final_answer, claim))
+
+    def start_after(
+        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim
+    ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
+        """The ending of a turn whose caller left during the write that ends the episode: scored if the
+        write lands, the request's record released if it fails."""
+        return self._spawn(self._end_after(written, final_answer, claim))
+
+    async def wait(self) -> None:
+        """Until every episode ending of this process is scored and recorded (shutdown: an ending whose
+        caller went away still finishes here, so a retry anywhere replays it)."""
+        while pending := {task for task in self._running if not task.done()}:
+            await asyncio.wait(pending)
+
+    async def abandon(self) -> None:
+        """Cancel the endings still being scored (shutdown, after the drain). Their request records stay
+        PENDING: once this process is declared dead, a retry on another replica takes them over and
+        answers with the episode's ending."""
+        endings = set(self._running)
+        for task in endings:
+            task.cancel()
+        if endings:
+            log.warning("shutdown: %d episode ending(s) not scored yet; handed back to other replicas", len(endings))
+            await asyncio.gather(*endings, return_exceptions=True)
+
+    async def score(self, session: Session, final_answer: str | None) -> Session:
+        """Run the verifier for the episode that just ended and record its outcome (once: a concurrent or
+        later scoring of the same episode leaves the first outcome)."""
+        task = self._sessions.task_of(session)
+        handle = (
+            InstanceHandle.from_record(session.instance)
+            if session.instance
+            else InstanceHandle(instance_id=session.instance_id, env_key=session.env_key)
+        )
+        calls = None
+        if task is not None and self._provider.wants_tool_calls(task):
+            calls = await self._sessions.store.list_tool_calls(session.session_id, session.episode)
+        extra = {} if calls is None else {"tool_calls": calls}
+        outcome = await self.verifier.run(task, handle, final_answer, **extra)
+        episode = session.episode
+
+        def record(s: Session) -> bool:
+            if s.episode != episode or s.verification is not None:
+                return False
+            s.verification = outcome.verification()
+            s.reward = outcome.score if outcome.status == VerificationStatus.OK else None
+            return True
+
+        updated, _ = await self._sessions.mutate(session.session_id, record, start=session)
+        return updated
+
+    def _spawn(
+        self, ending: Coroutine[Any, Any, orchestrator_pb2.StepResponse]
+    ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
+        task = asyncio.create_task(ending)
+        self._running.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[orchestrator_pb2.StepResponse]) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved here: its caller may be gone
+            log.warning("scoring the episode failed: %s", task.exception())
+
+    async def _end_after(
+        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim
+    ) -> orchestrator_pb2.StepResponse:
+        try:
+            session = await written
+        except asyncio.CancelledError:
+            raise  # shutdown: the record is handed back PENDING (see `_end`)
+        except BaseException:
+            await asyncio.shield(self._sessions.store.release_request(claim.scope, claim.request_id))  # nothing written
+            raise
+        return await self._end(session, final_answer, claim)
+
+    async def _end(self, session: Session, final_answer: str | None, claim: Claim) -> orchestrator_pb2.StepResponse:
+        try:
+            response = step_response(await self.score(session, final_answer))
+        except asyncio.CancelledError:
+            # Shutdown: the record stays PENDING, handed back with this process (`Orchestrator.stop`). A
+            # released record would make a retry elsewhere find the episode done with no record of its
+            # ending (FAILED_PRECONDITION); a PENDING one of a dead owner is taken over and scored there.
+            raise
+        except BaseException:
+            if claim.request_id:  # not scored: a retry runs again rather than waiting on a live owner
+                await asyncio.shield(self._sessions.store.release_request(claim.scope, claim.request_id))
+            raise
+        if claim.request_id:
+            # A write the store refuses raises, and the ledger keeps the scored ending: repeats here get it
+            # and it is written again in the background (never released: that would lose the ending).
+            await claim.commit(response=response)
+        return response

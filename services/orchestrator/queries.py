@@ -1,0 +1,58 @@
+"""State, ListSessions and ListTasks: what the orchestrator answers from the store and the task catalog without
+changing anything."""
+
+from __future__ import annotations
+
+from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.sessions import Sessions
+from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, validate_page_size
+from rlgate.orchestrator.views import session_info, status_filter, task_info, tool_call_entry
+from rlgate.v1 import orchestrator_pb2
+
+
+class Queries:
+    def __init__(self, config: OrchestratorConfig, sessions: Sessions, catalog: TaskCatalog) -> None:
+        self._config = config
+        self._sessions = sessions
+        self._catalog = catalog
+
+    async def state(self, session_id: str, include_tool_calls: bool) -> orchestrator_pb2.StateResponse:
+        session = await self._sessions.get(session_id)
+        entries = await self._sessions.store.list_tool_calls(session_id, session.episode)
+        response = orchestrator_pb2.StateResponse(
+            session=session_info(session, self._sessions.task_of(session), len(entries))
+        )
+        if include_tool_calls:
+            response.tool_calls.extend(tool_call_entry(e) for e in entries)
+        return response
+
+    async def list_sessions(
+        self, request: orchestrator_pb2.ListSessionsRequest
+    ) -> orchestrator_pb2.ListSessionsResponse:
+        size = validate_page_size(request.page_size)
+        status = status_filter(request.status)
+        statuses = None if status is None else frozenset({status})
+        scope = f"sessions:{request.status}:{sorted(request.labels.items())}:{request.run_id}"
+        cursor = decode_token(request.page_token, scope=scope) if request.page_token else ""
+        page, next_cursor = await self._sessions.store.list_sessions(
+            statuses=statuses, labels=dict(request.labels), run_id=request.run_id, limit=size, cursor=cursor
+        )
+        return orchestrator_pb2.ListSessionsResponse(
+            sessions=[session_info(s, self._sessions.task_of(s)) for s in page],
+            next_page_token=encode_token(next_cursor, scope=scope) if next_cursor else "",
+        )
+
+    def list_tasks(self, request: orchestrator_pb2.ListTasksRequest) -> orchestrator_pb2.ListTasksResponse:
+        tasks, next_token, total = self._catalog.page(request.env_key, request.page_size, request.page_token)
+        return orchestrator_pb2.ListTasksResponse(
+            tasks=[
+                task_info(
+                    t,
+                    default_max_turns=self._config.default_max_turns,
+                    reference_solution=request.include_reference_solution,
+                )
+                for t in tasks
+            ],
+            next_page_token=next_token,
+            total=total,
+        )

@@ -1,0 +1,156 @@
+"""Step: one turn of an episode — counted on the session, and the episode ended when the turn gives a final
+answer, says done or reaches max_turns (its scoring is then `endings`').
+
+With a request_id the turn goes through the request ledger, lazily claimed: an ordinary turn is one read and
+one write that counts the turn and records its response together, only if the request_id is new; a turn that
+ends the episode claims the request_id before its write, since it is scored after it (a repeat waits for the
+verifier's outcome instead of replaying a turn without it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.orchestrator.endings import Endings
+from rlgate.orchestrator.sessions import Sessions
+from rlgate.orchestrator.views import step_response
+from rlgate.runtime.deadline import Deadline
+from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
+from rlgate.runtime.ledger import Claim, RequestLedger, scope
+from rlgate.runtime.logs import session_id_var
+from rlgate.store import DoneReason, Session, SessionStatus
+from rlgate.v1 import orchestrator_pb2
+
+log = logging.getLogger(__name__)
+
+
+class Steps:
+    def __init__(self, sessions: Sessions, endings: Endings, ledger: RequestLedger) -> None:
+        self._sessions = sessions
+        self._endings = endings
+        self._ledger = ledger
+
+    async def step(
+        self, request: orchestrator_pb2.StepRequest, deadline: Deadline, caller: str = ""
+    ) -> orchestrator_pb2.StepResponse:
+        """One turn; `caller` owns the request_id (the API key's hash; "" without keys)."""
+        if not request.session_id:
+            raise InvalidArgument("session_id", "required")
+        params = step_params(request)
+        session_id_var.set(request.session_id)
+        return await self._ledger.run(
+            scope("step", caller),
+            request.request_id,
+            params,
+            deadline,
+            orchestrator_pb2.StepResponse,
+            lambda claim: self._turn(request, claim),
+            lazy=True,
+        )
+
+    async def _turn(self, request: orchestrator_pb2.StepRequest, claim: Claim) -> orchestrator_pb2.StepResponse:
+        final_answer = request.final_answer if request.HasField("final_answer") else None
+        if claim.prior is not None:
+            current = await self._sessions.get(request.session_id)
+            if current.status == SessionStatus.DONE and current.updated_at >= claim.prior.created_at:
+                # The dead attempt ended the episode (or was ending it): answer with that ending and
+                # finish its verification if it never ran, instead of FAILED_PRECONDITION.
+                log.warning(
+                    "step %s taken over after its owner died: returning the episode's ending", clip(request.request_id)
+                )
+                if current.verification is None:
+                    current = await self._endings.score(current, final_answer)
+                return step_response(current)
+
+        def count(s: Session) -> bool:
+            if s.status == SessionStatus.DONE:
+                raise FailedPrecondition(
+                    "the episode is already done; Reset with session_id starts the next", reason="EPISODE_DONE"
+                )
+            if s.status != SessionStatus.ACTIVE:
+                raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_NOT_ACTIVE")
+            _count_turn(s, request)
+            return True
+
+        async def write(s: Session) -> Session | None:
+            if s.status == SessionStatus.DONE:
+                await claim.hold()  # scored after this write: repeats wait for the outcome
+                written = asyncio.ensure_future(self._sessions.store.update_session(s))
+                try:
+                    return await asyncio.shield(written)
+                except asyncio.CancelledError:
+                    # The caller went away (or a drain cut the call) mid-write: the write lands or fails
+                    # regardless, and the record follows it in the background (scored, or released).
+                    claim.keep()
+                    self._endings.start_after(written, final_answer, claim)
+                    raise
+            return await claim.commit(session=s, response=step_response(s))
+
+        session, _ = await self._sessions.mutate(request.session_id, count, write=write)
+        _log_turn(session, request)
+        if session.status != SessionStatus.DONE:
+            return step_response(session)
+        # The episode has ended: its verification and the request's record finish even if this caller goes
+        # away now (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode).
+        claim.keep()
+        return await asyncio.shield(self._endings.start(session, final_answer, claim))
+
+
+def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
+    """What a Step's request_id is bound to. INVALID_ARGUMENT for tool-call arguments that are not a JSON
+    object (the ledger compares them as JSON, whichever form they came in)."""
+    calls = []
+    for i, call in enumerate(request.tool_calls):
+        if not call.name:
+            raise InvalidArgument(f"tool_calls[{i}].name", "required")
+        try:
+            arguments = arguments_of(call)
+        except InvalidJsonValue as exc:
+            raise InvalidArgument(f"tool_calls[{i}].{call.WhichOneof('args')}", str(exc)) from exc
+        calls.append(
+            {
+                "name": call.name,
+                "arguments": arguments,
+                "request_id": call.request_id,
+                "is_error": call.is_error,
+                "error_kind": call.error_kind,
+            }
+        )
+    return {
+        "session_id": request.session_id,
+        "assistant_text": request.assistant_text,
+        "tool_calls": calls,
+        "final_answer": request.final_answer if request.HasField("final_answer") else None,
+        "done": request.done,
+    }
+
+
+def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
+    """Apply one Step to an active session: the turn, and the episode's end if this turn ends it."""
+    session.turn += 1
+    session.last_active_at = time.time()
+    if request.HasField("final_answer"):
+        session.done_reason = DoneReason.FINAL_ANSWER
+    elif request.done:
+        session.done_reason = DoneReason.AGENT_DONE
+    elif session.max_turns and session.turn >= session.max_turns:
+        session.done_reason = DoneReason.MAX_TURNS
+    if session.done_reason != DoneReason.NONE:
+        session.status = SessionStatus.DONE
+        session.verification = None
+        session.reward = None
+
+
+def _log_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:
+    if log.isEnabledFor(logging.INFO):
+        log.info(
+            "turn %d: %d tool call(s)%s%s",
+            session.turn,
+            len(request.tool_calls),
+            ", final answer" if request.HasField("final_answer") else "",
+            f", done ({session.done_reason})" if session.done_reason != DoneReason.NONE else "",
+        )
