@@ -33,11 +33,12 @@ from rlgate.mcpclient.transport import HttpSettings
 
 log = logging.getLogger(__name__)
 
-JANITOR_CONCURRENCY = 16  # store reads of one janitor pass in flight at once
+JANITOR_BATCH = 500  # sessions one store call of the janitor asks about
 # A session idle for t seconds is re-checked every max(janitor_interval_s, t / IDLE_BACKOFF): a session
 # closed right after its last call (the usual end of an episode) is noticed within one interval, while
 # long-idle open sessions cost few store reads.
 IDLE_BACKOFF = 8.0
+OpenOf = Callable[[list[str]], Awaitable[set[str]]]  # which of these sessions are open (one store call)
 ERAS_KEPT = 4096  # URLs whose era is remembered (least recently used forgotten first)
 
 
@@ -164,45 +165,48 @@ class UpstreamPool:
         if ups is not None:
             await ups.close()
 
-    def start_janitor(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
-        """Close clients of sessions idle for `client_idle_s` or no longer open (`still_open(sid)` reads the
-        store). A session that an RPC found open since the last look is not read again."""
-        self._janitor = self.spawn(self._janitor_loop(still_open), "upstream-janitor")
+    def start_janitor(self, open_of: OpenOf) -> None:
+        """Close clients of sessions idle for `client_idle_s` or no longer open (`open_of(ids)` reads the
+        store: which of these sessions are open). A session that an RPC found open since the last look is
+        not read again."""
+        self._janitor = self.spawn(self._janitor_loop(open_of), "upstream-janitor")
 
-    async def _janitor_loop(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
+    async def _janitor_loop(self, open_of: OpenOf) -> None:
         while True:
             await asyncio.sleep(self.settings.janitor_interval_s)
-            await self.sweep(still_open)
+            await self.sweep(open_of)
 
-    async def sweep(self, still_open: Callable[[str], Awaitable[bool]]) -> None:
-        """One janitor pass."""
+    async def sweep(self, open_of: OpenOf) -> None:
+        """One janitor pass: the sessions due for a look are read JANITOR_BATCH at a time, one store call
+        each (not a read and a task per session)."""
         now = time.monotonic()
         interval = self.settings.janitor_interval_s
-        gate = asyncio.Semaphore(JANITOR_CONCURRENCY)
-
-        async def look(sid: str, ups: SessionUpstreams) -> None:
+        ended: list[tuple[str, SessionUpstreams, str]] = []
+        due: list[tuple[str, SessionUpstreams]] = []
+        for sid, ups in self._sessions.items():
+            if ups.in_flight == 0 and now - ups.last_used > self.settings.client_idle_s:
+                ended.append((sid, ups, "idle"))
+            elif now - ups.confirmed_at >= max(interval, (now - ups.last_used) / IDLE_BACKOFF):
+                due.append((sid, ups))
+        for start in range(0, len(due), JANITOR_BATCH):
+            batch = due[start : start + JANITOR_BATCH]
             try:
-                idle = ups.in_flight == 0 and now - ups.last_used > self.settings.client_idle_s
-                if not idle:
-                    async with gate:
-                        if await still_open(sid):
-                            ups.confirmed_at = time.monotonic()
-                            return
-                log.info("closing upstream clients of session %s (%s)", sid, "idle" if idle else "closed")
-                if self._sessions.get(sid) is ups:
-                    del self._sessions[sid]
-                await ups.close()
+                still = await open_of([sid for sid, _ in batch])
             except Exception:
-                log.warning("janitor could not check session %s", sid, exc_info=True)
-
-        due = [
-            (sid, ups)
-            for sid, ups in self._sessions.items()
-            if now - ups.confirmed_at >= max(interval, (now - ups.last_used) / IDLE_BACKOFF)
-            or now - ups.last_used > self.settings.client_idle_s
-        ]
-        if due:
-            await asyncio.gather(*(look(sid, ups) for sid, ups in due))
+                log.warning("janitor could not check %d sessions", len(batch), exc_info=True)
+                continue
+            confirmed = time.monotonic()
+            for sid, ups in batch:
+                if sid in still:
+                    ups.confirmed_at = confirmed
+                else:
+                    ended.append((sid, ups, "closed"))
+        for sid, ups, why in ended:
+            log.info("closing upstream clients of session %s (%s)", sid, why)
+            if self._sessions.get(sid) is ups:
+                del self._sessions[sid]
+        if ended:
+            await asyncio.gather(*(ups.close() for _, ups, _ in ended), return_exceptions=True)
 
     async def close(self) -> None:
         """Close every client (each exits in its owner task) and cancel every background task."""

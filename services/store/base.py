@@ -9,7 +9,7 @@ so any replica can serve any session.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rlgate.store.models import Intent, RequestRecord, Session, ToolCallEntry
 
@@ -56,6 +56,12 @@ class SessionStore(abc.ABC):
         """Sessions newest first (created_at, then id), filtered; returns (page, next_cursor or "").
         `labels` must all match; `limit` is clamped to 1..1000 (0 or less means 100). ValueError for a
         cursor the store did not produce."""
+
+    @abc.abstractmethod
+    async def sessions_open(self, session_ids: Sequence[str]) -> set[str]:
+        """Which of `session_ids` are open sessions holding a current agent token, in one call (the gateway's
+        janitor looks at many sessions at once; a backend may split a long list into a few round trips).
+        Unknown ids are not open."""
 
     @abc.abstractmethod
     async def count_open_sessions(self) -> int:

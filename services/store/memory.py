@@ -25,7 +25,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -269,6 +269,17 @@ class MemoryStore(SessionStore):
             sessions = sessions[:limit]
             return sessions, _common.encode_cursor(sessions[-1])
         return sessions, ""
+
+    async def sessions_open(self, session_ids: Sequence[str]) -> set[str]:
+        def which() -> set[str]:
+            found = set()
+            for sid in session_ids:
+                raw = self.data.sessions.get(sid)
+                if raw is not None and (s := _session(raw)).is_open and s.token_hash:
+                    found.add(sid)
+            return found
+
+        return await self._call("sessions_open", which)
 
     async def count_open_sessions(self) -> int:
         def count() -> int:

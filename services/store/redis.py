@@ -28,7 +28,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -636,6 +636,17 @@ class RedisStore(SessionStore):
 
     async def touch_session(self, session_id: str, now: float) -> None:
         await self._script("touch_session", self._touch, session_id, _score(now))
+
+    async def sessions_open(self, session_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(session_ids))
+        found: set[str] = set()
+        for start in range(0, len(ids), _WALK_BATCH):
+            chunk = ids[start : start + _WALK_BATCH]
+            sessions = await self._load_sessions(chunk)
+            for sid, session in zip(chunk, sessions, strict=True):
+                if session is not None and session.is_open and session.token_hash:
+                    found.add(sid)
+        return found
 
     async def count_open_sessions(self) -> int:
         return int(await self._call("count_open_sessions", lambda: self._client.zcard(self._key("idx:open"))))

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import apsw
@@ -162,6 +162,7 @@ CREATE INDEX requests_done ON requests(finished_at) WHERE state = 'done';
 assert sorted(_MIGRATIONS) == list(range(1, SCHEMA_VERSION))
 
 _SESSION_COLUMNS = "data, version, last_active_at"
+_IN_BATCH = 500  # ids per IN (...) list: far below SQLite's bound on bound parameters
 
 MIN_SQLITE_VERSION = (3, 51, 3)  # the first release without the WAL-reset bug (see the module's docstring)
 QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: ~0.1 s per 150 MB cached
@@ -559,6 +560,25 @@ class SqliteStore(SessionStore):
             sessions = sessions[:limit]
             return sessions, _common.encode_cursor(sessions[-1])
         return sessions, ""
+
+    async def sessions_open(self, session_ids: Sequence[str]) -> set[str]:
+        ids = list(dict.fromkeys(session_ids))
+
+        def which(conn: apsw.Connection) -> set[str]:
+            statuses = tuple(sorted(OPEN_STATUSES))
+            marks = ", ".join("?" for _ in statuses)
+            found: set[str] = set()
+            for start in range(0, len(ids), _IN_BATCH):
+                chunk = ids[start : start + _IN_BATCH]
+                rows = conn.execute(
+                    f"SELECT session_id FROM sessions WHERE session_id IN ({', '.join('?' for _ in chunk)}) "
+                    f"AND status IN ({marks}) AND token_hash != ''",
+                    (*chunk, *statuses),
+                )
+                found.update(str(row[0]) for row in rows)
+            return found
+
+        return await self._run(which) if ids else set()
 
     async def count_open_sessions(self) -> int:
         def count(conn: apsw.Connection) -> int:

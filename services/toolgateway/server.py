@@ -119,11 +119,7 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
         ),
     )
 
-    async def still_open(session_id: str) -> bool:
-        session = await store.get_session(session_id)
-        return session is not None and session.is_open and bool(session.token_hash)
-
-    pool.start_janitor(still_open)
+    pool.start_janitor(store.sessions_open)
 
     def register(server: grpc.aio.Server) -> list[str]:
         toolgateway_pb2_grpc.add_ToolGatewayServiceServicer_to_server(ToolGatewayServicer(gateway), server)
