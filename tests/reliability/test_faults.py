@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from rlgate import AsyncClient, RetryPolicy, RlgateError
-from rlgate.store import open_store
+from rlgate.store import RequestState, call_scope, open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.reliability.conftest import Figures
 from tests.reliability.harness import (
@@ -32,6 +32,7 @@ from tests.reliability.harness import (
     start_stack,
 )
 from tests.support.redis import RedisServer
+from tests.support.wait import wait_until
 
 TASKS = {"modern": "mailbox-count-unread-from-kenji", "legacy": "tracker-who-is-assigned"}
 RESET_TIMEOUT_S = 2.0
@@ -58,6 +59,11 @@ STACK_ARGS: dict[str, list[str]] = {
 RETRYING = RetryPolicy(max_attempts=60, initial_backoff=0.2, max_backoff=1.0)
 ONCE = RetryPolicy(max_attempts=1)
 eras = pytest.mark.parametrize("era", ["modern", "legacy"])
+
+
+def creating(stack: AuditedStack, era: str) -> bool:
+    """Whether localfleet holds a create of the era's environment in progress."""
+    return any(i["status"] == "pending" and i["env_key"] == ERAS[era] for i in stack.admin.instances())
 
 
 @dataclass
@@ -376,7 +382,7 @@ async def test_localfleet_down_while_provisioning(
             pending = asyncio.ensure_future(
                 timed(once.reset(task_key=TASKS[era], request_id=request_id, timeout=DOWN_DEADLINE_S))
             )
-            await asyncio.sleep(1.0)
+            await wait_until(lambda: asyncio.to_thread(creating, stack, era), 3.0, "the create waiting in localfleet")
             stack.kill("localfleet")
             status, latency, err = await pending
         finally:
@@ -448,7 +454,7 @@ async def test_orchestrator_sigkill_mid_episode(
     once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
     try:
         pending = asyncio.ensure_future(timed(once.reset(task_key=TASKS[era], request_id=inflight_id, timeout=30.0)))
-        await asyncio.sleep(1.0)
+        await wait_until(lambda: asyncio.to_thread(creating, stack, era), 3.0, "the create waiting in localfleet")
         stack.kill("orchestrator")
         status, latency, _ = await pending
     finally:
@@ -482,10 +488,15 @@ async def test_gateway_sigkill_mid_call(
     name, args = run.calls[0]
     stack.admin.set_faults({"environments": {run.env_id: {"hang_tools": [name]}}})
     first = rid()
+    calls = stack.admin.env_counter(run.env_id, "tool_calls")
+
+    def reached_upstream() -> bool:
+        return stack.admin.env_counter(run.env_id, "tool_calls") > calls
+
     once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
     try:
         pending = asyncio.ensure_future(timed(run.call(name, args, first, client=once, deadline_s=30.0)))
-        await asyncio.sleep(1.5)
+        await wait_until(lambda: asyncio.to_thread(reached_upstream), 10, "the call hanging upstream")
         stack.kill("toolgateway")
         status, latency, _ = await pending
     finally:
@@ -495,7 +506,19 @@ async def test_gateway_sigkill_mid_call(
     started = time.perf_counter()
     await asyncio.to_thread(stack.start_service, "toolgateway")
     stack.admin.clear_faults()
-    await asyncio.sleep(GATEWAY_OWNER_TTL_S)  # the dead owner's lease lapses
+    # The dead gateway's claim stays PENDING under its owner until that owner's heartbeat lapses.
+    store = await open_store(stack.store_url)
+    try:
+        claim = await store.get_request(call_scope(run.session_id), first)
+        assert claim is not None and claim.state == RequestState.PENDING, claim
+        dead_owner = claim.owner
+
+        async def lapsed() -> bool:
+            return not await store.owner_alive(dead_owner)
+
+        await wait_until(lapsed, 3 * GATEWAY_OWNER_TTL_S, "the dead gateway's owner lease lapsed")
+    finally:
+        await store.close()
     retry_status, _, replay = await timed(run.call(name, args, first))
     kind = common_pb2.ToolErrorKind.Name(replay.result.error_kind) if retry_status == "OK" else ""
     outcome.caller_saw.append(f"retry same id: {retry_status} {kind}")
@@ -517,7 +540,7 @@ async def test_redis_restarted_mid_run(tmp_path: Path, audit: Audit, figures: Fi
             await run.start()
             name, args = run.calls[0]
             outage = asyncio.ensure_future(redis.restart_async(kill=True, down_for=1.5))
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: asyncio.to_thread(lambda: not redis.answers()), 5, "Redis down")
             once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
             try:
                 status, latency, _ = await timed(run.call(name, args, client=once, deadline_s=10.0))

@@ -64,6 +64,10 @@ class RedisServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def answers(self) -> bool:
+        """Whether the server answers PING now (not while it is down or still loading its AOF)."""
+        return _ping(self.port)
+
     def start(self, timeout: float = 20.0) -> None:
         """Start on the same port and dir; return once it answers PING (AOF replayed)."""
         if self.running:
@@ -84,7 +88,7 @@ class RedisServer:
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-            )
+            )  # fmt: skip
         deadline = time.monotonic() + timeout
         while not _ping(self.port):
             if self.proc.poll() is not None:
