@@ -399,7 +399,7 @@ async def test_ten_thousand_tools_are_listed_and_listed_again_without_stalling_t
         assert result.error_kind == Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, result  # its schema is checked
         past = (await caller(stub, s)(f"tool_{MAX_TOOLS:06d}", '{"n": 1}')).result
         assert past.error_kind == Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL and "left out" in past.error_message, past
-        assert again.longest < 0.1, again.longest
+        assert again.longest < 0.12, again.longest
 
 
 class PagedClient:
@@ -430,7 +430,7 @@ async def test_specs_are_made_off_the_loop_and_listings_are_bounded(caplog: pyte
     assert len(tools) == 5_000 and [t.name for t in union.tools[:1]] == ["tool_000000"]
     assert "larger than" in union.left_out["huge"] and union.tools[-1].spec().endpoint == "http://up/mcp"
     assert len(left_out_warnings(caplog)) == 1
-    assert stalls.longest < 0.15, stalls.longest
+    assert stalls.longest < 0.5, stalls.longest  # ~10-25 ms; the schema's JSON text on the loop took seconds
 
     endless = PagedClient([[small[0]]] * 1_000)
     assert len(await list_all_tools(endless)) == catalog.MAX_PAGES == endless.asked  # type: ignore[arg-type]
@@ -453,7 +453,7 @@ async def test_a_large_schema_is_checked_off_the_loop(
         assert bad.error_kind == Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS and "$.p0000001" in bad.error_message, bad
         assert len(bad.error_message) < 10_000  # the expected shape names 50 properties, not 4,000
         assert not good.is_error and upstream.calls == ["echo", "wide"]
-        assert stalls.longest < 0.15, stalls.longest
+        assert stalls.longest < 0.5, stalls.longest
 
 
 async def test_a_multi_megabyte_schema_is_left_out(
