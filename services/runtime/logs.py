@@ -32,7 +32,8 @@ class _ContextFilter(logging.Filter):
         return True
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\u2028\u2029]")
+# C0 and C1 controls (NEL, U+0085, ends a line for many readers) and the Unicode line/paragraph separators.
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(text: str) -> str:
@@ -46,6 +47,22 @@ class _TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message)
         return super().formatMessage(record)
+
+
+class _NoUndecodableMetadata(logging.Filter):
+    """grpcio logs a metadata value it cannot decode as UTF-8 whole ("Invalid encoding on b'Bearer ...'"), so
+    an API key or agent token with one stray byte would land in the log. The event is kept, the value dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("Invalid encoding"):
+            record.msg = "Invalid encoding on a metadata value (the value is not logged)"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+GRPC_CYTHON_LOGGER = "grpc._cython.cygrpc"
 
 
 class _JsonFormatter(logging.Formatter):
@@ -80,6 +97,9 @@ def setup_logging(level: str = "INFO", json_format: bool = False, service: str =
         formatter.converter = time.gmtime
         handler.setFormatter(formatter)
     root.addHandler(handler)
+    grpc_logger = logging.getLogger(GRPC_CYTHON_LOGGER)
+    if not any(isinstance(f, _NoUndecodableMetadata) for f in grpc_logger.filters):
+        grpc_logger.addFilter(_NoUndecodableMetadata())
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "mcp", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

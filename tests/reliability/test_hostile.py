@@ -694,17 +694,8 @@ def with_stray_byte(key: str, audit: Audit, label: str) -> bytes:
     return left.encode() + b"\xff" + right.encode()
 
 
-UTF8_FINDING = (
-    "finding: grpcio decodes every non-binary metadata value as UTF-8 and, when that fails, logs it whole "
-    "(grpc._cython.cygrpc._decode: _LOGGER.exception('Invalid encoding on %s', value), logger "
-    "'grpc._cython.cygrpc'); the root handler of services/runtime/logs.py writes it, so an authorization header "
-    "with one stray byte puts the key (or agent token) in the server log. Fix: in setup_logging "
-    "(services/runtime/logs.py), a filter on the 'grpc._cython.cygrpc' logger that drops the value of "
-    "'Invalid encoding on %s' records (keeping a line that says an undecodable header arrived)"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=UTF8_FINDING)
 def test_invalid_utf8_authorization_is_never_logged(tmp_path: Path, figures: Figures) -> None:
     """`authorization: Bearer <key with a stray 0xff>` to both servers: UNAUTHENTICATED, and neither half of the
     key appears in anything the servers wrote (their log files: Python logging and grpc core's stderr).
@@ -737,16 +728,8 @@ def test_invalid_utf8_authorization_is_never_logged(tmp_path: Path, figures: Fig
     assert leaks == [], leaks
 
 
-NEL_FINDING = (
-    "finding: the log formatter's one_line (services/runtime/logs.py, _CONTROL) escapes C0 controls, DEL, U+2028 "
-    "and U+2029 but not the C1 controls U+0080-U+009F: NEL (U+0085) ends a line for str.splitlines and "
-    "Unicode-aware log readers, so an upstream's tool error 'failed<NEL><forged line>' (logged by the gateway's "
-    "'tool %s -> %s: %s') forges a log line; U+009B (CSI) reaches terminals unescaped. Fix: add \\x80-\\x9f "
-    "to _CONTROL"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=NEL_FINDING)
 async def test_nel_does_not_forge_a_log_line(stack: AuditedStack, clients: Clients, figures: Figures) -> None:
     """A tool error whose text is 'failed<U+0085><forged log line>': the gateway logs it on one line."""
 

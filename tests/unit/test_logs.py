@@ -30,3 +30,20 @@ def test_a_newline_in_a_tool_name_cannot_forge_a_log_line(json_format: bool, mon
     assert len(lines) == 2, lines
     if json_format:
         assert [json.loads(line)["level"] for line in lines] == ["WARNING", "WARNING"]
+
+
+def test_nel_and_other_c1_controls_are_escaped() -> None:
+    assert one_line("a\x85b\x9bc") == "a\\x85b\\x9bc"
+    assert len(one_line("x\x85INFO forged").splitlines()) == 1
+
+
+def test_grpcio_never_logs_a_metadata_value_it_cannot_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    setup_logging("INFO")
+    try:
+        logging.getLogger("grpc._cython.cygrpc").error("Invalid encoding on %s", b"Bearer sk-secret-key\xff")
+    finally:
+        setup_logging("WARNING")
+    text = stream.getvalue()
+    assert "sk-secret-key" not in text and "Invalid encoding on a metadata value" in text
