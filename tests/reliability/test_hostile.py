@@ -694,8 +694,6 @@ def with_stray_byte(key: str, audit: Audit, label: str) -> bytes:
     return left.encode() + b"\xff" + right.encode()
 
 
-
-
 def test_invalid_utf8_authorization_is_never_logged(tmp_path: Path, figures: Figures) -> None:
     """`authorization: Bearer <key with a stray 0xff>` to both servers: UNAUTHENTICATED, and neither half of the
     key appears in anything the servers wrote (their log files: Python logging and grpc core's stderr).
@@ -726,8 +724,6 @@ def test_invalid_utf8_authorization_is_never_logged(tmp_path: Path, figures: Fig
     figures.record("hostile_wire", "invalid_utf8_authorization", {"answers": answers, "leaks": leaks})
     assert {a["grpc-status"] for a in answers.values()} == {str(SC.UNAUTHENTICATED.value[0])}, answers
     assert leaks == [], leaks
-
-
 
 
 async def test_nel_does_not_forge_a_log_line(stack: AuditedStack, clients: Clients, figures: Figures) -> None:
