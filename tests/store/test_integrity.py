@@ -28,7 +28,7 @@ from rlgate.store import (
 )
 from rlgate.store import sqlite as sqlite_store
 from rlgate.store.redis import RedisStore
-from rlgate.store.sqlite import MIN_SQLITE_VERSION, SqliteStore, check_sqlite_library
+from rlgate.store.sqlite import MIN_SQLITE_VERSION, SCHEMA_VERSION, SqliteStore, check_sqlite_library
 from tests.store import sqlite_files
 from tests.store.conftest import Backend
 from tests.support.redis import RedisServer
@@ -256,7 +256,7 @@ def test_the_documented_salvage_gives_back_a_store_that_opens(tmp_path: Path) ->
         )
 
     version = shell(broken, "PRAGMA user_version").stdout.strip()
-    assert version == b"2"
+    assert version == str(SCHEMA_VERSION).encode()
     recovered = tmp_path / "recovered.db"
     assert shell(broken, f".clone {recovered}").returncode == 0
     assert shell(recovered, f"PRAGMA user_version = {version.decode()}").returncode == 0

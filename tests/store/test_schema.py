@@ -63,12 +63,12 @@ def shape(path: Path) -> dict[str, object]:
 
 def make_v1(path: Path, current: Path) -> None:
     """A version-1 database as rlgate 1 left it, with log entries and request records in it. Its other
-    tables are version 2's: they are copied from `current`, a new database."""
+    tables are the current ones, copied from `current` (a new database), without what version 3 added."""
     ref = sqlite_files.connect(current, read_only=True)
     try:
         others = [r[0] for r in ref.execute(
             "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND tbl_name NOT IN ('tool_calls', 'requests')"
-            " ORDER BY type DESC")]  # tables before their indexes
+            " AND name != 'sessions_open' ORDER BY type DESC")]  # tables before their indexes
     finally:
         ref.close()
     conn = apsw.Connection(str(path))  # creates the file
@@ -92,7 +92,8 @@ async def test_a_new_database_gets_the_current_schema(tmp_path: Path) -> None:
     store = await SqliteStore.open(str(tmp_path / "store.db"))
     await store.close()
     got = shape(tmp_path / "store.db")
-    assert got["user_version"] == SCHEMA_VERSION == 2
+    assert got["user_version"] == SCHEMA_VERSION == 3
+    assert got["sessions"]["indexes"]["sessions_open"] == (0, 1, ["status"])  # type: ignore[index]
     for table in ("tool_calls", "requests"):
         assert got[table]["without_rowid"] == 0 and not got[table]["autoincrement"]  # type: ignore[index]
 
@@ -142,3 +143,20 @@ async def test_two_processes_opening_a_version_1_database_at_once_migrate_it_onc
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_version_2_database_gets_the_index_of_open_sessions(tmp_path: Path) -> None:
+    ref = await SqliteStore.open(str(tmp_path / "ref.db"))
+    await ref.close()
+    conn = apsw.Connection(str(tmp_path / "ref.db"))
+    conn.execute("DROP INDEX sessions_open")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    store = await SqliteStore.open(str(tmp_path / "ref.db"))
+    try:
+        got = shape(tmp_path / "ref.db")
+        assert got["user_version"] == 3
+        assert got["sessions"]["indexes"]["sessions_open"] == (0, 1, ["status"])  # type: ignore[index]
+        assert await store.count_open_sessions() == 0
+    finally:
+        await store.close()
