@@ -46,6 +46,7 @@ test: $(STAMP_ALL)
 
 lint: $(STAMP_ALL)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/typecheck.py
 	$(VENV)/bin/lint-imports --no-cache
 	$(BUF) lint

@@ -25,8 +25,9 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 class _Handler(grpc.GenericRpcHandler):
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         if handler_call_details.method == METHOD:
-            return grpc.unary_unary_rpc_method_handler(_echo, request_deserializer=_identity,
-                                                       response_serializer=_identity)
+            return grpc.unary_unary_rpc_method_handler(
+                _echo, request_deserializer=_identity, response_serializer=_identity
+            )
         return None
 
 

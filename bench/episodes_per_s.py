@@ -28,8 +28,9 @@ async def run(ctx: BenchContext) -> list[Entry]:
     env_key = ERA_ENV["modern"]
     call = BENCH_TOOLS[env_key]
     episodes_at = {1: ctx.size(4, 12), 16: ctx.size(16, 64), 64: ctx.size(64, 192), 256: ctx.size(256, 512)}
-    stack = await ctx.stack("episodes",
-                            orchestrator_args=[*RECONCILE_WORKAROUND, "--warm-pool", f"{env_key}={WARM_POOL}"])
+    stack = await ctx.stack(
+        "episodes", orchestrator_args=[*RECONCILE_WORKAROUND, "--warm-pool", f"{env_key}={WARM_POOL}"]
+    )
     rows: list[list[object]] = []
     figures: dict[str, object] = {}
     per_level: dict[int, tuple[Stats, list[float]]] = {}
@@ -61,18 +62,41 @@ async def run(ctx: BenchContext) -> list[Entry]:
     for level, (stats, turns) in per_level.items():
         p50, p99 = percentile(turns, 50) * 1e3, turn_p99[level]
         rows.append([level, stats.n, stats.per_s, stats.per_s * TURNS, p50, p99, stats.p50_ms])
-        figures |= {f"c{level}_episodes_per_s": round(stats.per_s, 2), f"c{level}_turn_p50_ms": round(p50, 2),
-                    f"c{level}_turn_p99_ms": round(p99, 2), f"c{level}_episodes": stats.n}
-    print(format_table(["concurrency", "episodes", "episodes/s", "turns/s", "turn p50 ms", "turn p99 ms",
-                        "episode p50 ms"], rows))
+        figures |= {
+            f"c{level}_episodes_per_s": round(stats.per_s, 2),
+            f"c{level}_turn_p50_ms": round(p50, 2),
+            f"c{level}_turn_p99_ms": round(p99, 2),
+            f"c{level}_episodes": stats.n,
+        }
+    print(
+        format_table(
+            ["concurrency", "episodes", "episodes/s", "turns/s", "turn p50 ms", "turn p99 ms", "episode p50 ms"], rows
+        )
+    )
     await asyncio.to_thread(
-        line_panels, PLOT, f"rlgate episodes (Reset, {TURNS} x (CallTool + Step), Close), "
-        f"{'quick' if ctx.quick else 'full'} run", "concurrent episodes", list(LEVELS),
-        [("episodes/s", [per_level[c][0].per_s for c in LEVELS]),
-         ("p99 turn latency (CallTool + Step), ms", [turn_p99[c] for c in LEVELS])])
-    return [Entry(
-        name=NAME, value=per_level[64][0].per_s, baseline=per_level[1][0].per_s, unit="episodes/s (concurrency 64)",
-        baseline_name="the same stack at concurrency 1 (ratio = scaling)",
-        extra={**figures, "turns_per_episode": TURNS, "warm_pool": WARM_POOL, "plot": "bench/episodes_per_s.png",
-               **({"workaround": " ".join(RECONCILE_WORKAROUND)} if RECONCILE_WORKAROUND else {})},
-    )]
+        line_panels,
+        PLOT,
+        f"rlgate episodes (Reset, {TURNS} x (CallTool + Step), Close), {'quick' if ctx.quick else 'full'} run",
+        "concurrent episodes",
+        list(LEVELS),
+        [
+            ("episodes/s", [per_level[c][0].per_s for c in LEVELS]),
+            ("p99 turn latency (CallTool + Step), ms", [turn_p99[c] for c in LEVELS]),
+        ],
+    )
+    return [
+        Entry(
+            name=NAME,
+            value=per_level[64][0].per_s,
+            baseline=per_level[1][0].per_s,
+            unit="episodes/s (concurrency 64)",
+            baseline_name="the same stack at concurrency 1 (ratio = scaling)",
+            extra={
+                **figures,
+                "turns_per_episode": TURNS,
+                "warm_pool": WARM_POOL,
+                "plot": "bench/episodes_per_s.png",
+                **({"workaround": " ".join(RECONCILE_WORKAROUND)} if RECONCILE_WORKAROUND else {}),
+            },
+        )
+    ]

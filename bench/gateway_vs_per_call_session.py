@@ -37,22 +37,37 @@ async def run(ctx: BenchContext) -> list[Entry]:
             async def baseline_op(_slot: int) -> None:
                 await per_call_session(url, call, ssl_context)
 
-            stats = await alternate(rounds, {
-                "gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=20, duration_s=budget),
-                "per-call session seq": lambda: closed_loop(baseline_op, total, 1, warmup=5, duration_s=budget),
-                "gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32, duration_s=budget),
-                "per-call session c16": lambda: closed_loop(baseline_op, total, CONCURRENT, warmup=16,
-                                                            duration_s=budget),
-            })
+            stats = await alternate(
+                rounds,
+                {
+                    "gateway seq": lambda: closed_loop(gateway_op, total, 1, warmup=20, duration_s=budget),
+                    "per-call session seq": lambda: closed_loop(baseline_op, total, 1, warmup=5, duration_s=budget),
+                    "gateway c16": lambda: closed_loop(gateway_op, total, CONCURRENT, warmup=32, duration_s=budget),
+                    "per-call session c16": lambda: closed_loop(
+                        baseline_op, total, CONCURRENT, warmup=16, duration_s=budget
+                    ),
+                },
+            )
         finally:
             await rl.close_session(session)
     print(stats_table(stats, "calls/s"))
     gw, base = stats["gateway seq"], stats["per-call session seq"]
     gw16, base16 = stats["gateway c16"], stats["per-call session c16"]
-    return [Entry(
-        name=NAME, value=gw.per_s, baseline=base.per_s, unit="calls/s (sequential)", baseline_name=BASELINE,
-        goals=GOALS,
-        extra={"env_key": env_key, **gw.figures("gateway_seq_"), **base.figures("baseline_seq_"),
-               **gw16.figures("gateway_c16_"), **base16.figures("baseline_c16_"),
-               **throughput_ratios(gw, base, gw16, base16)},
-    )]
+    return [
+        Entry(
+            name=NAME,
+            value=gw.per_s,
+            baseline=base.per_s,
+            unit="calls/s (sequential)",
+            baseline_name=BASELINE,
+            goals=GOALS,
+            extra={
+                "env_key": env_key,
+                **gw.figures("gateway_seq_"),
+                **base.figures("baseline_seq_"),
+                **gw16.figures("gateway_c16_"),
+                **base16.figures("baseline_c16_"),
+                **throughput_ratios(gw, base, gw16, base16),
+            },
+        )
+    ]

@@ -20,8 +20,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge,
-                                                   "<": operator.lt, ">": operator.gt}
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -83,15 +87,20 @@ class Stats:
 
     def figures(self, prefix: str = "") -> dict[str, float]:
         """Rounded figures for an entry's extra fields, e.g. {'seq_p50_ms': 1.23, ...}."""
-        return {f"{prefix}p50_ms": round(self.p50_ms, 3), f"{prefix}p99_ms": round(self.p99_ms, 3),
-                f"{prefix}per_s": round(self.per_s, 1), f"{prefix}n": self.n}
+        return {
+            f"{prefix}p50_ms": round(self.p50_ms, 3),
+            f"{prefix}p99_ms": round(self.p99_ms, 3),
+            f"{prefix}per_s": round(self.per_s, 1),
+            f"{prefix}n": self.n,
+        }
 
 
 Operation = Callable[[int], Awaitable[object]]  # called with the worker's slot, 0..concurrency-1
 
 
-async def closed_loop(op: Operation, total: int, concurrency: int = 1, warmup: int = 0,
-                      duration_s: float | None = None) -> Stats:
+async def closed_loop(
+    op: Operation, total: int, concurrency: int = 1, warmup: int = 0, duration_s: float | None = None
+) -> Stats:
     """Run `op(slot)` `total` times with `concurrency` workers (each starts its next op when its last ends).
 
     A worker always passes its own slot, so a benchmark can give each worker its own session. With
@@ -111,8 +120,9 @@ async def closed_loop(op: Operation, total: int, concurrency: int = 1, warmup: i
     return Stats.from_latencies(latencies, time.perf_counter() - start, concurrency)
 
 
-async def _drive(op: Operation, total: int, concurrency: int, latencies: list[float] | None,
-                 deadline: float | None) -> None:
+async def _drive(
+    op: Operation, total: int, concurrency: int, latencies: list[float] | None, deadline: float | None
+) -> None:
     counter = iter(range(total))
 
     async def worker(slot: int) -> None:
@@ -152,8 +162,11 @@ def round_ratios(value: Stats, baseline: Stats) -> list[float]:
 def throughput_ratios(seq: Stats, seq_baseline: Stats, c16: Stats, c16_baseline: Stats) -> dict[str, Any]:
     """The extra figures of an entry whose headline is a sequential throughput ratio: the 16-way ratio and
     both modes' per-round ratios."""
-    return {"ratio_c16": round(c16.per_s / c16_baseline.per_s, 3),
-            "ratio_rounds_seq": round_ratios(seq, seq_baseline), "ratio_rounds_c16": round_ratios(c16, c16_baseline)}
+    return {
+        "ratio_c16": round(c16.per_s / c16_baseline.per_s, 3),
+        "ratio_rounds_seq": round_ratios(seq, seq_baseline),
+        "ratio_rounds_c16": round_ratios(c16, c16_baseline),
+    }
 
 
 def safe_ratio(value: float | None, baseline: float | None) -> float | None:
@@ -245,11 +258,13 @@ def _round(x: float | None) -> float | None:
     return round(x, 3) if abs(x) < 1000 else round(x, 1)
 
 
-def failed(name: str, unit: str, error: BaseException | str, baseline_name: str = "",
-           goals: tuple[Goal, ...] = ()) -> Entry:
+def failed(
+    name: str, unit: str, error: BaseException | str, baseline_name: str = "", goals: tuple[Goal, ...] = ()
+) -> Entry:
     """An entry that records why a benchmark could not produce its figure."""
-    return Entry(name=name, value=None, baseline=None, unit=unit, baseline_name=baseline_name, goals=goals,
-                 error=describe(error))
+    return Entry(
+        name=name, value=None, baseline=None, unit=unit, baseline_name=baseline_name, goals=goals, error=describe(error)
+    )
 
 
 def describe(error: BaseException | str, limit: int = 500) -> str:
@@ -307,8 +322,10 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |"
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = ["| " + " | ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, n, strict=True))
-            + " |" for r, n in zip(cells, numeric, strict=True)]
+    body = [
+        "| " + " | ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, n, strict=True)) + " |"
+        for r, n in zip(cells, numeric, strict=True)
+    ]
     return "\n".join([line, rule, *body])
 
 
@@ -320,11 +337,19 @@ def summary_rows(entries: Iterable[Entry]) -> list[list[Any]]:
     rows: list[list[Any]] = []
     for e in entries:
         if e.error and e.value is None:
-            rows.append([e.name, "-", "-", "-", e.unit, str(e.goals[0]) if e.goals else "-",
-                         f"FAILED: {e.error[:60]}"])
+            rows.append([e.name, "-", "-", "-", e.unit, str(e.goals[0]) if e.goals else "-", f"FAILED: {e.error[:60]}"])
             continue
-        rows.append([e.name, e.value, e.baseline, e.ratio, e.unit, str(e.goals[0]) if e.goals else "-",
-                     e.met if e.goals else "-"])
+        rows.append(
+            [
+                e.name,
+                e.value,
+                e.baseline,
+                e.ratio,
+                e.unit,
+                str(e.goals[0]) if e.goals else "-",
+                e.met if e.goals else "-",
+            ]
+        )
         for goal in e.goals[1:]:
             rows.append([f"  {e.name}", e.figure(goal.metric), "", "", "", str(goal), e.check(goal)])
     return rows
@@ -332,5 +357,7 @@ def summary_rows(entries: Iterable[Entry]) -> list[list[Any]]:
 
 def stats_table(stats: Mapping[str, Stats], unit: str = "ops/s") -> str:
     """One row per measured path: concurrency, throughput, p50/p99 latency, operation count."""
-    return format_table(["path", "concurrency", unit, "p50 ms", "p99 ms", "n"],
-                        [[name, s.concurrency, s.per_s, s.p50_ms, s.p99_ms, s.n] for name, s in stats.items()])
+    return format_table(
+        ["path", "concurrency", unit, "p50 ms", "p99 ms", "n"],
+        [[name, s.concurrency, s.per_s, s.p50_ms, s.p99_ms, s.n] for name, s in stats.items()],
+    )

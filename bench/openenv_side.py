@@ -62,8 +62,10 @@ class Upstream:
 
     async def _own(self, ready: asyncio.Event) -> None:
         try:
-            async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=TIMEOUT_S)) as http, Client(
-                    streamable_http_client(self.url, http_client=http), read_timeout_seconds=TIMEOUT_S) as client:
+            async with (
+                httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=TIMEOUT_S)) as http,
+                Client(streamable_http_client(self.url, http_client=http), read_timeout_seconds=TIMEOUT_S) as client,
+            ):
                 self._client = client
                 ready.set()
                 await asyncio.Event().wait()  # held until the server process ends
@@ -93,8 +95,9 @@ class ForwardTool(Tool):
             self._upstream = Upstream(self.upstream_url)
         client = await self._upstream.client()
         result = await client.call_tool(self.name, arguments)
-        return ToolResult(content=result.content, structured_content=result.structured_content,
-                          is_error=result.is_error)
+        return ToolResult(
+            content=result.content, structured_content=result.structured_content, is_error=result.is_error
+        )
 
 
 class LocalTool(Tool):
@@ -133,11 +136,19 @@ async def serve(args: argparse.Namespace) -> None:
 
     def factory() -> BenchEnv:
         if args.mode == "forward":
-            tool: Tool = ForwardTool(name=spec["name"], description=spec["description"],
-                                     parameters=spec["input_schema"], upstream_url=next(urls))
+            tool: Tool = ForwardTool(
+                name=spec["name"],
+                description=spec["description"],
+                parameters=spec["input_schema"],
+                upstream_url=next(urls),
+            )
         else:
-            tool = LocalTool(name=spec["name"], description=spec["description"],
-                             parameters=spec["input_schema"], canned=spec["canned"])
+            tool = LocalTool(
+                name=spec["name"],
+                description=spec["description"],
+                parameters=spec["input_schema"],
+                canned=spec["canned"],
+            )
         return BenchEnv(tool)
 
     app = create_fastapi_app(factory, CallToolAction, CallToolObservation, max_concurrent_envs=args.max_sessions)
@@ -162,13 +173,15 @@ async def drive(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         request = json.loads(line)
-        result = await measure(request["url"], action, request["total"], request["sessions"], request["warmup"],
-                               request.get("duration_s"))
+        result = await measure(
+            request["url"], action, request["total"], request["sessions"], request["warmup"], request.get("duration_s")
+        )
         print(json.dumps(result), flush=True)
 
 
-async def measure(url: str, action: dict[str, Any], total: int, sessions: int, warmup: int,
-                  duration_s: float | None) -> dict[str, Any]:
+async def measure(
+    url: str, action: dict[str, Any], total: int, sessions: int, warmup: int, duration_s: float | None
+) -> dict[str, Any]:
     """Same closed loop as bench.harness.closed_loop: no step starts after `duration_s`."""
     clients = [GenericEnvClient(base_url=url, message_timeout_s=TIMEOUT_S) for _ in range(sessions)]
     try:

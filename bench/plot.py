@@ -32,8 +32,9 @@ def _label(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def line_panels(path: Path, title: str, x_label: str, xs: Sequence[float],
-                panels: Sequence[tuple[str, Sequence[float]]]) -> Path:
+def line_panels(
+    path: Path, title: str, x_label: str, xs: Sequence[float], panels: Sequence[tuple[str, Sequence[float]]]
+) -> Path:
     if not xs or any(len(ys) != len(xs) for _, ys in panels):
         raise ValueError("every panel needs one y value per x")
     font = ImageFont.load_default()

@@ -26,15 +26,22 @@ from bench.harness import closed_loop, format_table
 SCENARIOS = ("step", "calltool", "turn")
 CONCURRENT = 16
 # Frames on (nearly) every stack say nothing about where the time goes: process/loop/thread plumbing.
-_PLUMBING = re.compile(r"\((threading\.py|<frozen runpy>|asyncio/(runners|base_events|events)\.py|click/|"
-                       r"rlgate/cli\.py|runtime/config\.py|concurrent/futures/thread\.py|contextlib\.py)"
-                       r"|^run \(\w+/server\.py")
+_PLUMBING = re.compile(
+    r"\((threading\.py|<frozen runpy>|asyncio/(runners|base_events|events)\.py|click/|"
+    r"rlgate/cli\.py|runtime/config\.py|concurrent/futures/thread\.py|contextlib\.py)"
+    r"|^run \(\w+/server\.py"
+)
 
 
 # Leaf-first: a sample counts for the first layer (from the leaf up) one of its frames belongs to.
 LAYERS = (
-    ("SQLite store + thread hand-off", re.compile(r"store/sqlite\.py|concurrent/futures/thread\.py|threading\.py|"
-                                                  r"_write_to_self|_read_from_self|run_in_executor|sqlite3")),
+    (
+        "SQLite store + thread hand-off",
+        re.compile(
+            r"store/sqlite\.py|concurrent/futures/thread\.py|threading\.py|"
+            r"_write_to_self|_read_from_self|run_in_executor|sqlite3"
+        ),
+    ),
     ("validation (pydantic, jsonschema)", re.compile(r"pydantic|jsonschema|referencing/")),
     ("logging + metrics", re.compile(r"logging/|prometheus_client/|runtime/logs\.py|runtime/metrics\.py")),
     ("MCP client (mcp, httpx2, httpcore2, anyio)", re.compile(r"\(mcp/|mcp_types/|httpx2/|httpcore2/|anyio/|h11/")),
@@ -86,9 +93,24 @@ def hot_spots(collapsed: str, top: int = 15) -> tuple[list[tuple[str, float]], l
 async def record(pid: int, seconds: int, out: Path) -> str:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     proc = await asyncio.create_subprocess_exec(
-        py_spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200", "--format", "raw",
-        "--function", "--gil", "--nonblocking", "--output", str(out),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        py_spy,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(seconds),
+        "--rate",
+        "200",
+        "--format",
+        "raw",
+        "--function",
+        "--gil",
+        "--nonblocking",
+        "--output",
+        str(out),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     log, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
     if proc.returncode != 0:
         raise RuntimeError(f"py-spy record failed ({proc.returncode}): {log.decode(errors='replace')[-800:]}")
@@ -122,11 +144,14 @@ async def main(argv: list[str]) -> int:
 
             await closed_loop(op, 200, args.concurrency)  # warm-up
             load = asyncio.create_task(closed_loop(op, 10_000_000, args.concurrency, duration_s=args.seconds + 3))
-            profiles = await asyncio.gather(*(record(pid, args.seconds, out / f"{name}.txt")
-                                              for name, pid in pids.items()))
+            profiles = await asyncio.gather(
+                *(record(pid, args.seconds, out / f"{name}.txt") for name, pid in pids.items())
+            )
             stats = await load
-        print(f"{args.scenario}: {stats.per_s:.0f} ops/s at concurrency {args.concurrency}, p50 {stats.p50_ms:.1f} ms "
-              f"(while sampled)")
+        print(
+            f"{args.scenario}: {stats.per_s:.0f} ops/s at concurrency {args.concurrency}, p50 {stats.p50_ms:.1f} ms "
+            f"(while sampled)"
+        )
         for name, collapsed in zip(pids, profiles, strict=True):
             print(f"\n{name}: samples by layer (leaf-first)")
             print(format_table(["share", "layer"], [[f"{share:.1%}", layer] for layer, share in layers(collapsed)]))

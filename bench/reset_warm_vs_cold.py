@@ -57,13 +57,15 @@ async def compare(ctx: BenchContext, env_key: str, count: int, create_delay_s: f
     if create_delay_s:
         faults = ctx.out_dir / f"faults-create-{create_delay_s:g}s.json"
         await asyncio.to_thread(faults.parent.mkdir, parents=True, exist_ok=True)
-        await asyncio.to_thread(faults.write_text,
-                                json.dumps({"environments": {"*": {"create_delay_s": create_delay_s}}}))
+        await asyncio.to_thread(
+            faults.write_text, json.dumps({"environments": {"*": {"create_delay_s": create_delay_s}}})
+        )
         extra_args = ["--faults", str(faults)]
     tag = f"{create_delay_s:g}s"
     warm_stack, cold_stack = await asyncio.gather(
         ctx.stack(f"warm-{tag}", localfleet_args=extra_args, orchestrator_args=["--warm-pool", f"{env_key}={pool}"]),
-        ctx.stack(f"cold-{tag}", localfleet_args=extra_args))
+        ctx.stack(f"cold-{tag}", localfleet_args=extra_args),
+    )
     fill_s = await wait_for_pool(warm_stack.localfleet_url, env_key, pool, fill_timeout_s)
     async with Rlgate(warm_stack) as warm, Rlgate(cold_stack) as cold:
         # One unmeasured Reset on each stack pays first-use costs; the pool then refills to `pool`.
@@ -86,10 +88,20 @@ async def run(ctx: BenchContext) -> list[Entry]:
     if not ctx.quick:  # what the pool hides when provisioning takes as long as a real image's start
         warm_d, cold_d, _ = await compare(ctx, env_key, count, SLOW_CREATE_S)
         stats |= {f"warm pool, {SLOW_CREATE_S:g} s creates": warm_d, f"cold, {SLOW_CREATE_S:g} s creates": cold_d}
-        extra |= {**warm_d.figures("slow_create_warm_"), **cold_d.figures("slow_create_cold_"),
-                  "slow_create_s": SLOW_CREATE_S, "slow_create_ratio": round(cold_d.p50_ms / warm_d.p50_ms, 2)}
+        extra |= {
+            **warm_d.figures("slow_create_warm_"),
+            **cold_d.figures("slow_create_cold_"),
+            "slow_create_s": SLOW_CREATE_S,
+            "slow_create_ratio": round(cold_d.p50_ms / warm_d.p50_ms, 2),
+        }
     print(stats_table(stats, "resets/s"))
-    return [Entry(
-        name=NAME, value=cold.p50_ms, baseline=warm.p50_ms, unit="ms (Reset p50, cold / warm)",
-        baseline_name=f"Reset from a warm pool ({env_key}={count + 1})", extra=extra,
-    )]
+    return [
+        Entry(
+            name=NAME,
+            value=cold.p50_ms,
+            baseline=warm.p50_ms,
+            unit="ms (Reset p50, cold / warm)",
+            baseline_name=f"Reset from a warm pool ({env_key}={count + 1})",
+            extra=extra,
+        )
+    ]

@@ -34,8 +34,11 @@ async def run(ctx: BenchContext) -> list[Entry]:
     call = BENCH_TOOLS[env_key]
     count = ctx.size(200, 1000)
     limit = str(count + 64)
-    stack = await ctx.stack("sessions", orchestrator_args=[*RECONCILE_WORKAROUND, "--max-sessions", limit],
-                            localfleet_args=["--instance-limit", limit])
+    stack = await ctx.stack(
+        "sessions",
+        orchestrator_args=[*RECONCILE_WORKAROUND, "--max-sessions", limit],
+        localfleet_args=["--instance-limit", limit],
+    )
     pids = service_pids(stack, *SERVICES, "localfleet")
     gate = asyncio.Semaphore(OPEN_CONCURRENCY)
     async with Rlgate(stack) as rl:
@@ -61,16 +64,27 @@ async def run(ctx: BenchContext) -> list[Entry]:
         await asyncio.gather(*(close(s) for s in sessions))
         await asyncio.sleep(1.0)
         closed = await asyncio.to_thread(rss_kb, pids)
-    print(format_table(["process", "RSS before KiB", f"with {count} sessions", "after closing", "KiB/session"],
-                       [[name, before[name], after[name], closed[name], (after[name] - before[name]) / count]
-                        for name in pids]))
+    print(
+        format_table(
+            ["process", "RSS before KiB", f"with {count} sessions", "after closing", "KiB/session"],
+            [[name, before[name], after[name], closed[name], (after[name] - before[name]) / count] for name in pids],
+        )
+    )
     grown = sum(after[name] - before[name] for name in SERVICES)
-    return [Entry(
-        name=NAME, value=grown / count, baseline=None, unit="KiB per open session (orchestrator + gateway)",
-        goals=(Goal("value", "<=", 200.0),),
-        extra={"sessions": count, **({"workaround": " ".join(RECONCILE_WORKAROUND)} if RECONCILE_WORKAROUND else {}),
-               **{f"{name}_rss_before_kb": before[name] for name in pids},
-               **{f"{name}_rss_open_kb": after[name] for name in pids},
-               **{f"{name}_rss_closed_kb": closed[name] for name in pids},
-               **{f"{name}_kb_per_session": round((after[name] - before[name]) / count, 1) for name in pids}},
-    )]
+    return [
+        Entry(
+            name=NAME,
+            value=grown / count,
+            baseline=None,
+            unit="KiB per open session (orchestrator + gateway)",
+            goals=(Goal("value", "<=", 200.0),),
+            extra={
+                "sessions": count,
+                **({"workaround": " ".join(RECONCILE_WORKAROUND)} if RECONCILE_WORKAROUND else {}),
+                **{f"{name}_rss_before_kb": before[name] for name in pids},
+                **{f"{name}_rss_open_kb": after[name] for name in pids},
+                **{f"{name}_rss_closed_kb": closed[name] for name in pids},
+                **{f"{name}_kb_per_session": round((after[name] - before[name]) / count, 1) for name in pids},
+            },
+        )
+    ]

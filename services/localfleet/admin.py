@@ -27,8 +27,7 @@ def routes(platform: Platform) -> list[Route]:
 
     async def get_counters(request: Request) -> JSONResponse:
         snap = platform.counters.snapshot()
-        snap["open_connections"] = platform.endpoints.connections.open_count if platform.endpoints.connections \
-            else None
+        snap["open_connections"] = platform.endpoints.connections.open_count if platform.endpoints.connections else None
         snap["running_instances"] = platform.registry.running_count()
         return JSONResponse(snap)
 

@@ -60,8 +60,12 @@ def instance_json(platform: Platform, inst: Instance) -> dict[str, Any]:
             "health": f"{api}/health",
             "api_docs": None,
             "manager": {
-                "api": api, "docs": f"{api}/docs", "reset": f"{api}/reset", "diff": f"{api}/diff/structured",
-                "snapshot": f"{api}/snapshot", "execute_verifier_function": f"{api}/execute_verifier_function",
+                "api": api,
+                "docs": f"{api}/docs",
+                "reset": f"{api}/reset",
+                "diff": f"{api}/diff/structured",
+                "snapshot": f"{api}/snapshot",
+                "execute_verifier_function": f"{api}/execute_verifier_function",
                 "execute_verifier_function_with_upload": f"{api}/execute_verifier_function_with_upload",
             },
             "mcp": {"api": f"{root}mcp", "aggregator": f"{root}api/v1/mcp"},
@@ -134,23 +138,34 @@ def routes(platform: Platform) -> list[Route]:
             env_vars = body.get("env_variables")
             if env_vars is not None and not isinstance(env_vars, dict):
                 raise ValueError("env_variables must be an object")
-            kwargs = dict(run_id=_opt_str(body, "run_id"), ttl_seconds=_opt_int(body, "ttl_seconds"),
-                          heartbeat_interval=_opt_int(body, "heartbeat_interval"),
-                          data_key=_opt_str(body, "data_key"), data_version=_opt_str(body, "data_version"),
-                          image_type=_opt_str(body, "image_type"))
+            kwargs: dict[str, Any] = dict(
+                run_id=_opt_str(body, "run_id"),
+                ttl_seconds=_opt_int(body, "ttl_seconds"),
+                heartbeat_interval=_opt_int(body, "heartbeat_interval"),
+                data_key=_opt_str(body, "data_key"),
+                data_version=_opt_str(body, "data_version"),
+                image_type=_opt_str(body, "image_type"),
+            )
         except (ValueError, UnknownEnvironment) as exc:
             return error(400, str(exc))
         try:
-            inst = await registry.create(spec, request_id=request.headers.get("x-request-id"),
-                                         env_variables=env_vars, **kwargs)  # type: ignore[arg-type]
+            inst = await registry.create(
+                spec, request_id=request.headers.get("x-request-id"), env_variables=env_vars, **kwargs
+            )
         except LimitExceeded as exc:
-            return error(403, {"error_type": "instance_limit_exceeded", "message": str(exc),
-                               "running_instances": exc.running, "instance_limit": exc.limit})
+            return error(
+                403,
+                {
+                    "error_type": "instance_limit_exceeded",
+                    "message": str(exc),
+                    "running_instances": exc.running,
+                    "instance_limit": exc.limit,
+                },
+            )
         except RateLimited as exc:
             return error(429, str(exc))
         except DuplicateRequest as exc:
-            return error(409, {"error": "duplicate_request_id", "instance_id": exc.instance_id,
-                               "message": str(exc)})
+            return error(409, {"error": "duplicate_request_id", "instance_id": exc.instance_id, "message": str(exc)})
         except InstanceGone as exc:
             return error(409, str(exc))
         return JSONResponse(instance_json(platform, inst))
@@ -188,11 +203,15 @@ def routes(platform: Platform) -> list[Route]:
         except InstanceGone as exc:
             return error(404, str(exc))
         enabled = bool(inst.heartbeat_interval)
-        return JSONResponse({
-            "success": True, "instance_id": inst.instance_id,
-            "last_heartbeat": iso(inst.last_heartbeat) if enabled else None,
-            "deadline_timestamp": inst.heartbeat_deadline(), "interval_seconds": inst.heartbeat_interval,
-        })
+        return JSONResponse(
+            {
+                "success": True,
+                "instance_id": inst.instance_id,
+                "last_heartbeat": iso(inst.last_heartbeat) if enabled else None,
+                "deadline_timestamp": inst.heartbeat_deadline(),
+                "interval_seconds": inst.heartbeat_interval,
+            }
+        )
 
     async def runs(request: Request) -> JSONResponse:
         groups: dict[str, list[Instance]] = defaultdict(list)
@@ -200,18 +219,28 @@ def routes(platform: Platform) -> list[Route]:
         for inst in [*registry.live.values(), *([] if active_only else registry.stopped.values())]:
             if inst.run_id:
                 groups[inst.run_id].append(inst)
-        return JSONResponse([{
-            "run_id": run_id,
-            "running_count": sum(1 for i in insts if i.status == "running"),
-            "total_count": len(insts),
-            "first_created_at": iso(min(i.created_at for i in insts)),
-            "last_created_at": iso(max(i.created_at for i in insts)),
-        } for run_id, insts in sorted(groups.items())])
+        return JSONResponse(
+            [
+                {
+                    "run_id": run_id,
+                    "running_count": sum(1 for i in insts if i.status == "running"),
+                    "total_count": len(insts),
+                    "first_created_at": iso(min(i.created_at for i in insts)),
+                    "last_created_at": iso(max(i.created_at for i in insts)),
+                }
+                for run_id, insts in sorted(groups.items())
+            ]
+        )
 
     async def account(request: Request) -> JSONResponse:
-        return JSONResponse({"team_id": TEAM_ID, "team_name": "localfleet",
-                             "instance_limit": platform.faults.instance_limit(platform.config.instance_limit),
-                             "instance_count": registry.running_count()})
+        return JSONResponse(
+            {
+                "team_id": TEAM_ID,
+                "team_name": "localfleet",
+                "instance_limit": platform.faults.instance_limit(platform.config.instance_limit),
+                "instance_count": registry.running_count(),
+            }
+        )
 
     async def runner_token(request: Request) -> JSONResponse:
         return JSONResponse({"token": "localfleet-runner"})  # accepted, never required
@@ -275,8 +304,9 @@ def routes(platform: Platform) -> list[Route]:
             if instance_id is None:
                 raise ValueError("the verifier arguments name no instance ({'env': instance_id})")
             timeout = body.get("timeout")
-            if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool)
-                                        or not 1 <= timeout <= 300):
+            if timeout is not None and (
+                not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 1 <= timeout <= 300
+            ):
                 raise ValueError("timeout must be between 1 and 300 seconds")
         except (ValueError, BadBundle, UnsafePayload) as exc:
             return error(400, str(exc))

@@ -6,11 +6,28 @@ from collections import Counter
 from typing import Any
 
 # Names every test can rely on (always present in the snapshot, 0 when nothing happened).
-GLOBAL_NAMES = ("tcp_connections", "http_requests", "instances_created", "instances_deleted",
-                "instances_expired", "verifier_runs")
-ENV_NAMES = ("mcp_handshakes", "mcp_initialize", "mcp_discover", "mcp_tools_list", "tool_calls",
-             "tool_errors_injected", "cancellations", "crashes", "sessions_forgotten", "mcp_404",
-             "resets", "reset_hangs")
+GLOBAL_NAMES = (
+    "tcp_connections",
+    "http_requests",
+    "instances_created",
+    "instances_deleted",
+    "instances_expired",
+    "verifier_runs",
+)
+ENV_NAMES = (
+    "mcp_handshakes",
+    "mcp_initialize",
+    "mcp_discover",
+    "mcp_tools_list",
+    "tool_calls",
+    "tool_errors_injected",
+    "cancellations",
+    "crashes",
+    "sessions_forgotten",
+    "mcp_404",
+    "resets",
+    "reset_hangs",
+)
 
 
 class Counters:

@@ -110,8 +110,10 @@ class FaultPlan:
     def to_json(self) -> dict[str, Any]:
         return {
             "instance_limit": self.instance_limit,
-            "environments": {k: {n: list(v) if isinstance(v, tuple) else v for n, v in d.items()}
-                             for k, d in self.environments.items()},
+            "environments": {
+                k: {n: list(v) if isinstance(v, tuple) else v for n, v in d.items()}
+                for k, d in self.environments.items()
+            },
         }
 
 

@@ -36,7 +36,8 @@ _TOMBSTONES = 10_000  # stopped instances remembered (GET shows them as "stopped
 _REQUEST_IDS = 100_000  # create request ids remembered for duplicate detection
 
 _call_conns: contextvars.ContextVar[list[sqlite3.Connection] | None] = contextvars.ContextVar(
-    "localfleet_call_conns", default=None)
+    "localfleet_call_conns", default=None
+)
 
 
 @contextlib.contextmanager
@@ -68,8 +69,9 @@ def iso(ts: float | None) -> str | None:
 
 class LimitExceeded(Exception):
     def __init__(self, running: int, limit: int, scope: str) -> None:
-        super().__init__(f"Instance limit reached{scope}: You have {running} running instances out of a "
-                         f"maximum of {limit}.")
+        super().__init__(
+            f"Instance limit reached{scope}: You have {running} running instances out of a maximum of {limit}."
+        )
         self.running, self.limit = running, limit
 
 
@@ -137,25 +139,42 @@ class Instance:
         return (self.last_heartbeat or self.created_at) + 2 * self.heartbeat_interval
 
     def expires_at(self) -> float | None:
-        ends = [t for t in (self.heartbeat_deadline(),
-                            self.created_at + self.ttl_seconds if self.ttl_seconds else None) if t is not None]
+        ends = [
+            t
+            for t in (self.heartbeat_deadline(), self.created_at + self.ttl_seconds if self.ttl_seconds else None)
+            if t is not None
+        ]
         return min(ends) if ends else None
 
     def to_record(self) -> dict[str, Any]:
         """What instance.json holds (enough to rebuild the instance after a restart)."""
         return {
-            "instance_id": self.instance_id, "env_id": self.spec.env_id, "version": self.spec.version,
-            "created_at": self.created_at, "env_variables": self.env_variables, "run_id": self.run_id,
-            "ttl_seconds": self.ttl_seconds, "heartbeat_interval": self.heartbeat_interval,
-            "data_key": self.data_key, "data_version": self.data_version, "image_type": self.image_type,
+            "instance_id": self.instance_id,
+            "env_id": self.spec.env_id,
+            "version": self.spec.version,
+            "created_at": self.created_at,
+            "env_variables": self.env_variables,
+            "run_id": self.run_id,
+            "ttl_seconds": self.ttl_seconds,
+            "heartbeat_interval": self.heartbeat_interval,
+            "data_key": self.data_key,
+            "data_version": self.data_version,
+            "image_type": self.image_type,
         }
 
 
 class InstanceRegistry:
     """Every instance of this localfleet process: create, read, list, delete, heartbeat, expire."""
 
-    def __init__(self, catalog: Catalog, data_dir: Path, faults: FaultRegistry, counters: Counters,
-                 instance_limit: int, reaper_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        data_dir: Path,
+        faults: FaultRegistry,
+        counters: Counters,
+        instance_limit: int,
+        reaper_interval_s: float = 1.0,
+    ) -> None:
         self.catalog = catalog
         self.root = data_dir / "instances"
         self.faults = faults
@@ -178,8 +197,7 @@ class InstanceRegistry:
             try:
                 spec = self.catalog.resolve(record["env_id"], record["version"])
             except LookupError:
-                log.warning("dropping instance %s of unknown environment %s", record["instance_id"],
-                            record["env_id"])
+                log.warning("dropping instance %s of unknown environment %s", record["instance_id"], record["env_id"])
                 await asyncio.to_thread(shutil.rmtree, self.root / record["instance_id"], True)
                 continue
             inst = self._from_record(record, spec)
@@ -207,11 +225,19 @@ class InstanceRegistry:
 
     def _from_record(self, r: dict[str, Any], spec: EnvironmentSpec) -> Instance:
         return Instance(
-            instance_id=r["instance_id"], spec=spec, directory=self.root / r["instance_id"],
-            created_at=r["created_at"], env_variables=r.get("env_variables") or {}, run_id=r.get("run_id"),
-            ttl_seconds=r.get("ttl_seconds"), heartbeat_interval=r.get("heartbeat_interval"),
-            data_key=r.get("data_key"), data_version=r.get("data_version"), image_type=r.get("image_type"),
-            status="running", updated_at=r["created_at"],
+            instance_id=r["instance_id"],
+            spec=spec,
+            directory=self.root / r["instance_id"],
+            created_at=r["created_at"],
+            env_variables=r.get("env_variables") or {},
+            run_id=r.get("run_id"),
+            ttl_seconds=r.get("ttl_seconds"),
+            heartbeat_interval=r.get("heartbeat_interval"),
+            data_key=r.get("data_key"),
+            data_version=r.get("data_version"),
+            image_type=r.get("image_type"),
+            status="running",
+            updated_at=r["created_at"],
         )
 
     # ---- operations ----
@@ -219,10 +245,19 @@ class InstanceRegistry:
     def running_count(self, env_key: str | None = None) -> int:
         return sum(1 for i in self.live.values() if env_key is None or i.spec.env_key == env_key)
 
-    async def create(self, spec: EnvironmentSpec, *, request_id: str | None, env_variables: dict[str, Any] | None,
-                     run_id: str | None, ttl_seconds: int | None, heartbeat_interval: int | None,
-                     data_key: str | None = None, data_version: str | None = None,
-                     image_type: str | None = None) -> Instance:
+    async def create(
+        self,
+        spec: EnvironmentSpec,
+        *,
+        request_id: str | None,
+        env_variables: dict[str, Any] | None,
+        run_id: str | None,
+        ttl_seconds: int | None,
+        heartbeat_interval: int | None,
+        data_key: str | None = None,
+        data_version: str | None = None,
+        image_type: str | None = None,
+    ) -> Instance:
         if request_id and request_id in self._request_ids:
             raise DuplicateRequest(self._request_ids[request_id])
         faults = self.faults.for_env(spec.env_id, spec.version)
@@ -236,10 +271,18 @@ class InstanceRegistry:
             raise RateLimited(f"Too many in-flight instance creations for this team ({inflight} for {spec.env_key})")
         now = time.time()
         inst = Instance(
-            instance_id=uuid.uuid4().hex[:16], spec=spec, directory=self.root / "", created_at=now,
-            env_variables={**spec.env_variables, **(env_variables or {})}, run_id=run_id,
-            ttl_seconds=ttl_seconds or None, heartbeat_interval=heartbeat_interval or None,
-            data_key=data_key, data_version=data_version, image_type=image_type, updated_at=now,
+            instance_id=uuid.uuid4().hex[:16],
+            spec=spec,
+            directory=self.root / "",
+            created_at=now,
+            env_variables={**spec.env_variables, **(env_variables or {})},
+            run_id=run_id,
+            ttl_seconds=ttl_seconds or None,
+            heartbeat_interval=heartbeat_interval or None,
+            data_key=data_key,
+            data_version=data_version,
+            image_type=image_type,
+            updated_at=now,
             last_heartbeat=now,
         )
         inst.directory = self.root / inst.instance_id
@@ -287,8 +330,11 @@ class InstanceRegistry:
 
     def select(self, status: str | None = None, run_id: str | None = None) -> list[Instance]:
         pool = list(self.stopped.values()) if status == "stopped" else list(self.live.values())
-        return [i for i in pool
-                if (status in (None, "stopped") or i.status == status) and (run_id is None or i.run_id == run_id)]
+        return [
+            i
+            for i in pool
+            if (status in (None, "stopped") or i.status == status) and (run_id is None or i.run_id == run_id)
+        ]
 
     async def delete(self, instance_id: str, reason: str = "deleted") -> Instance:
         inst = self.live.pop(instance_id, None)

@@ -59,18 +59,21 @@ def routes(platform: Platform) -> list[Route]:
             instance(request)
         except InstanceGone as exc:
             return _gone(exc)
-        return JSONResponse([
-            {"name": "seed", "type": "sqlite", "mode": "ro", "label": "Initial state"},
-            {"name": "current", "type": "sqlite", "mode": "rw", "label": "Live state"},
-        ])
+        return JSONResponse(
+            [
+                {"name": "seed", "type": "sqlite", "mode": "ro", "label": "Initial state"},
+                {"name": "current", "type": "sqlite", "mode": "rw", "label": "Live state"},
+            ]
+        )
 
     async def health(request: Request) -> JSONResponse:
         try:
             instance(request)
         except InstanceGone as exc:
             return _gone(exc)
-        return JSONResponse({"status": "healthy", "timestamp": iso(time.time()),
-                             "service": "localfleet-instance-manager"})
+        return JSONResponse(
+            {"status": "healthy", "timestamp": iso(time.time()), "service": "localfleet-instance-manager"}
+        )
 
     def db_of(request: Request) -> tuple[Instance, str]:
         inst = instance(request)
@@ -88,10 +91,15 @@ def routes(platform: Platform) -> list[Route]:
         try:
             tables = await asyncio.to_thread(_describe, inst, name)
         except sqlite3.Error as exc:
-            return JSONResponse({"success": False, "resource_name": name, "error": str(exc),
-                                 "message": f"Failed to describe database: {exc}"})
-        return JSONResponse({"success": True, "resource_name": name, "tables": tables,
-                             "message": "Schema retrieved"})
+            return JSONResponse(
+                {
+                    "success": False,
+                    "resource_name": name,
+                    "error": str(exc),
+                    "message": f"Failed to describe database: {exc}",
+                }
+            )
+        return JSONResponse({"success": True, "resource_name": name, "tables": tables, "message": "Schema retrieved"})
 
     async def query(request: Request) -> JSONResponse:
         try:
@@ -122,8 +130,12 @@ def routes(platform: Platform) -> list[Route]:
         from fleet.verifiers.local_executor import diff_dbs
 
         result = await asyncio.to_thread(
-            diff_dbs, str(inst.seed_path), str(inst.current_path), set(ignore.get("tables") or []),
-            {t: set(f) for t, f in (ignore.get("table_fields") or {}).items()})
+            diff_dbs,
+            str(inst.seed_path),
+            str(inst.current_path),
+            set(ignore.get("tables") or []),
+            {t: set(f) for t, f in (ignore.get("table_fields") or {}).items()},
+        )
         return JSONResponse(result)
 
     async def execute_verifier_function(request: Request) -> JSONResponse:
@@ -135,8 +147,7 @@ def routes(platform: Platform) -> list[Route]:
         code = body.get("function_code")
         if not isinstance(code, str) or not code.strip():
             return JSONResponse({"detail": "function_code must be a non-empty string"}, status_code=400)
-        outcome = await platform.verifiers.run_manager(inst, code, body.get("function_name"),
-                                                       body.get("text_solution"))
+        outcome = await platform.verifiers.run_manager(inst, code, body.get("function_name"), body.get("text_solution"))
         return JSONResponse(outcome)
 
     return [
@@ -154,12 +165,27 @@ def _describe(inst: Instance, name: str) -> list[dict[str, Any]]:
     conn = connect(inst.db_path(name), read_only=True)
     try:
         tables = []
-        for (table, sql) in conn.execute(
-                "SELECT name, sql FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+        for table, sql in conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+        ):
             cols = conn.execute(f'PRAGMA table_info("{table.replace(chr(34), chr(34) * 2)}")').fetchall()
-            tables.append({"name": table, "sql": sql or "", "columns": [
-                {"name": c[1], "type": c[2], "notnull": bool(c[3]), "default_value": c[4], "primary_key": c[5] > 0,
-                 "pk": c[5]} for c in cols]})
+            tables.append(
+                {
+                    "name": table,
+                    "sql": sql or "",
+                    "columns": [
+                        {
+                            "name": c[1],
+                            "type": c[2],
+                            "notnull": bool(c[3]),
+                            "default_value": c[4],
+                            "primary_key": c[5] > 0,
+                            "pk": c[5],
+                        }
+                        for c in cols
+                    ],
+                }
+            )
         return tables
     finally:
         conn.close()
@@ -173,9 +199,14 @@ def _query(inst: Instance, name: str, sql: str, args: list[Any], read_only: bool
         rows = [[_jsonable(v) for v in r] for r in cur.fetchall()] if columns is not None else None
         if not read_only:
             conn.commit()
-        return {"success": True, "columns": columns, "rows": rows,
-                "rows_affected": cur.rowcount if cur.rowcount >= 0 else None,
-                "last_insert_id": cur.lastrowid, "message": "Query executed"}
+        return {
+            "success": True,
+            "columns": columns,
+            "rows": rows,
+            "rows_affected": cur.rowcount if cur.rowcount >= 0 else None,
+            "last_insert_id": cur.lastrowid,
+            "message": "Query executed",
+        }
     finally:
         conn.close()
 

@@ -39,8 +39,12 @@ def load_specs(target: str = "") -> list[EnvironmentSpec]:
 
 
 class Platform:
-    def __init__(self, config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = None,
-                 tasks: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        config: LocalfleetConfig,
+        specs: list[EnvironmentSpec] | None = None,
+        tasks: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.config = config
         self.public_url = (config.public_url or f"http://{config.listen}").rstrip("/")
         data_dir = Path(config.data_dir)
@@ -48,11 +52,13 @@ class Platform:
         self.faults = FaultRegistry.from_file(config.faults)
         specs = load_specs(config.environments) if specs is None else specs
         self.catalog = Catalog(specs, data_dir / "templates")
-        self.registry = InstanceRegistry(self.catalog, data_dir, self.faults, self.counters,
-                                         config.instance_limit, config.reaper_interval_s)
+        self.registry = InstanceRegistry(
+            self.catalog, data_dir, self.faults, self.counters, config.instance_limit, config.reaper_interval_s
+        )
         self.endpoints = MCPEndpoints(specs, self.registry, self.faults, self.counters, _allowed_hosts(self))
-        self.verifiers = VerifierService(self.counters, config.verifier_timeout_s, config.verifier_memory_mb,
-                                         data_dir / "verifier-runs")
+        self.verifiers = VerifierService(
+            self.counters, config.verifier_timeout_s, config.verifier_memory_mb, data_dir / "verifier-runs"
+        )
         self.tasks = load_tasks(Path(config.tasks_dir) if config.tasks_dir else None) if tasks is None else tasks
 
     @contextlib.asynccontextmanager

@@ -47,8 +47,11 @@ def decode_verifier_args(b64: str) -> tuple[list[Any], dict[str, Any]]:
     except (binascii.Error, ValueError) as exc:
         raise UnsafePayload(f"args is not base64: {exc}") from exc
     doc = loads_data(blob)
-    if not isinstance(doc, dict) or not isinstance(doc.get("args", ()), tuple | list) \
-            or not isinstance(doc.get("kwargs", {}), dict):
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("args", ()), tuple | list)
+        or not isinstance(doc.get("kwargs", {}), dict)
+    ):
         raise UnsafePayload("args must decode to {'args': tuple, 'kwargs': dict}")
     args = list(doc.get("args", ()))
     if args and args[0] is None:  # the SDK's placeholder for `env`

@@ -43,7 +43,8 @@ class LocalfleetApp:
 
         self.router = Starlette(
             routes=[*control_plane.routes(platform), *manager_api.routes(platform), *admin.routes(platform)],
-            lifespan=lifespan)
+            lifespan=lifespan,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -66,31 +67,54 @@ def _has_credentials(scope: Scope) -> bool:
 
 async def _deny(send: Send) -> None:
     body = json.dumps({"detail": "Missing API key (send Authorization: Bearer <any key>)"}).encode()
-    await send({"type": "http.response.start", "status": 401,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 401,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = None,
-               tasks: list[dict[str, Any]] | None = None) -> LocalfleetApp:
+def create_app(
+    config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = None, tasks: list[dict[str, Any]] | None = None
+) -> LocalfleetApp:
     """The app for `config`; `specs`/`tasks` default to the bundled environments and task files."""
     return LocalfleetApp(Platform(config, specs, tasks))
 
 
-async def serve(config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = None,
-                tasks: list[dict[str, Any]] | None = None) -> None:
+async def serve(
+    config: LocalfleetConfig, specs: list[EnvironmentSpec] | None = None, tasks: list[dict[str, Any]] | None = None
+) -> None:
     host, port = split_host_port(config.listen)
     if not is_loopback(host):
         log.warning("localfleet is listening on %s: it has no authentication (admin routes included)", host)
     app = create_app(config, specs, tasks)
     tracker = ConnectionTracker(app.platform.counters)
     app.platform.endpoints.connections = tracker
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, http=tracker.protocol_class(), lifespan="on", ws="none",
-        log_level="warning", access_log=False, timeout_graceful_shutdown=1, timeout_keep_alive=30,
-    ))
-    log.info("localfleet on http://%s:%d (%d environments, %d tasks) %s", host, port,
-             len(app.platform.catalog.specs), len(app.platform.tasks), redacted(config))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            http=tracker.protocol_class(),
+            lifespan="on",
+            ws="none",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=30,
+        )
+    )
+    log.info(
+        "localfleet on http://%s:%d (%d environments, %d tasks) %s",
+        host,
+        port,
+        len(app.platform.catalog.specs),
+        len(app.platform.tasks),
+        redacted(config),
+    )
     await server.serve()
 
 

@@ -51,7 +51,12 @@ def task_response(task: dict[str, Any], created_at: str) -> dict[str, Any]:
     }
     if code:
         out["verifier_id"] = key
-        out["verifier"] = {"verifier_id": key, "key": key, "version": 1,
-                           "sha256": hashlib.sha256(code.encode()).hexdigest(), "code": code,
-                           "created_at": created_at}
+        out["verifier"] = {
+            "verifier_id": key,
+            "key": key,
+            "version": 1,
+            "sha256": hashlib.sha256(code.encode()).hexdigest(),
+            "code": code,
+            "created_at": created_at,
+        }
     return out

@@ -83,26 +83,50 @@ class VerifierService:
 
     # ---- the two execution paths ----
 
-    async def run_remote(self, inst: Instance, code: str, args: list[Any], kwargs: dict[str, Any],
-                         timeout_s: float | None, *, key: str | None = None) -> dict[str, Any]:
+    async def run_remote(
+        self,
+        inst: Instance,
+        code: str,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        timeout_s: float | None,
+        *,
+        key: str | None = None,
+    ) -> dict[str, Any]:
         """`VerifiersExecuteResponse` for /v1/verifiers/execute."""
         outcome = await self.run(inst, {"mode": "remote", "code": code, "args": args, "kwargs": kwargs}, timeout_s)
         return {
-            "success": outcome.success, "result": outcome.result, "error": outcome.error, "stdout": outcome.stdout,
-            "execution_time_ms": outcome.elapsed_ms, "execution_id": uuid.uuid4().hex, "key": key,
-            "verifier_id": key, "version": 1, "bundle_cache_hit": False,
+            "success": outcome.success,
+            "result": outcome.result,
+            "error": outcome.error,
+            "stdout": outcome.stdout,
+            "execution_time_ms": outcome.elapsed_ms,
+            "execution_id": uuid.uuid4().hex,
+            "key": key,
+            "verifier_id": key,
+            "version": 1,
+            "bundle_cache_hit": False,
         }
 
-    async def run_manager(self, inst: Instance, code: str, function_name: str | None,
-                          text_solution: str | None) -> dict[str, Any]:
+    async def run_manager(
+        self, inst: Instance, code: str, function_name: str | None, text_solution: str | None
+    ) -> dict[str, Any]:
         """`ExecuteFunctionResponse` for the manager's /execute_verifier_function."""
-        outcome = await self.run(inst, {"mode": "manager", "code": code, "function_name": function_name,
-                                        "text_solution": text_solution}, None)
+        outcome = await self.run(
+            inst,
+            {"mode": "manager", "code": code, "function_name": function_name, "text_solution": text_solution},
+            None,
+        )
         error = None
         if outcome.error is not None:
             error = f"{outcome.error['type']}: {outcome.error['message']}"
-        return {"success": outcome.success, "result": outcome.result, "error": error, "stdout": outcome.stdout,
-                "message": "Verifier executed" if outcome.success else f"Verifier failed: {error}"}
+        return {
+            "success": outcome.success,
+            "result": outcome.result,
+            "error": error,
+            "stdout": outcome.stdout,
+            "message": "Verifier executed" if outcome.success else f"Verifier failed: {error}",
+        }
 
     async def run(self, inst: Instance, payload: dict[str, Any], timeout_s: float | None) -> RunOutcome:
         self.counters.inc("verifier_runs")
@@ -133,9 +157,18 @@ class VerifierService:
     async def _spawn(self, workdir: Path, limit_s: float) -> RunOutcome:
         env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-u", "-m", "rlgate.localfleet.verifier_runner", str(workdir),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=workdir, env=env, start_new_session=True,
+            sys.executable,
+            "-I",
+            "-u",
+            "-m",
+            "rlgate.localfleet.verifier_runner",
+            str(workdir),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
             preexec_fn=_limits(self.memory_mb, limit_s),
         )
         assert proc.stdout is not None and proc.stderr is not None
@@ -154,17 +187,32 @@ class VerifierService:
         stdout = (await out_task).decode("utf-8", "replace")
         stderr = (await err_task).decode("utf-8", "replace")
         if timed_out:
-            return RunOutcome(False, None, {"type": "TimeoutError",
-                                            "message": f"verifier timed out after {limit_s:g}s",
-                                            "traceback": ""}, stdout, 0)
+            return RunOutcome(
+                False,
+                None,
+                {"type": "TimeoutError", "message": f"verifier timed out after {limit_s:g}s", "traceback": ""},
+                stdout,
+                0,
+            )
         try:
             result = json.loads(await asyncio.to_thread((workdir / "result.json").read_text))
         except (OSError, json.JSONDecodeError):
-            how = f"signal {-proc.returncode}" if proc.returncode and proc.returncode < 0 else \
-                f"exit code {proc.returncode}"
-            return RunOutcome(False, None, {"type": "VerifierCrashed",
-                                            "message": f"verifier process ended with {how} and no result",
-                                            "traceback": stderr[-4000:]}, stdout, 0)
+            how = (
+                f"signal {-proc.returncode}"
+                if proc.returncode and proc.returncode < 0
+                else f"exit code {proc.returncode}"
+            )
+            return RunOutcome(
+                False,
+                None,
+                {
+                    "type": "VerifierCrashed",
+                    "message": f"verifier process ended with {how} and no result",
+                    "traceback": stderr[-4000:],
+                },
+                stdout,
+                0,
+            )
         return RunOutcome(bool(result.get("success")), result.get("result"), result.get("error"), stdout, 0)
 
 

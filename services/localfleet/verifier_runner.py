@@ -62,13 +62,24 @@ def _namespace(env: Any) -> dict[str, Any]:
     )
 
     return {
-        "TASK_SUCCESSFUL_SCORE": TASK_SUCCESSFUL_SCORE, "TASK_FAILED_SCORE": TASK_FAILED_SCORE,
-        "normalized_contains": normalized_contains, "normalized_string_comparison": normalized_string_comparison,
-        "extract_numbers": extract_numbers, "contains_number": contains_number,
-        "DatabaseSnapshot": DatabaseSnapshot, "IgnoreConfig": IgnoreConfig, "SnapshotDiff": SnapshotDiff,
-        "Environment": type(env), "json": json, "re": re, "string": string,
+        "TASK_SUCCESSFUL_SCORE": TASK_SUCCESSFUL_SCORE,
+        "TASK_FAILED_SCORE": TASK_FAILED_SCORE,
+        "normalized_contains": normalized_contains,
+        "normalized_string_comparison": normalized_string_comparison,
+        "extract_numbers": extract_numbers,
+        "contains_number": contains_number,
+        "DatabaseSnapshot": DatabaseSnapshot,
+        "IgnoreConfig": IgnoreConfig,
+        "SnapshotDiff": SnapshotDiff,
+        "Environment": type(env),
+        "json": json,
+        "re": re,
+        "string": string,
         # the SDK's converted (before, after, transcript) form annotates with these
-        "Optional": typing.Optional, "Any": typing.Any, "List": list, "Dict": dict,
+        "Optional": typing.Optional,
+        "Any": typing.Any,
+        "List": list,
+        "Dict": dict,
         "__builtins__": __builtins__,
     }
 
@@ -125,8 +136,11 @@ def main() -> None:
     try:
         out = {"success": True, "result": _jsonable(run(inp, workdir)), "error": None}
     except BaseException as exc:
-        out = {"success": False, "result": None,
-               "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}}
+        out = {
+            "success": False,
+            "result": None,
+            "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()},
+        }
     sys.stdout.flush()
     (workdir / "result.json").write_text(json.dumps(out))
 

@@ -12,6 +12,9 @@ RESET_SECONDS = m.histogram("rlgate_orchestrator_reset_seconds", "Instance manag
 VERIFY_SECONDS = m.histogram("rlgate_orchestrator_verify_seconds", "Verification latency", ["status"])
 VERIFY_OUTCOMES = m.counter("rlgate_orchestrator_verifications_total", "Verifier outcomes", ["status"])
 REAPED = m.counter("rlgate_orchestrator_reaped_total", "Sessions reaped", ["reason"])
-RECONCILED = m.counter("rlgate_orchestrator_reconciled_total",
-                       "Reconciliation actions (orphan_deleted, session_resumed, session_lost)", ["action"])
+RECONCILED = m.counter(
+    "rlgate_orchestrator_reconciled_total",
+    "Reconciliation actions (orphan_deleted, session_resumed, session_lost)",
+    ["action"],
+)
 POOL_HITS = m.counter("rlgate_orchestrator_pool_total", "Warm-pool hand-outs (hit) and misses", ["result"])

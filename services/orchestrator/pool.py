@@ -131,7 +131,8 @@ class WarmPool:
     async def _fill_one(self, env_key: str) -> None:
         try:
             handle, intent = await self._provisioner.create(
-                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED)
+                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED
+            )
         except RlgateError as exc:
             log.warning("warm pool %s: create failed: %s", env_key, exc.message)
             await asyncio.sleep(1.0)
@@ -151,7 +152,9 @@ class WarmPool:
         entries = [e for q in self._idle.values() for e in q]
         for q in self._idle.values():
             q.clear()
-        await asyncio.gather(*(self._provisioner.release(e.handle.instance_id, e.intent.intent_id)
-                               for e in entries), return_exceptions=True)
+        await asyncio.gather(
+            *(self._provisioner.release(e.handle.instance_id, e.intent.intent_id) for e in entries),
+            return_exceptions=True,
+        )
         for env_key in self.targets:
             self._gauge(env_key)

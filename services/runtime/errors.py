@@ -89,8 +89,15 @@ class ResourceExhausted(RlgateError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "RESOURCE_EXHAUSTED"
 
-    def __init__(self, message: str, *, subject: str, reason: str, metadata: dict[str, Any] | None = None,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        subject: str,
+        reason: str,
+        metadata: dict[str, Any] | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message, reason=reason, metadata=metadata)
         self.subject = clip(subject)
         self.retry_after_s = retry_after_s
@@ -111,8 +118,14 @@ class Unavailable(RlgateError):
     code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"
 
-    def __init__(self, message: str, *, reason: str = "UNAVAILABLE", retry_after_s: float = 1.0,
-                 metadata: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str = "UNAVAILABLE",
+        retry_after_s: float = 1.0,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message, reason=reason, metadata=metadata)
         self.retry_after_s = retry_after_s
 
@@ -136,8 +149,14 @@ class DeadlineExceeded(RlgateError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     reason = "DEADLINE_EXCEEDED"
 
-    def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, Any] | None = None,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message, reason=reason, metadata=metadata)
         self.retry_after_s = retry_after_s
 

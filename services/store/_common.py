@@ -44,11 +44,19 @@ def held_elsewhere(record: RequestRecord | None, held_by: str, result: str) -> b
     return record.result != result
 
 
-def request_record(scope: str, request_id: str, state: str, owner: str, result: str, created_at: float | str,
-                   finished_at: float | str) -> RequestRecord:
+def request_record(
+    scope: str, request_id: str, state: str, owner: str, result: str, created_at: float | str, finished_at: float | str
+) -> RequestRecord:
     """A request record from a row (SQLite) or a script's reply fields (Redis, timestamps as strings)."""
-    return RequestRecord(scope=scope, request_id=request_id, state=state, owner=owner, result=result,
-                         created_at=float(created_at), finished_at=float(finished_at))
+    return RequestRecord(
+        scope=scope,
+        request_id=request_id,
+        state=state,
+        owner=owner,
+        result=result,
+        created_at=float(created_at),
+        finished_at=float(finished_at),
+    )
 
 
 def page_limit(limit: int) -> int:
@@ -84,14 +92,10 @@ def after_cursor(session: Session, position: tuple[float, str] | None) -> bool:
     if position is None:
         return True
     created_at, session_id = position
-    return session.created_at < created_at or (
-        session.created_at == created_at and session.session_id < session_id
-    )
+    return session.created_at < created_at or (session.created_at == created_at and session.session_id < session_id)
 
 
-def matches(
-    session: Session, statuses: frozenset[str] | None, labels: Mapping[str, str] | None, run_id: str
-) -> bool:
+def matches(session: Session, statuses: frozenset[str] | None, labels: Mapping[str, str] | None, run_id: str) -> bool:
     """The list_sessions filter, for backends that filter in Python."""
     if statuses is not None and session.status not in statuses:
         return False

@@ -47,15 +47,19 @@ class BackgroundWrites:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
 
-async def claim_or_release(claim: Coroutine[Any, Any, T], created: Callable[[T], tuple[str, str] | None],
-                           release: Callable[[str, str], Coroutine[Any, Any, None]],
-                           background: BackgroundWrites) -> T:
+async def claim_or_release(
+    claim: Coroutine[Any, Any, T],
+    created: Callable[[T], tuple[str, str] | None],
+    release: Callable[[str, str], Coroutine[Any, Any, None]],
+    background: BackgroundWrites,
+) -> T:
     """Await `claim`; if the caller is cancelled meanwhile, the claim still completes as its own task and
     the record it created (`created(result)` -> (scope, request_id), or None) is released."""
     task = background.spawn(claim, quiet=False)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+
         def undo(done: asyncio.Task[Any]) -> None:
             if done.cancelled() or done.exception() is not None:
                 return

@@ -193,10 +193,13 @@ end
 """
 
 # ARGV: prefix, id, now
-_TOUCH = _LOG_LIB + """
+_TOUCH = (
+    _LOG_LIB
+    + """
 touch(ARGV[1], ARGV[2], ARGV[3])
 return 0
 """
+)
 
 # ARGV: prefix, id
 _DELETE = _PRELUDE + "\nreturn drop(ARGV[1], ARGV[2])\n"
@@ -229,9 +232,12 @@ return {#ks, n}
 """
 
 # ARGV: prefix, session id, episode, request_id, entry JSON. Returns the episode's entry count.
-_APPEND = _LOG_LIB + """
+_APPEND = (
+    _LOG_LIB
+    + """
 return append(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
+)
 
 # Request-record reads and claims, shared by _CLAIM, _COMMIT and _AUTHORIZE.
 _REQUEST_LIB = """
@@ -265,14 +271,19 @@ end
 
 # ARGV: prefix, key, scope, request_id, owner, now, nonce.
 # Returns {created, state, owner, result, created_at, finished_at}.
-_CLAIM = _REQUEST_LIB + """
+_CLAIM = (
+    _REQUEST_LIB
+    + """
 return claim(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 """
+)
 
 # ARGV: prefix, token_hash, request_id, owner, now, nonce, call scope prefix, active status.
 # Returns {} for an unknown token; {data, version, last_active} when nothing is claimed; else
 # {data, version, last_active, created, state, owner, result, created_at, finished_at}.
-_AUTHORIZE = _REQUEST_LIB + """
+_AUTHORIZE = (
+    _REQUEST_LIB
+    + """
 local p, token, request_id = ARGV[1], ARGV[2], ARGV[3]
 local id = redis.call('get', p .. 'tok:' .. token)
 if not id then return {} end
@@ -286,12 +297,16 @@ local r = claim(p, request_key(scope, request_id), scope, request_id, ARGV[4], A
 for i = 1, 6 do session[3 + i] = r[i] end
 return session
 """
+)
 
 # ARGV: prefix, key, scope, request_id, result, now
-_COMPLETE = _LOG_LIB + """
+_COMPLETE = (
+    _LOG_LIB
+    + """
 complete(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 return 1
 """
+)
 
 # ARGV: prefix, then three parts, each a flag ('1' or '') and its arguments (empty strings when absent):
 #   [2] session?  [3..12] the update's 10 arguments (see update)
@@ -349,7 +364,9 @@ return 0
 
 # ARGV: prefix, key, dead owner, owner, now, nonce. Returns {} for no record, else {taken, state, owner,
 # result, created_at, finished_at}; taken is 1 for our own retried takeover too (its nonce).
-_TAKE_OVER = _REQUEST_LIB + """
+_TAKE_OVER = (
+    _REQUEST_LIB
+    + """
 local p, key = ARGV[1], ARGV[2]
 local r = request_fields(p, key)
 if not r then return {} end
@@ -361,6 +378,7 @@ local mine = 0
 if r[1] == 'pending' and r[6] == ARGV[6] then mine = 1 end
 return {mine, r[1], r[2], r[3], r[4], r[5]}
 """
+)
 
 # ARGV: prefix, id, data, run, created
 _PUT_INTENT = """
@@ -601,8 +619,14 @@ class RedisStore(SessionStore):
         code, last_active = await self._script("update_session", self._update, *args)
         return self._updated(stored, code, last_active)
 
-    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
-                             tool_call: ToolCallEntry | None, new_request: bool, held_by: str) -> Session | None:
+    async def _commit_writes(
+        self,
+        session: Session | None,
+        request: tuple[str, str, str] | None,
+        tool_call: ToolCallEntry | None,
+        new_request: bool,
+        held_by: str,
+    ) -> Session | None:
         stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
         args = ["1" if stored is not None else "", *args]
         if request is not None:
@@ -611,8 +635,14 @@ class RedisStore(SessionStore):
         else:
             args += [""] * 6
         if tool_call is not None:
-            args += ["1", tool_call.session_id, str(tool_call.episode), tool_call.request_id,
-                     tool_call.to_json(), _score(tool_call.finished_at)]
+            args += [
+                "1",
+                tool_call.session_id,
+                str(tool_call.episode),
+                tool_call.request_id,
+                tool_call.to_json(),
+                _score(tool_call.finished_at),
+            ]
         else:
             args += [""] * 6
         args += ["1", uuid.uuid4().hex] if new_request else ["", ""]
@@ -719,7 +749,11 @@ class RedisStore(SessionStore):
     # -- tool-call log ----------------------------------------------------------------------------------
     async def append_tool_call(self, entry: ToolCallEntry) -> int:
         count = await self._script(
-            "append_tool_call", self._append, entry.session_id, str(entry.episode), entry.request_id,
+            "append_tool_call",
+            self._append,
+            entry.session_id,
+            str(entry.episode),
+            entry.request_id,
             entry.to_json(),
         )
         return int(count)
@@ -739,14 +773,23 @@ class RedisStore(SessionStore):
 
     # -- request records --------------------------------------------------------------------------------
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
-        return await claim_or_release(self._claim_request(scope, request_id, owner),
-                                      lambda claim: (scope, request_id) if claim[1] else None,
-                                      self.release_request, self._background)
+        return await claim_or_release(
+            self._claim_request(scope, request_id, owner),
+            lambda claim: (scope, request_id) if claim[1] else None,
+            self.release_request,
+            self._background,
+        )
 
     async def _claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         reply = await self._script(
-            "claim_request", self._claim, _request_key(scope, request_id), scope, request_id, owner,
-            _score(time.time()), uuid.uuid4().hex,
+            "claim_request",
+            self._claim,
+            _request_key(scope, request_id),
+            scope,
+            request_id,
+            owner,
+            _score(time.time()),
+            uuid.uuid4().hex,
         )
         return _request_from_reply(scope, request_id, reply[1:]), reply[0] == 1
 
@@ -760,15 +803,23 @@ class RedisStore(SessionStore):
             session, _, created = result
             return (call_scope(session.session_id), request_id) if created and session is not None else None
 
-        return await claim_or_release(self._authorize_call(token_hash, request_id, owner), claimed,
-                                      self.release_request, self._background)
+        return await claim_or_release(
+            self._authorize_call(token_hash, request_id, owner), claimed, self.release_request, self._background
+        )
 
     async def _authorize_call(
         self, token_hash: str, request_id: str, owner: str
     ) -> tuple[Session | None, RequestRecord | None, bool]:
         reply = await self._script(
-            "authorize_call", self._authorize, token_hash, request_id, owner, _score(time.time()),
-            uuid.uuid4().hex, CALL_SCOPE_PREFIX, SessionStatus.ACTIVE.value,
+            "authorize_call",
+            self._authorize,
+            token_hash,
+            request_id,
+            owner,
+            _score(time.time()),
+            uuid.uuid4().hex,
+            CALL_SCOPE_PREFIX,
+            SessionStatus.ACTIVE.value,
         )
         session = _session_from_fields(reply[:3]) if reply else None
         if session is None or len(reply) == 3:
@@ -778,7 +829,12 @@ class RedisStore(SessionStore):
 
     async def complete_request(self, scope: str, request_id: str, result: str) -> None:
         await self._script(
-            "complete_request", self._complete, _request_key(scope, request_id), scope, request_id, result,
+            "complete_request",
+            self._complete,
+            _request_key(scope, request_id),
+            scope,
+            request_id,
+            result,
             _score(time.time()),
         )
 
@@ -791,16 +847,24 @@ class RedisStore(SessionStore):
         async def give_back(scope: str, request_id: str) -> None:
             await self._take_over(scope, request_id, owner, dead_owner)
 
-        return await claim_or_release(self._take_over(scope, request_id, dead_owner, owner),
-                                      lambda taken: (scope, request_id) if taken[1] else None,
-                                      give_back, self._background)
+        return await claim_or_release(
+            self._take_over(scope, request_id, dead_owner, owner),
+            lambda taken: (scope, request_id) if taken[1] else None,
+            give_back,
+            self._background,
+        )
 
     async def _take_over(
         self, scope: str, request_id: str, dead_owner: str, owner: str
     ) -> tuple[RequestRecord | None, bool]:
         reply = await self._script(
-            "take_over_request", self._take, _request_key(scope, request_id), dead_owner, owner,
-            _score(time.time()), uuid.uuid4().hex,
+            "take_over_request",
+            self._take,
+            _request_key(scope, request_id),
+            dead_owner,
+            owner,
+            _score(time.time()),
+            uuid.uuid4().hex,
         )
         if not reply:
             return None, False
@@ -832,7 +896,11 @@ class RedisStore(SessionStore):
     # -- intents ----------------------------------------------------------------------------------------
     async def put_intent(self, intent: Intent) -> None:
         await self._script(
-            "put_intent", self._put_intent, intent.intent_id, intent.to_json(), intent.run_id,
+            "put_intent",
+            self._put_intent,
+            intent.intent_id,
+            intent.to_json(),
+            intent.run_id,
             _score(intent.created_at),
         )
 
@@ -908,8 +976,10 @@ class RedisStore(SessionStore):
             problems.extend(_common.session_problems(session))
             expected = self._session_args(session)[:5]
             actual = [fields.get(f, "") for f in ("token", "run", "labels", "created", "retain")]
-            if session.session_id != sid or str(session.version) != fields.get("version") or any(
-                a != e for a, e in zip(actual[:3], expected[:3], strict=True)
+            if (
+                session.session_id != sid
+                or str(session.version) != fields.get("version")
+                or any(a != e for a, e in zip(actual[:3], expected[:3], strict=True))
             ):
                 problems.append(f"session {sid}: indexed fields disagree with the record")
             if all_ids[sid] != session.created_at:
@@ -941,11 +1011,11 @@ class RedisStore(SessionStore):
                 problems.append(f"status index lists unknown session {sid}")
         for token_key in await self._scan("tok:*"):
             sid = await client.get(token_key)
-            token = token_key[len(key("tok:")):]
+            token = token_key[len(key("tok:")) :]
             if sid not in loaded or loaded[sid].token_hash != token:
                 problems.append(f"token index entry {token[:12]}... points at {sid}, which does not hold it")
         for session_key in await self._scan("s:*"):
-            if session_key[len(key("s:")):] not in all_ids:
+            if session_key[len(key("s:")) :] not in all_ids:
                 problems.append(f"session record {session_key} missing from idx:all")
         return problems
 

@@ -37,8 +37,9 @@ def compose() -> dict[str, Any]:
 
 def rlgate_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services that run the rlgate image (as opposed to redis)."""
-    return {name: svc for name, svc in compose["services"].items()
-            if str(svc.get("image", "")).startswith("${RLGATE_IMAGE")}
+    return {
+        name: svc for name, svc in compose["services"].items() if str(svc.get("image", "")).startswith("${RLGATE_IMAGE")
+    }
 
 
 def in_profile(svc: dict[str, Any], profile: str | None) -> bool:
@@ -94,11 +95,12 @@ def test_default_stack_shares_one_sqlite_store_on_a_named_volume(compose: dict[s
     assert len(urls) == 1, f"orchestrator and gateway must share one store, got {urls}"
     url = urls.pop()
     assert url.startswith("sqlite:////"), url
-    db_path = url[len("sqlite:///"):]
+    db_path = url[len("sqlite:///") :]
     for svc in planes:
         mounts = [str(v).split(":") for v in svc["volumes"]]
-        assert any(src in compose["volumes"] and db_path.startswith(dst.rstrip("/") + "/")
-                   for src, dst, *_ in mounts), f"{db_path} is not on a named volume in {svc['volumes']}"
+        assert any(
+            src in compose["volumes"] and db_path.startswith(dst.rstrip("/") + "/") for src, dst, *_ in mounts
+        ), f"{db_path} is not on a named volume in {svc['volumes']}"
 
 
 def test_scale_profile_runs_two_replicas_of_each_plane_over_redis(compose: dict[str, Any]) -> None:
@@ -119,8 +121,9 @@ def test_scale_profile_runs_two_replicas_of_each_plane_over_redis(compose: dict[
     assert {c.shutdown_mode for c in orchestrators} == {"handoff"}, "a stopping replica must not close the run"
     host_ports = [p[1] for s in compose["services"].values() for p in published(s) if "ports" in s]
     assert len(host_ports) == len(set(host_ports)), "two services publish the same host port"
-    gateway_hosts = {f"127.0.0.1:{p[1]}" for s in scale.values() if s["command"][0] == "toolgateway"
-                     for p in published(s)}
+    gateway_hosts = {
+        f"127.0.0.1:{p[1]}" for s in scale.values() if s["command"][0] == "toolgateway" for p in published(s)
+    }
     assert {c.gateway_address for c in orchestrators} == gateway_hosts, "each gateway replica is handed out"
 
 

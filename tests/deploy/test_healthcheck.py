@@ -87,8 +87,15 @@ async def test_cli_subcommand_exit_status(grpc_server: RunningServer) -> None:
     """`rlgate healthcheck` (the image's HEALTHCHECK) as a real process."""
     for target, expected in [(f"127.0.0.1:{grpc_server.port}", 0), (f"127.0.0.1:{free_port()}", 2)]:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rlgate.cli", "healthcheck", target, "--timeout", "5",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-m",
+            "rlgate.cli",
+            "healthcheck",
+            target,
+            "--timeout",
+            "5",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(proc.communicate(), 120)
         assert proc.returncode == expected, (out, err)

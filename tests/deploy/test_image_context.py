@@ -61,18 +61,32 @@ def build_context(destination: Path) -> list[str]:
 
 def test_dockerignore_keeps_what_the_dockerfile_copies_and_nothing_else() -> None:
     rules = dockerignore_rules()
-    for needed in ("pyproject.toml", "constraints.txt", "README.md", "clients/python/rlgate/cli.py",
-                   "services/runtime/healthcheck.py", "services/localfleet/tasks_loader.py"):
+    for needed in (
+        "pyproject.toml",
+        "constraints.txt",
+        "README.md",
+        "clients/python/rlgate/cli.py",
+        "services/runtime/healthcheck.py",
+        "services/localfleet/tasks_loader.py",
+    ):
         assert not excluded(needed, rules), needed
         assert (REPO / needed).exists(), f"{needed} is missing: the image build would fail at COPY"
-    for dropped in (".venv/bin/python", "tests/conftest.py", ".git/HEAD", "bench/results.json",
-                    "services/runtime/__pycache__/config.cpython-311.pyc", "docs/deploy.md", ".rlgate/store.db"):
+    for dropped in (
+        ".venv/bin/python",
+        "tests/conftest.py",
+        ".git/HEAD",
+        "bench/results.json",
+        "services/runtime/__pycache__/config.cpython-311.pyc",
+        "docs/deploy.md",
+        ".rlgate/store.db",
+    ):
         assert excluded(dropped, rules), dropped
 
 
 async def run(*argv: str, cwd: Path, env: dict[str, str] | None = None, limit: float = 300) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(*argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), limit)
     assert proc.returncode is not None
     return proc.returncode, out.decode(errors="replace")
@@ -82,12 +96,37 @@ async def test_the_build_context_installs_a_complete_package(tmp_path: Path) -> 
     context, wheels, target = tmp_path / "context", tmp_path / "wheels", tmp_path / "installed"
     copied = await asyncio.to_thread(build_context, context)
     assert "pyproject.toml" in copied and not any(p.startswith("tests/") for p in copied)
-    code, out = await run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--disable-pip-version-check", "-q", ".", "-w", str(wheels), cwd=context)
+    code, out = await run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--disable-pip-version-check",
+        "-q",
+        ".",
+        "-w",
+        str(wheels),
+        cwd=context,
+    )
     assert code == 0, out
     (wheel,) = wheels.glob("rlgate-*.whl")
-    code, out = await run(sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                          "--disable-pip-version-check", "--target", str(target), str(wheel), cwd=tmp_path)
+    code, out = await run(
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-index",
+        "-q",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        str(wheel),
+        cwd=tmp_path,
+    )
     assert code == 0, out
 
     # The installed copy, not the editable checkout: PYTHONPATH comes before the venv's editable finder.
@@ -106,6 +145,15 @@ async def test_the_build_context_installs_a_complete_package(tmp_path: Path) -> 
     for command in ("orchestrator", "toolgateway", "localfleet"):
         code, out = await run(sys.executable, "-m", "rlgate.cli", command, "--help", cwd=tmp_path, env=env)
         assert code == 0 and "--listen" in out, out
-    code, out = await run(sys.executable, "-m", "rlgate.cli", "healthcheck", f"127.0.0.1:{free_port()}",
-                          "--timeout", "2", cwd=tmp_path, env=env)
+    code, out = await run(
+        sys.executable,
+        "-m",
+        "rlgate.cli",
+        "healthcheck",
+        f"127.0.0.1:{free_port()}",
+        "--timeout",
+        "2",
+        cwd=tmp_path,
+        env=env,
+    )
     assert code == 2, out  # nothing listens there: "unreachable"

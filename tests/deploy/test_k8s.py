@@ -86,11 +86,15 @@ def test_deployment_runs_the_cli_with_accepted_settings(resources: list[dict[str
     resources_ = container["resources"]
     assert resources_["requests"]["cpu"] and resources_["requests"]["memory"] and resources_["limits"]["memory"]
     pre_stop = container.get("lifecycle", {}).get("preStop", {})
-    pre_stop_s = float(pre_stop["exec"]["command"][-1]) if "exec" in pre_stop else float(
-        pre_stop.get("sleep", {}).get("seconds", 0))
+    pre_stop_s = (
+        float(pre_stop["exec"]["command"][-1])
+        if "exec" in pre_stop
+        else float(pre_stop.get("sleep", {}).get("seconds", 0))
+    )
     assert pod["terminationGracePeriodSeconds"] > config.drain_s + pre_stop_s, (
         f"{name}: grace {pod['terminationGracePeriodSeconds']}s must outlast drain {config.drain_s}s "
-        f"+ preStop {pre_stop_s}s")
+        f"+ preStop {pre_stop_s}s"
+    )
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 

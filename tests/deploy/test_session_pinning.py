@@ -22,8 +22,14 @@ async def probe(header: str, switch: bool) -> dict[str, object]:
     if switch:
         env[SWITCH] = "true"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.deploy.pinning_probe", header, cwd=REPO, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "tests.deploy.pinning_probe",
+        header,
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()

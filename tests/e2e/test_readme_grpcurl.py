@@ -88,8 +88,9 @@ def test_readme_session_runs_twice_on_one_stack(grpcurl: Path, stack: LocalStack
     script.write_text(session_script(commands, stack))
     sessions = []
     for run in (1, 2):
-        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=240,
-                              env=grpcurl_env(grpcurl), cwd=tmp_path)
+        done = subprocess.run(
+            ["bash", str(script)], capture_output=True, text=True, timeout=240, env=grpcurl_env(grpcurl), cwd=tmp_path
+        )
         output = done.stdout + done.stderr
         statuses = [int(s) for s in re.findall(r"<<rc \d+ (\d+)>>", done.stdout)]
         assert done.returncode == 0 and statuses == [0] * len(commands), f"run {run}:\n{output}"
@@ -97,16 +98,23 @@ def test_readme_session_runs_twice_on_one_stack(grpcurl: Path, stack: LocalStack
         sessions.append(re.findall(r"<<session (\S*)>>", done.stdout)[0])
     assert all(sessions) and sessions[0] != sessions[1]  # a fresh request_id each run: a new session
     for session_id in sessions:  # and Close closed each
-        state = run_grpcurl(grpcurl, "-d", json.dumps({"session_id": session_id}), stack.orchestrator_address,
-                            "rlgate.v1.OrchestratorService/State")
+        state = run_grpcurl(
+            grpcurl,
+            "-d",
+            json.dumps({"session_id": session_id}),
+            stack.orchestrator_address,
+            "rlgate.v1.OrchestratorService/State",
+        )
         assert state.returncode == 0, state.stderr
         assert "SESSION_STATUS_CLOSED" in state.stdout
 
 
 def test_each_plane_lists_its_own_service_only(grpcurl: Path, stack: LocalStack) -> None:
     common = ["grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"]
-    for address, own in ((stack.orchestrator_address, "rlgate.v1.OrchestratorService"),
-                         (stack.gateway_address, "rlgate.v1.ToolGatewayService")):
+    for address, own in (
+        (stack.orchestrator_address, "rlgate.v1.OrchestratorService"),
+        (stack.gateway_address, "rlgate.v1.ToolGatewayService"),
+    ):
         listed = run_grpcurl(grpcurl, address, "list")
         assert listed.returncode == 0, listed.stderr
         assert sorted(listed.stdout.split()) == sorted([*common, own])
@@ -115,18 +123,23 @@ def test_each_plane_lists_its_own_service_only(grpcurl: Path, stack: LocalStack)
 def test_gateway_has_exactly_list_tools_and_call_tool(grpcurl: Path, stack: LocalStack) -> None:
     listed = run_grpcurl(grpcurl, stack.gateway_address, "list", "rlgate.v1.ToolGatewayService")
     assert listed.returncode == 0, listed.stderr
-    assert sorted(listed.stdout.split()) == ["rlgate.v1.ToolGatewayService.CallTool",
-                                             "rlgate.v1.ToolGatewayService.ListTools"]
+    assert sorted(listed.stdout.split()) == [
+        "rlgate.v1.ToolGatewayService.CallTool",
+        "rlgate.v1.ToolGatewayService.ListTools",
+    ]
 
 
-@pytest.mark.parametrize(("plane", "method"), [
-    ("orchestrator", "rlgate.v1.OrchestratorService.Reset"),
-    ("orchestrator", "rlgate.v1.OrchestratorService.Close"),
-    ("gateway", "rlgate.v1.ToolGatewayService.ListTools"),
-    ("gateway", "rlgate.v1.ToolGatewayService.CallTool"),
-    ("orchestrator", "grpc.health.v1.Health.Check"),
-    ("gateway", "grpc.health.v1.Health.Check"),
-])
+@pytest.mark.parametrize(
+    ("plane", "method"),
+    [
+        ("orchestrator", "rlgate.v1.OrchestratorService.Reset"),
+        ("orchestrator", "rlgate.v1.OrchestratorService.Close"),
+        ("gateway", "rlgate.v1.ToolGatewayService.ListTools"),
+        ("gateway", "rlgate.v1.ToolGatewayService.CallTool"),
+        ("orchestrator", "grpc.health.v1.Health.Check"),
+        ("gateway", "grpc.health.v1.Health.Check"),
+    ],
+)
 def test_describe_a_method(grpcurl: Path, stack: LocalStack, plane: str, method: str) -> None:
     address = stack.orchestrator_address if plane == "orchestrator" else stack.gateway_address
     described = run_grpcurl(grpcurl, address, "describe", method)

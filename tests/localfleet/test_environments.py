@@ -170,8 +170,11 @@ INVALID: dict[str, list[tuple[str, dict[str, Any], str]]] = {
         ("get_offer", {"offer_id": "XX-1"}, "is not an offer id"),
         ("search_flights", {"origin": "SFO", "destination": "ZZZ", "date": "2026-03-10"}, "unknown airport 'ZZZ'"),
         ("search_flights", {"origin": "SFO", "destination": "JFK", "date": "2026-01-01"}, "must be after today"),
-        ("search_hotels", {"city": "Atlantis", "check_in": "2026-03-10", "check_out": "2026-03-12"},
-         "no hotels in 'Atlantis'"),
+        (
+            "search_hotels",
+            {"city": "Atlantis", "check_in": "2026-03-10", "check_out": "2026-03-12"},
+            "no hotels in 'Atlantis'",
+        ),
         ("search_hotels", {"city": "Paris", "check_in": "2026-03-12", "check_out": "2026-03-10"}, "1 to 30 nights"),
         ("book_hold", {"hold_id": 42, "traveller_id": 1, "payment_method_id": 1}, "no hold 42"),
         ("cancel_booking", {"confirmation": "NOPE123"}, "no booking with confirmation NOPE123"),
@@ -181,8 +184,9 @@ INVALID: dict[str, list[tuple[str, dict[str, Any], str]]] = {
 
 
 @pytest.mark.parametrize("spec", ENVS, ids=ENV_IDS)
-async def test_invalid_operations_are_tool_errors(spec: EnvironmentSpec, seeds: dict[str, Path],
-                                                  tmp_path: Path) -> None:
+async def test_invalid_operations_are_tool_errors(
+    spec: EnvironmentSpec, seeds: dict[str, Path], tmp_path: Path
+) -> None:
     cases = INVALID[spec.env_key]
     with bound_copy(seeds[spec.env_key], tmp_path / "current.db"):
         async with client_for(build_server(spec)) as client:
@@ -216,17 +220,19 @@ async def test_state_rules_hold_across_calls(seeds: dict[str, Path], tmp_path: P
             hold = await client.call_tool("hold_offer", {"offer_id": "HT-40-20260310-20260312"})
             assert not hold.is_error and hold.structured_content is not None
             hold_id = hold.structured_content["hold_id"]
-            expired = await client.call_tool("book_hold", {"hold_id": hold_id, "traveller_id": 1,
-                                                           "payment_method_id": 3})
+            expired = await client.call_tool(
+                "book_hold", {"hold_id": hold_id, "traveller_id": 1, "payment_method_id": 3}
+            )
             assert expired.is_error and "expired in 2025-12" in error_text(expired)
-            greedy = await client.call_tool("book_hold", {"hold_id": hold_id, "traveller_id": 1,
-                                                          "payment_method_id": 1, "points_to_redeem": 10_000_000})
+            greedy = await client.call_tool(
+                "book_hold",
+                {"hold_id": hold_id, "traveller_id": 1, "payment_method_id": 1, "points_to_redeem": 10_000_000},
+            )
             assert greedy.is_error and "points available" in error_text(greedy)
             ok = await client.call_tool("book_hold", {"hold_id": hold_id, "traveller_id": 1, "payment_method_id": 1})
             assert not ok.is_error and ok.structured_content is not None
             assert ok.structured_content["status"] == "confirmed"
-            twice = await client.call_tool("book_hold", {"hold_id": hold_id, "traveller_id": 1,
-                                                         "payment_method_id": 1})
+            twice = await client.call_tool("book_hold", {"hold_id": hold_id, "traveller_id": 1, "payment_method_id": 1})
             assert twice.is_error and "is booked" in error_text(twice)
             conf = ok.structured_content["confirmation"]
             assert not (await client.call_tool("cancel_booking", {"confirmation": conf})).is_error
@@ -252,8 +258,9 @@ async def test_render_screen_tracks_state(spec: EnvironmentSpec, seeds: dict[str
         assert spec.render_screen(inst.current_db()) != before
 
 
-async def test_concurrent_bookings_of_one_hold_book_once(seeds: dict[str, Path], tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_concurrent_bookings_of_one_hold_book_once(
+    seeds: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Checks and writes share one transaction: racing book_hold calls on the same hold book it exactly once."""
     from rlgate.localfleet.environments import booking as booking_module
 

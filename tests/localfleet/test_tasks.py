@@ -89,8 +89,9 @@ def test_task_format(key: str) -> None:
 
 
 @pytest.mark.parametrize("key", sorted(BY_KEY))
-async def test_reference_solution_scores(key: str, seeds: dict[str, Path], servers: dict[str, MCPServer],
-                                         tmp_path: Path) -> None:
+async def test_reference_solution_scores(
+    key: str, seeds: dict[str, Path], servers: dict[str, MCPServer], tmp_path: Path
+) -> None:
     task = BY_KEY[key]
     env_id = task["env_id"]
     seed = seeds[env_id]
@@ -121,7 +122,7 @@ async def test_reference_solution_scores(key: str, seeds: dict[str, Path], serve
         read_only = await read_only_tools(servers[env_id])
         writes = [i for i, c in enumerate(calls) if c["name"] not in read_only]
         assert writes, "a database-judged task must change state"
-        partial = calls[: writes[-1]] + calls[writes[-1] + 1:]
+        partial = calls[: writes[-1]] + calls[writes[-1] + 1 :]
         with bound_copy(seed, tmp_path / "partial.db") as part:
             await run_calls(servers[env_id], partial)
         assert score(task, seed, part.path, answer) == 0.0

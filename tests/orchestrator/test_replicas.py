@@ -31,8 +31,9 @@ async def test_replicas_share_sessions_over_redis(lf: LocalfleetProcess, redis_s
             reset = await stub_a.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, request_id="rep-1"), timeout=60)
             again = await stub_b.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, request_id="rep-1"), timeout=60)
             assert again.session_id == reset.session_id  # request_id dedupe across replicas
-            step = await stub_b.Step(orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"),
-                                     timeout=60)
+            step = await stub_b.Step(
+                orchestrator_pb2.StepRequest(session_id=reset.session_id, final_answer="3"), timeout=60
+            )
             assert step.verification.status == common_pb2.VERIFICATION_STATUS_OK and step.reward == 1.0
             state = await stub_a.State(orchestrator_pb2.StateRequest(session_id=reset.session_id), timeout=10)
             assert state.session.reward == 1.0
@@ -40,8 +41,9 @@ async def test_replicas_share_sessions_over_redis(lf: LocalfleetProcess, redis_s
             assert ran.count(True) == 1  # the lease admits one reconciler
             closed = await stub_b.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
             assert not closed.already_closed
-            assert (await stub_a.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id),
-                                       timeout=30)).already_closed
+            assert (
+                await stub_a.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)
+            ).already_closed
         assert instances_of(lf, config.run_id) == []
     finally:
         await a.stop()

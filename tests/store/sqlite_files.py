@@ -62,8 +62,10 @@ def integrity(path: str | Path) -> list[str]:
 def root_pages(path: str | Path) -> dict[str, int]:
     """Each table's and index's root page number."""
     with connection(path, read_only=True) as conn:
-        return {str(name): int(page) for name, page in conn.execute(
-            "SELECT name, rootpage FROM sqlite_schema WHERE rootpage > 0")}
+        return {
+            str(name): int(page)
+            for name, page in conn.execute("SELECT name, rootpage FROM sqlite_schema WHERE rootpage > 0")
+        }
 
 
 def checkpoint_truncate(path: str | Path) -> None:

@@ -32,8 +32,10 @@ def test_version_flags_a_library_the_store_would_refuse(monkeypatch: pytest.Monk
 
 def test_version_without_the_server_extra() -> None:
     """A fresh interpreter where apsw cannot be imported, as in `pip install rlgate` (the client alone)."""
-    code = ("import sys; sys.modules['apsw'] = None\n"  # `import apsw` now raises ImportError
-            "from rlgate.cli import main; sys.argv = ['rlgate', 'version']; main()")
+    code = (
+        "import sys; sys.modules['apsw'] = None\n"  # `import apsw` now raises ImportError
+        "from rlgate.cli import main; sys.argv = ['rlgate', 'version']; main()"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [

@@ -86,15 +86,18 @@ async def test_writers_and_wal_resets_leave_a_sound_file(tmp_path: Path) -> None
     started = time.monotonic()
     thread.start()
     try:
-        results = await asyncio.gather(*(run_worker(url, "stress", f"w{n}", str(ROUNDS), limit_s=LIMIT_S)
-                                         for n in range(WRITERS)))
+        results = await asyncio.gather(
+            *(run_worker(url, "stress", f"w{n}", str(ROUNDS), limit_s=LIMIT_S) for n in range(WRITERS))
+        )
     finally:
         hammer.stop()
         await asyncio.to_thread(thread.join, 30)
     elapsed = time.monotonic() - started
     commits = sum(r["commits"] for r in results)
-    print(f"\nwal stress: {WRITERS} writers x {ROUNDS} rounds = {commits} commits in {elapsed:.1f} s; "
-          f"{hammer.attempts} checkpoints ({hammer.resets} WAL resets, {hammer.busy} busy)")
+    print(
+        f"\nwal stress: {WRITERS} writers x {ROUNDS} rounds = {commits} commits in {elapsed:.1f} s; "
+        f"{hammer.attempts} checkpoints ({hammer.resets} WAL resets, {hammer.busy} busy)"
+    )
     assert not thread.is_alive()
     assert hammer.errors == []
     assert hammer.resets > 0, "no checkpoint ever reset the WAL: the test did not test what it is for"
@@ -119,4 +122,3 @@ async def test_writers_and_wal_resets_leave_a_sound_file(tmp_path: Path) -> None
     finally:
         await store.close()
     assert sqlite_files.integrity(path) == ["ok"]
-

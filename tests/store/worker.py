@@ -56,15 +56,23 @@ async def stress(store: SessionStore, prefix: str, rounds: int) -> dict[str, Any
     commits = conflicts = 0
     for i in range(rounds):
         sid, token = f"{prefix}-{i}", f"tok-{prefix}-{i}"
-        session = await store.create_session(Session(session_id=sid, env_key="mail:v1", run_id=prefix,
-                                                     status=SessionStatus.ACTIVE, token_hash=token,
-                                                     labels={"worker": prefix, "round": str(i % 7)}))
+        session = await store.create_session(
+            Session(
+                session_id=sid,
+                env_key="mail:v1",
+                run_id=prefix,
+                status=SessionStatus.ACTIVE,
+                token_hash=token,
+                labels={"worker": prefix, "round": str(i % 7)},
+            )
+        )
         found, record, created = await store.authorize_call(token, f"c{i}", prefix)
         assert found is not None and record is not None and created
         entry = ToolCallEntry(sid, 1, f"c{i}", "search", arguments={"q": i}, result_summary="r" * (100 + i % 900))
         await store.commit(request=(call_scope(sid), f"c{i}", "x" * (200 + i % 1500)), tool_call=entry)
-        stepped = await store.commit(session=replace(session, turn=1), request=(f"step:{sid}", f"s{i}", "{}"),
-                                     new_request=True)
+        stepped = await store.commit(
+            session=replace(session, turn=1), request=(f"step:{sid}", f"s{i}", "{}"), new_request=True
+        )
         assert stepped is not None
         commits += 4
         if i % CLOSE_EVERY == CLOSE_EVERY - 1:

@@ -65,8 +65,14 @@ def _register(server: Any) -> None:
 def gateway_environments() -> list[Any]:
     from rlgate.localfleet.environments.base import EnvironmentSpec
 
-    common: dict[str, Any] = dict(version="v1", description="toolgateway test tools", schema_sql=_NOTES_SCHEMA,
-                                  seed=_seed_notes, register_tools=_register, render_screen=_render_notes)
+    common: dict[str, Any] = dict(
+        version="v1",
+        description="toolgateway test tools",
+        schema_sql=_NOTES_SCHEMA,
+        seed=_seed_notes,
+        register_tools=_register,
+        render_screen=_render_notes,
+    )
     return [
         EnvironmentSpec(env_id="gw", name="Gateway tools", mcp_era="modern", **common),
         EnvironmentSpec(env_id="gw-legacy", name="Gateway tools (legacy MCP)", mcp_era="legacy", **common),

@@ -16,7 +16,7 @@ TOOLS = [mt.Tool(name=f"t{i:02d}", input_schema={"type": "object"}) for i in ran
 def paged_server(page_size: int, *, endless: bool = False) -> Server[Any]:
     async def list_tools(_ctx: Any, params: mt.PaginatedRequestParams | None) -> mt.ListToolsResult:
         start = int(params.cursor) if params is not None and params.cursor else 0
-        page = TOOLS[start % len(TOOLS): start % len(TOOLS) + page_size]
+        page = TOOLS[start % len(TOOLS) : start % len(TOOLS) + page_size]
         more = endless or start + page_size < len(TOOLS)
         return mt.ListToolsResult(tools=page, next_cursor=str(start + page_size) if more else None)
 

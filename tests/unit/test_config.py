@@ -10,10 +10,15 @@ from rlgate.runtime.config import click_options, env_vars, from_env, redacted, s
 
 
 def test_from_env_parses_types() -> None:
-    config = from_env(OrchestratorConfig, {
-        "RLGATE_MAX_SESSIONS": "7", "RLGATE_INSECURE": "true", "RLGATE_API_KEYS": "a, b",
-        "RLGATE_SESSION_TTL_S": "1.5",
-    })
+    config = from_env(
+        OrchestratorConfig,
+        {
+            "RLGATE_MAX_SESSIONS": "7",
+            "RLGATE_INSECURE": "true",
+            "RLGATE_API_KEYS": "a, b",
+            "RLGATE_SESSION_TTL_S": "1.5",
+        },
+    )
     assert config.max_sessions == 7 and config.insecure is True
     assert config.api_keys == ["a", "b"] and config.session_ttl_s == 1.5
     assert from_env(OrchestratorConfig, {}).max_sessions == OrchestratorConfig().max_sessions

@@ -45,6 +45,7 @@ def test_cli_help_documents_flags_and_env_vars() -> None:
         )
         assert result.returncode == 0, result.stderr
         assert "--listen" in result.stdout and env_var in result.stdout
-    result = subprocess.run([sys.executable, "-m", "rlgate.cli", "up", "--help"], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlgate.cli", "up", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and "--data-dir" in result.stdout

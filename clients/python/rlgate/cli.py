@@ -29,9 +29,7 @@ class _OneLineErrors(click.Group):
             raise click.ClickException(f"{type(exc).__name__}: {message}") from exc
 
 
-@click.group(
-    cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
-)
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(package_name="rlgate")
 def cli() -> None:
     """rlgate: the network layer between RL trainers and task environments."""

@@ -123,23 +123,52 @@ CREATE INDEX IF NOT EXISTS hotels_city ON hotels(city);
 """
 
 _AIRPORTS = (
-    ("SFO", "San Francisco", "US"), ("JFK", "New York", "US"), ("SEA", "Seattle", "US"), ("BOS", "Boston", "US"),
-    ("ORD", "Chicago", "US"), ("LHR", "London", "GB"), ("CDG", "Paris", "FR"), ("LIS", "Lisbon", "PT"),
-    ("BER", "Berlin", "DE"), ("NRT", "Tokyo", "JP"), ("YYZ", "Toronto", "CA"), ("MAD", "Madrid", "ES"),
+    ("SFO", "San Francisco", "US"),
+    ("JFK", "New York", "US"),
+    ("SEA", "Seattle", "US"),
+    ("BOS", "Boston", "US"),
+    ("ORD", "Chicago", "US"),
+    ("LHR", "London", "GB"),
+    ("CDG", "Paris", "FR"),
+    ("LIS", "Lisbon", "PT"),
+    ("BER", "Berlin", "DE"),
+    ("NRT", "Tokyo", "JP"),
+    ("YYZ", "Toronto", "CA"),
+    ("MAD", "Madrid", "ES"),
 )
 # (origin, destination, hours, base economy price in dollars, daily probability)
 _ROUTES = (
-    ("SFO", "JFK", 5.5, 260, 1.0), ("JFK", "SFO", 6.3, 270, 1.0), ("SEA", "BOS", 5.4, 240, 0.7),
-    ("BOS", "SEA", 6.2, 250, 0.7), ("ORD", "LHR", 8.0, 520, 0.6), ("LHR", "ORD", 9.0, 540, 0.6),
-    ("JFK", "LHR", 7.0, 480, 0.9), ("LHR", "JFK", 8.0, 490, 0.9), ("LHR", "CDG", 1.3, 110, 0.8),
-    ("CDG", "LIS", 2.5, 130, 0.6), ("LIS", "BER", 3.5, 150, 0.5), ("SFO", "NRT", 11.0, 820, 0.5),
-    ("NRT", "SFO", 9.5, 800, 0.5), ("YYZ", "MAD", 7.5, 560, 0.4), ("MAD", "YYZ", 8.5, 570, 0.4),
+    ("SFO", "JFK", 5.5, 260, 1.0),
+    ("JFK", "SFO", 6.3, 270, 1.0),
+    ("SEA", "BOS", 5.4, 240, 0.7),
+    ("BOS", "SEA", 6.2, 250, 0.7),
+    ("ORD", "LHR", 8.0, 520, 0.6),
+    ("LHR", "ORD", 9.0, 540, 0.6),
+    ("JFK", "LHR", 7.0, 480, 0.9),
+    ("LHR", "JFK", 8.0, 490, 0.9),
+    ("LHR", "CDG", 1.3, 110, 0.8),
+    ("CDG", "LIS", 2.5, 130, 0.6),
+    ("LIS", "BER", 3.5, 150, 0.5),
+    ("SFO", "NRT", 11.0, 820, 0.5),
+    ("NRT", "SFO", 9.5, 800, 0.5),
+    ("YYZ", "MAD", 7.5, 560, 0.4),
+    ("MAD", "YYZ", 8.5, 570, 0.4),
     ("SEA", "SFO", 2.2, 120, 0.8),
 )
-_AIRLINES = (("UA", "United"), ("DL", "Delta"), ("BA", "British Airways"), ("AF", "Air France"),
-             ("TP", "TAP Air Portugal"), ("NH", "ANA"), ("AC", "Air Canada"), ("IB", "Iberia"))
-_HOTEL_WORDS = (("Grand", "Harbor", "Central", "Garden", "Riverside", "Plaza"),
-                ("Hotel", "Suites", "Inn", "Residences", "Lodge"))
+_AIRLINES = (
+    ("UA", "United"),
+    ("DL", "Delta"),
+    ("BA", "British Airways"),
+    ("AF", "Air France"),
+    ("TP", "TAP Air Portugal"),
+    ("NH", "ANA"),
+    ("AC", "Air Canada"),
+    ("IB", "Iberia"),
+)
+_HOTEL_WORDS = (
+    ("Grand", "Harbor", "Central", "Garden", "Riverside", "Plaza"),
+    ("Hotel", "Suites", "Inn", "Residences", "Lodge"),
+)
 
 
 def _money(cents: int) -> float:
@@ -150,8 +179,9 @@ def seed(conn: sqlite3.Connection) -> None:
     """Deterministic: 12 airports, ~600 flight fares, 60 hotels, a profile, ~25 past bookings."""
     create_schema(conn, SCHEMA)
     rng = random.Random(777)
-    conn.executemany("INSERT INTO meta VALUES (?, ?)",
-                     [("today", TODAY), ("user_name", USER_NAME), ("user_email", USER_EMAIL)])
+    conn.executemany(
+        "INSERT INTO meta VALUES (?, ?)", [("today", TODAY), ("user_name", USER_NAME), ("user_email", USER_EMAIL)]
+    )
     conn.executemany("INSERT INTO airports VALUES (?, ?, ?)", _AIRPORTS)
     today = date.fromisoformat(TODAY)
     fares: list[tuple[Any, ...]] = []
@@ -167,13 +197,26 @@ def seed(conn: sqlite3.Connection) -> None:
                 number = f"{code}{rng.randint(100, 2999)}"
                 econ = int(base * rng.uniform(0.75, 1.45)) * 100
                 for cabin, price in (("economy", econ), ("business", int(econ * rng.uniform(2.6, 3.4)) // 100 * 100)):
-                    fares.append((number, dict(_AIRLINES)[code], origin, dest, depart.strftime("%Y-%m-%dT%H:%M"),
-                                   arrive.strftime("%Y-%m-%dT%H:%M"), cabin, price,
-                                   rng.choice((0, 1, 2, 4, 7, 9, 12, 20)), int(cabin == "business" or
-                                                                               rng.random() < 0.3)))
+                    fares.append(
+                        (
+                            number,
+                            dict(_AIRLINES)[code],
+                            origin,
+                            dest,
+                            depart.strftime("%Y-%m-%dT%H:%M"),
+                            arrive.strftime("%Y-%m-%dT%H:%M"),
+                            cabin,
+                            price,
+                            rng.choice((0, 1, 2, 4, 7, 9, 12, 20)),
+                            int(cabin == "business" or rng.random() < 0.3),
+                        )
+                    )
     fares.sort(key=lambda f: (f[4], f[0], f[6]))
-    conn.executemany("INSERT INTO flights (flight_no, airline, origin, destination, depart_at, arrive_at, cabin,"
-                     " price_cents, seats_left, refundable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fares)
+    conn.executemany(
+        "INSERT INTO flights (flight_no, airline, origin, destination, depart_at, arrive_at, cabin,"
+        " price_cents, seats_left, refundable) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        fares,
+    )
     used: set[str] = set()
     for _code, city, _country in _AIRPORTS[:10]:
         for _ in range(6):
@@ -182,16 +225,32 @@ def seed(conn: sqlite3.Connection) -> None:
                 name = f"{rng.choice(_HOTEL_WORDS[0])} {city} {rng.choice(_HOTEL_WORDS[1])}"
             used.add(name)
             stars = rng.choice((2, 3, 3, 4, 4, 5))
-            conn.execute("INSERT INTO hotels (name, city, stars, rating, nightly_cents, rooms_left, refundable)"
-                         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                         (name, city, stars, round(rng.uniform(6.5, 9.7), 1), (60 + stars * 45 + rng.randint(0, 80))
-                          * 100, rng.choice((0, 2, 5, 8, 15)), int(rng.random() < 0.6)))
-    conn.executemany("INSERT INTO travellers VALUES (?, ?, ?, ?, ?)", [
-        (1, USER_NAME, "1988-07-14", "self", 1), (2, "Robin Park", "1990-02-03", "partner", 0),
-        (3, "Casey Park", "2016-11-21", "child", 0), (4, "Morgan Lee", "1961-05-30", "parent", 0)])
-    conn.executemany("INSERT INTO payment_methods VALUES (?, ?, ?, ?, ?)", [
-        (1, "Visa", "4242", "2028-09", 1), (2, "Mastercard", "5454", "2027-01", 0),
-        (3, "Amex", "1005", "2025-12", 0)])
+            conn.execute(
+                "INSERT INTO hotels (name, city, stars, rating, nightly_cents, rooms_left, refundable)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    name,
+                    city,
+                    stars,
+                    round(rng.uniform(6.5, 9.7), 1),
+                    (60 + stars * 45 + rng.randint(0, 80)) * 100,
+                    rng.choice((0, 2, 5, 8, 15)),
+                    int(rng.random() < 0.6),
+                ),
+            )
+    conn.executemany(
+        "INSERT INTO travellers VALUES (?, ?, ?, ?, ?)",
+        [
+            (1, USER_NAME, "1988-07-14", "self", 1),
+            (2, "Robin Park", "1990-02-03", "partner", 0),
+            (3, "Casey Park", "2016-11-21", "child", 0),
+            (4, "Morgan Lee", "1961-05-30", "parent", 0),
+        ],
+    )
+    conn.executemany(
+        "INSERT INTO payment_methods VALUES (?, ?, ?, ?, ?)",
+        [(1, "Visa", "4242", "2028-09", 1), (2, "Mastercard", "5454", "2027-01", 0), (3, "Amex", "1005", "2025-12", 0)],
+    )
     # Past trips: confirmed and cancelled bookings of flights that already left are not in `flights`, so the
     # history refers to hotels only (flights table holds the searchable future schedule).
     ledger: list[tuple[Any, ...]] = [(None, 12000, "Welcome bonus", "2025-01-05T10:00")]
@@ -208,23 +267,59 @@ def seed(conn: sqlite3.Connection) -> None:
             "INSERT INTO bookings (id, confirmation, kind, hotel_id, check_in, check_out, passengers, traveller_id,"
             " payment_method_id, total_cents, charged_cents, status, refund_cents, created_at, cancelled_at)"
             " VALUES (?, ?, 'hotel', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (i, f"PK{rng.randint(100000, 999999)}", hotel["id"], check_in.isoformat(),
-             (check_in + timedelta(days=nights)).isoformat(), rng.choice((1, 1, 2)), rng.choice((1, 1, 1, 2, 4)),
-             rng.choice((1, 1, 2)), total, total, "cancelled" if cancelled else "confirmed",
-             total if cancelled else 0, created.strftime("%Y-%m-%dT%H:%M"),
-             (created + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M") if cancelled else None))
+            (
+                i,
+                f"PK{rng.randint(100000, 999999)}",
+                hotel["id"],
+                check_in.isoformat(),
+                (check_in + timedelta(days=nights)).isoformat(),
+                rng.choice((1, 1, 2)),
+                rng.choice((1, 1, 1, 2, 4)),
+                rng.choice((1, 1, 2)),
+                total,
+                total,
+                "cancelled" if cancelled else "confirmed",
+                total if cancelled else 0,
+                created.strftime("%Y-%m-%dT%H:%M"),
+                (created + timedelta(days=2)).strftime("%Y-%m-%dT%H:%M") if cancelled else None,
+            ),
+        )
         if not cancelled:
             ledger.append((i, total // 100, "Earned on booking", created.strftime("%Y-%m-%dT%H:%M")))
     ledger.append((None, -5000, "Redeemed for gift card", "2025-11-20T18:30"))
     # Three upcoming trips, so there is something to change or cancel.
     upcoming = (
-        ("flight", "SELECT * FROM flights WHERE origin = 'SFO' AND destination = 'JFK' AND cabin = 'economy'"
-                   " AND refundable = 1 AND depart_at >= '2026-03-12' ORDER BY depart_at, id LIMIT 1",
-         None, None, 1, 1, 0, "2026-02-20T10:15"),
-        ("hotel", "SELECT * FROM hotels WHERE city = 'Paris' AND refundable = 1 ORDER BY nightly_cents, id LIMIT 1",
-         "2026-03-18", "2026-03-21", 2, 2, 2000, "2026-02-25T19:40"),
-        ("hotel", "SELECT * FROM hotels WHERE city = 'Tokyo' AND refundable = 0 ORDER BY nightly_cents, id LIMIT 1",
-         "2026-03-25", "2026-03-28", 1, 1, 0, "2026-02-27T08:05"),
+        (
+            "flight",
+            "SELECT * FROM flights WHERE origin = 'SFO' AND destination = 'JFK' AND cabin = 'economy'"
+            " AND refundable = 1 AND depart_at >= '2026-03-12' ORDER BY depart_at, id LIMIT 1",
+            None,
+            None,
+            1,
+            1,
+            0,
+            "2026-02-20T10:15",
+        ),
+        (
+            "hotel",
+            "SELECT * FROM hotels WHERE city = 'Paris' AND refundable = 1 ORDER BY nightly_cents, id LIMIT 1",
+            "2026-03-18",
+            "2026-03-21",
+            2,
+            2,
+            2000,
+            "2026-02-25T19:40",
+        ),
+        (
+            "hotel",
+            "SELECT * FROM hotels WHERE city = 'Tokyo' AND refundable = 0 ORDER BY nightly_cents, id LIMIT 1",
+            "2026-03-25",
+            "2026-03-28",
+            1,
+            1,
+            0,
+            "2026-02-27T08:05",
+        ),
     )
     for i, (kind, sql, check_in_s, check_out_s, guests, card, points, created_s) in enumerate(upcoming, start=26):
         item = row(conn, sql)
@@ -232,24 +327,39 @@ def seed(conn: sqlite3.Connection) -> None:
         if kind == "flight":
             total = item["price_cents"] * guests
         else:
-            total = item["nightly_cents"] * (date.fromisoformat(check_out_s or "") -
-                                             date.fromisoformat(check_in_s or "")).days
+            total = (
+                item["nightly_cents"]
+                * (date.fromisoformat(check_out_s or "") - date.fromisoformat(check_in_s or "")).days
+            )
         conn.execute(
             "INSERT INTO bookings (id, confirmation, kind, flight_id, hotel_id, check_in, check_out, passengers,"
             " traveller_id, payment_method_id, total_cents, points_redeemed, charged_cents, status, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, 'confirmed', ?)",
-            (i, f"PK{rng.randint(100000, 999999)}", kind, item["id"] if kind == "flight" else None,
-             item["id"] if kind == "hotel" else None, check_in_s, check_out_s, guests, card, total, points,
-             total - points, created_s))
+            (
+                i,
+                f"PK{rng.randint(100000, 999999)}",
+                kind,
+                item["id"] if kind == "flight" else None,
+                item["id"] if kind == "hotel" else None,
+                check_in_s,
+                check_out_s,
+                guests,
+                card,
+                total,
+                points,
+                total - points,
+                created_s,
+            ),
+        )
         if points:
             ledger.append((i, -points, "Redeemed on booking", created_s))
         ledger.append((i, (total - points) // 100, "Earned on booking", created_s))
-    conn.executemany("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                     ledger)
+    conn.executemany("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)", ledger)
     conn.commit()
 
 
 # --- tool results ---
+
 
 class FlightOffer(BaseModel):
     offer_id: str
@@ -363,8 +473,14 @@ class Loyalty(BaseModel):
 
 Airport = Annotated[str, Field(pattern=r"^[A-Za-z]{3}$", description="IATA airport code, e.g. 'SFO'")]
 Day = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="Date, YYYY-MM-DD")]
-OfferId = Annotated[str, Field(min_length=4, max_length=40, description=(
-    "Offer id from a search: 'FL-<n>' for flights, 'HT-<n>-<YYYYMMDD>-<YYYYMMDD>' for hotel stays"))]
+OfferId = Annotated[
+    str,
+    Field(
+        min_length=4,
+        max_length=40,
+        description=("Offer id from a search: 'FL-<n>' for flights, 'HT-<n>-<YYYYMMDD>-<YYYYMMDD>' for hotel stays"),
+    ),
+]
 Confirmation = Annotated[str, Field(min_length=4, max_length=12, description="Booking confirmation code")]
 Limit = Annotated[int, Field(ge=1, le=50, description="Maximum results (1-50)")]
 
@@ -380,19 +496,37 @@ _BOOKING_SQL = (
 
 
 def _flight_offer(r: dict[str, Any]) -> FlightOffer:
-    return FlightOffer(offer_id=f"FL-{r['id']}", flight_no=r["flight_no"], airline=r["airline"], origin=r["origin"],
-                       destination=r["destination"], depart_at=r["depart_at"], arrive_at=r["arrive_at"],
-                       cabin=r["cabin"], price_usd=_money(r["price_cents"]), seats_left=r["seats_left"],
-                       refundable=bool(r["refundable"]))
+    return FlightOffer(
+        offer_id=f"FL-{r['id']}",
+        flight_no=r["flight_no"],
+        airline=r["airline"],
+        origin=r["origin"],
+        destination=r["destination"],
+        depart_at=r["depart_at"],
+        arrive_at=r["arrive_at"],
+        cabin=r["cabin"],
+        price_usd=_money(r["price_cents"]),
+        seats_left=r["seats_left"],
+        refundable=bool(r["refundable"]),
+    )
 
 
 def _hotel_offer(r: dict[str, Any], check_in: date, check_out: date) -> HotelOffer:
     nights = (check_out - check_in).days
-    return HotelOffer(offer_id=f"HT-{r['id']}-{check_in:%Y%m%d}-{check_out:%Y%m%d}", hotel=r["name"], city=r["city"],
-                      stars=r["stars"], rating=r["rating"], check_in=check_in.isoformat(),
-                      check_out=check_out.isoformat(), nights=nights, nightly_usd=_money(r["nightly_cents"]),
-                      total_usd=_money(r["nightly_cents"] * nights), rooms_left=r["rooms_left"],
-                      refundable=bool(r["refundable"]))
+    return HotelOffer(
+        offer_id=f"HT-{r['id']}-{check_in:%Y%m%d}-{check_out:%Y%m%d}",
+        hotel=r["name"],
+        city=r["city"],
+        stars=r["stars"],
+        rating=r["rating"],
+        check_in=check_in.isoformat(),
+        check_out=check_out.isoformat(),
+        nights=nights,
+        nightly_usd=_money(r["nightly_cents"]),
+        total_usd=_money(r["nightly_cents"] * nights),
+        rooms_left=r["rooms_left"],
+        refundable=bool(r["refundable"]),
+    )
 
 
 def _booking(r: dict[str, Any]) -> Booking:
@@ -402,11 +536,22 @@ def _booking(r: dict[str, Any]) -> Booking:
     else:
         desc = f"{r['hotel_name']}, {r['city']}"
         start, end, refundable = r["check_in"], r["check_out"], r["h_refundable"]
-    return Booking(confirmation=r["confirmation"], kind=r["kind"], status=r["status"], description=desc, start=start,
-                   end=end, passengers=r["passengers"], traveller=r["traveller"], payment=r["payment"],
-                   total_usd=_money(r["total_cents"]), points_redeemed=r["points_redeemed"],
-                   charged_usd=_money(r["charged_cents"]), refund_usd=_money(r["refund_cents"]),
-                   refundable=bool(refundable))
+    return Booking(
+        confirmation=r["confirmation"],
+        kind=r["kind"],
+        status=r["status"],
+        description=desc,
+        start=start,
+        end=end,
+        passengers=r["passengers"],
+        traveller=r["traveller"],
+        payment=r["payment"],
+        total_usd=_money(r["total_cents"]),
+        points_redeemed=r["points_redeemed"],
+        charged_usd=_money(r["charged_cents"]),
+        refund_usd=_money(r["refund_cents"]),
+        refundable=bool(refundable),
+    )
 
 
 def _parse_day(value: str, what: str) -> date:
@@ -429,10 +574,13 @@ def _today(conn: sqlite3.Connection) -> date:
 
 
 def _now(conn: sqlite3.Connection) -> str:
-    return app_clock(conn, "SELECT MAX(m) FROM (SELECT MAX(created_at) AS m FROM holds"
-                           " UNION ALL SELECT MAX(created_at) FROM bookings"
-                           " UNION ALL SELECT MAX(cancelled_at) FROM bookings"
-                           " UNION ALL SELECT MAX(created_at) FROM loyalty_ledger)")[:16]
+    return app_clock(
+        conn,
+        "SELECT MAX(m) FROM (SELECT MAX(created_at) AS m FROM holds"
+        " UNION ALL SELECT MAX(created_at) FROM bookings"
+        " UNION ALL SELECT MAX(cancelled_at) FROM bookings"
+        " UNION ALL SELECT MAX(created_at) FROM loyalty_ledger)",
+    )[:16]
 
 
 def _balance(conn: sqlite3.Connection) -> int:
@@ -457,12 +605,20 @@ def _offer(conn: sqlite3.Connection, offer_id: str) -> Offer:
 
 
 def _hold(r: dict[str, Any]) -> Hold:
-    return Hold(hold_id=r["id"], offer_id=r["offer_id"], kind=r["kind"], passengers=r["passengers"],
-                total_usd=_money(r["total_cents"]), expires_at=r["expires_at"], status=r["status"])
+    return Hold(
+        hold_id=r["id"],
+        offer_id=r["offer_id"],
+        kind=r["kind"],
+        passengers=r["passengers"],
+        total_usd=_money(r["total_cents"]),
+        expires_at=r["expires_at"],
+        status=r["status"],
+    )
 
 
-def _book_hold(conn: sqlite3.Connection, hold_id: int, traveller_id: int, payment_method_id: int,
-               points_to_redeem: int) -> int:
+def _book_hold(
+    conn: sqlite3.Connection, hold_id: int, traveller_id: int, payment_method_id: int, points_to_redeem: int
+) -> int:
     """Checks and books a hold (inside the caller's write transaction); returns the new booking id."""
     hold = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
     if hold["status"] != "active":
@@ -470,13 +626,20 @@ def _book_hold(conn: sqlite3.Connection, hold_id: int, traveller_id: int, paymen
     now = _now(conn)
     if now > hold["expires_at"]:
         raise ToolError(f"hold {hold_id} expired at {hold['expires_at']}; hold the offer again")
-    require(conn, "SELECT id FROM travellers WHERE id = ?", (traveller_id,),
-            f"no traveller {traveller_id} on the profile; see get_profile")
-    card = require(conn, "SELECT * FROM payment_methods WHERE id = ?", (payment_method_id,),
-                   f"no payment method {payment_method_id}; see get_profile")
+    require(
+        conn,
+        "SELECT id FROM travellers WHERE id = ?",
+        (traveller_id,),
+        f"no traveller {traveller_id} on the profile; see get_profile",
+    )
+    card = require(
+        conn,
+        "SELECT * FROM payment_methods WHERE id = ?",
+        (payment_method_id,),
+        f"no payment method {payment_method_id}; see get_profile",
+    )
     if card["expires"] < meta(conn, "today")[:7]:
-        raise ToolError(f"the {card['brand']} ending {card['last4']} expired in {card['expires']}; "
-                        "use another card")
+        raise ToolError(f"the {card['brand']} ending {card['last4']} expired in {card['expires']}; use another card")
     balance = _balance(conn)
     if points_to_redeem > balance:
         raise ToolError(f"only {balance} points available")
@@ -491,28 +654,52 @@ def _book_hold(conn: sqlite3.Connection, hold_id: int, traveller_id: int, paymen
         "INSERT INTO bookings (id, confirmation, hold_id, kind, flight_id, hotel_id, check_in, check_out,"
         " passengers, traveller_id, payment_method_id, total_cents, points_redeemed, charged_cents, status,"
         " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'confirmed', ?)",
-        (booking_id, confirmation, hold_id, hold["kind"], hold["flight_id"], hold["hotel_id"],
-         hold["check_in"], hold["check_out"], hold["passengers"], traveller_id, payment_method_id,
-         hold["total_cents"], points_to_redeem, charged, now))
+        (
+            booking_id,
+            confirmation,
+            hold_id,
+            hold["kind"],
+            hold["flight_id"],
+            hold["hotel_id"],
+            hold["check_in"],
+            hold["check_out"],
+            hold["passengers"],
+            traveller_id,
+            payment_method_id,
+            hold["total_cents"],
+            points_to_redeem,
+            charged,
+            now,
+        ),
+    )
     conn.execute("UPDATE holds SET status = 'booked' WHERE id = ?", (hold_id,))
     if hold["kind"] == "flight":
-        conn.execute("UPDATE flights SET seats_left = seats_left - ? WHERE id = ?",
-                     (hold["passengers"], hold["flight_id"]))
+        conn.execute(
+            "UPDATE flights SET seats_left = seats_left - ? WHERE id = ?", (hold["passengers"], hold["flight_id"])
+        )
     else:
         conn.execute("UPDATE hotels SET rooms_left = rooms_left - 1 WHERE id = ?", (hold["hotel_id"],))
     if points_to_redeem:
-        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                     (booking_id, -points_to_redeem, "Redeemed on booking", now))
+        conn.execute(
+            "INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+            (booking_id, -points_to_redeem, "Redeemed on booking", now),
+        )
     if charged >= 100:
-        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                     (booking_id, charged // 100, "Earned on booking", now))
+        conn.execute(
+            "INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+            (booking_id, charged // 100, "Earned on booking", now),
+        )
     return booking_id
 
 
 def _cancel(conn: sqlite3.Connection, confirmation: str) -> int:
     """Checks and cancels a booking (inside the caller's write transaction); returns its id."""
-    b = require(conn, _BOOKING_SQL + " WHERE b.confirmation = ?", (confirmation.strip().upper(),),
-                f"no booking with confirmation {confirmation}")
+    b = require(
+        conn,
+        _BOOKING_SQL + " WHERE b.confirmation = ?",
+        (confirmation.strip().upper(),),
+        f"no booking with confirmation {confirmation}",
+    )
     if b["status"] == "cancelled":
         raise ToolError(f"booking {b['confirmation']} is already cancelled")
     start = b["depart_at"] if b["kind"] == "flight" else b["check_in"]
@@ -520,19 +707,27 @@ def _cancel(conn: sqlite3.Connection, confirmation: str) -> int:
         raise ToolError(f"booking {b['confirmation']} has already started or taken place; it cannot be cancelled")
     refundable = bool(b["f_refundable"] if b["kind"] == "flight" else b["h_refundable"])
     now = _now(conn)
-    conn.execute("UPDATE bookings SET status = 'cancelled', cancelled_at = ?, refund_cents = ? WHERE id = ?",
-                 (now, b["charged_cents"] if refundable else 0, b["id"]))
-    earned = int(scalar(conn, "SELECT COALESCE(SUM(points), 0) FROM loyalty_ledger WHERE booking_id = ?"
-                              " AND points > 0", (b["id"],)))
+    conn.execute(
+        "UPDATE bookings SET status = 'cancelled', cancelled_at = ?, refund_cents = ? WHERE id = ?",
+        (now, b["charged_cents"] if refundable else 0, b["id"]),
+    )
+    earned = int(
+        scalar(
+            conn, "SELECT COALESCE(SUM(points), 0) FROM loyalty_ledger WHERE booking_id = ? AND points > 0", (b["id"],)
+        )
+    )
     if earned:
-        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                     (b["id"], -earned, "Reversed on cancellation", now))
+        conn.execute(
+            "INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+            (b["id"], -earned, "Reversed on cancellation", now),
+        )
     if refundable and b["points_redeemed"]:
-        conn.execute("INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
-                     (b["id"], b["points_redeemed"], "Returned on cancellation", now))
+        conn.execute(
+            "INSERT INTO loyalty_ledger (booking_id, points, reason, created_at) VALUES (?, ?, ?, ?)",
+            (b["id"], b["points_redeemed"], "Returned on cancellation", now),
+        )
     if b["kind"] == "flight":
-        conn.execute("UPDATE flights SET seats_left = seats_left + ? WHERE id = ?",
-                     (b["passengers"], b["flight_id"]))
+        conn.execute("UPDATE flights SET seats_left = seats_left + ? WHERE id = ?", (b["passengers"], b["flight_id"]))
     else:
         conn.execute("UPDATE hotels SET rooms_left = rooms_left + 1 WHERE id = ?", (b["hotel_id"],))
     return int(b["id"])
@@ -550,8 +745,9 @@ def register_tools(server: Any) -> None:
         date: Day,
         cabin: Annotated[Literal["economy", "business"] | None, Field(description="Only this cabin")] = None,
         max_price_usd: Annotated[int | None, Field(ge=1, description="Highest price per passenger, USD")] = None,
-        sort: Annotated[Literal["price", "departure"], Field(description="Cheapest first, or earliest first")
-                        ] = "price",
+        sort: Annotated[
+            Literal["price", "departure"], Field(description="Cheapest first, or earliest first")
+        ] = "price",
         limit: Limit = 20,
     ) -> FlightResults:
         """Search flights between two airports on one day. Results include sold-out fares (seats_left 0)."""
@@ -564,8 +760,12 @@ def register_tools(server: Any) -> None:
                 known = ", ".join(r["code"] for r in rows(conn, "SELECT code FROM airports ORDER BY code"))
                 raise ToolError(f"unknown airport '{code}'; airports served: {known}")
         clauses = ["origin = ?", "destination = ?", "depart_at >= ?", "depart_at < ?"]
-        params: list[Any] = [origin.upper(), destination.upper(), day.isoformat(),
-                             (day + timedelta(days=1)).isoformat()]
+        params: list[Any] = [
+            origin.upper(),
+            destination.upper(),
+            day.isoformat(),
+            (day + timedelta(days=1)).isoformat(),
+        ]
         if cabin:
             clauses.append("cabin = ?")
             params.append(cabin)
@@ -573,8 +773,9 @@ def register_tools(server: Any) -> None:
             clauses.append("price_cents <= ?")
             params.append(max_price_usd * 100)
         order = "price_cents, depart_at, id" if sort == "price" else "depart_at, price_cents, id"
-        found = rows(conn, f"SELECT * FROM flights WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?",
-                     [*params, limit])
+        found = rows(
+            conn, f"SELECT * FROM flights WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?", [*params, limit]
+        )
         return FlightResults(offers=[_flight_offer(r) for r in found])
 
     @server.tool(annotations=read_only)
@@ -602,8 +803,11 @@ def register_tools(server: Any) -> None:
         if max_nightly_usd:
             clauses.append("nightly_cents <= ?")
             params.append(max_nightly_usd * 100)
-        found = rows(conn, f"SELECT * FROM hotels WHERE {' AND '.join(clauses)} ORDER BY nightly_cents, id LIMIT ?",
-                     [*params, limit])
+        found = rows(
+            conn,
+            f"SELECT * FROM hotels WHERE {' AND '.join(clauses)} ORDER BY nightly_cents, id LIMIT ?",
+            [*params, limit],
+        )
         return HotelResults(offers=[_hotel_offer(r, ci, co) for r in found])
 
     @server.tool(annotations=read_only)
@@ -612,15 +816,22 @@ def register_tools(server: Any) -> None:
         return _offer(instance_db(ctx), offer_id)
 
     @server.tool()
-    def hold_offer(ctx: Context, offer_id: OfferId, passengers: Annotated[int, Field(ge=1, le=6, description=(
-            "Seats for a flight, or guests in one room for a hotel"))] = 1) -> Hold:
+    def hold_offer(
+        ctx: Context,
+        offer_id: OfferId,
+        passengers: Annotated[
+            int, Field(ge=1, le=6, description=("Seats for a flight, or guests in one room for a hotel"))
+        ] = 1,
+    ) -> Hold:
         """Hold an offer's price and availability for 30 minutes; book it with book_hold."""
         conn = instance_db(ctx)
         offer = _offer(conn, offer_id)
         if offer.flight is not None:
             if offer.flight.seats_left < passengers:
-                raise ToolError(f"only {offer.flight.seats_left} seat(s) left on {offer.flight.flight_no} in "
-                                f"{offer.flight.cabin}; choose another flight or fewer passengers")
+                raise ToolError(
+                    f"only {offer.flight.seats_left} seat(s) left on {offer.flight.flight_no} in "
+                    f"{offer.flight.cabin}; choose another flight or fewer passengers"
+                )
             total = round(offer.flight.price_usd * 100) * passengers
             offer_key = offer.flight.offer_id
             fid, hid, ci, co = int(offer_key[3:]), None, None, None
@@ -640,7 +851,8 @@ def register_tools(server: Any) -> None:
             cur = conn.execute(
                 "INSERT INTO holds (offer_id, kind, flight_id, hotel_id, check_in, check_out, passengers,"
                 " total_cents, created_at, expires_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                (offer_key, offer.kind, fid, hid, ci, co, passengers, total, now, expires))
+                (offer_key, offer.kind, fid, hid, ci, co, passengers, total, now, expires),
+            )
         return _hold(require(conn, "SELECT * FROM holds WHERE id = ?", (cur.lastrowid,), "hold vanished"))
 
     @server.tool()
@@ -660,8 +872,12 @@ def register_tools(server: Any) -> None:
         hold_id: Annotated[int, Field(ge=1, description="From hold_offer")],
         traveller_id: Annotated[int, Field(ge=1, description="Lead traveller, from get_profile")],
         payment_method_id: Annotated[int, Field(ge=1, description="Saved card, from get_profile")],
-        points_to_redeem: Annotated[int, Field(ge=0, description=(
-            "Loyalty points to spend (1 point = 1 cent off); the rest is charged to the card"))] = 0,
+        points_to_redeem: Annotated[
+            int,
+            Field(
+                ge=0, description=("Loyalty points to spend (1 point = 1 cent off); the rest is charged to the card")
+            ),
+        ] = 0,
     ) -> Booking:
         """Book a held offer for a traveller on the profile, paying with a saved card and optionally points.
 
@@ -682,11 +898,13 @@ def register_tools(server: Any) -> None:
         return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
 
     @server.tool(annotations=read_only)
-    def list_bookings(ctx: Context,
-                      status: Annotated[Literal["confirmed", "cancelled", "all"], Field(description=(
-                          "Booking status to include"))] = "all",
-                      upcoming_only: Annotated[bool, Field(description="Only trips starting after today")] = False
-                      ) -> BookingList:
+    def list_bookings(
+        ctx: Context,
+        status: Annotated[
+            Literal["confirmed", "cancelled", "all"], Field(description=("Booking status to include"))
+        ] = "all",
+        upcoming_only: Annotated[bool, Field(description="Only trips starting after today")] = False,
+    ) -> BookingList:
         """List your bookings, most recent first."""
         conn = instance_db(ctx)
         clauses: list[str] = ["1 = 1"]
@@ -697,8 +915,9 @@ def register_tools(server: Any) -> None:
         if upcoming_only:
             clauses.append("COALESCE(f.depart_at, b.check_in) > ?")
             params.append(meta(conn, "today") + "T23:59")
-        found = rows(conn, _BOOKING_SQL + f" WHERE {' AND '.join(clauses)} ORDER BY b.created_at DESC, b.id DESC",
-                     params)
+        found = rows(
+            conn, _BOOKING_SQL + f" WHERE {' AND '.join(clauses)} ORDER BY b.created_at DESC, b.id DESC", params
+        )
         return BookingList(bookings=[_booking(r) for r in found])
 
     @server.tool(annotations=read_only)
@@ -706,20 +925,29 @@ def register_tools(server: Any) -> None:
         """Your profile: travellers you can book for, saved payment cards (with expiry) and loyalty balance."""
         conn = instance_db(ctx)
         return Profile(
-            name=meta(conn, "user_name"), email=meta(conn, "user_email"),
-            travellers=[Traveller(**{**t, "is_primary": bool(t["is_primary"])})
-                        for t in rows(conn, "SELECT * FROM travellers ORDER BY id")],
-            payment_methods=[PaymentMethod(**{**p, "is_default": bool(p["is_default"])})
-                             for p in rows(conn, "SELECT * FROM payment_methods ORDER BY id")],
-            loyalty_points=_balance(conn))
+            name=meta(conn, "user_name"),
+            email=meta(conn, "user_email"),
+            travellers=[
+                Traveller(**{**t, "is_primary": bool(t["is_primary"])})
+                for t in rows(conn, "SELECT * FROM travellers ORDER BY id")
+            ],
+            payment_methods=[
+                PaymentMethod(**{**p, "is_default": bool(p["is_default"])})
+                for p in rows(conn, "SELECT * FROM payment_methods ORDER BY id")
+            ],
+            loyalty_points=_balance(conn),
+        )
 
     @server.tool(annotations=read_only)
     def get_loyalty(ctx: Context) -> Loyalty:
         """Your loyalty points balance and the 20 most recent point movements."""
         conn = instance_db(ctx)
-        history = rows(conn, "SELECT l.points, l.reason, l.created_at, b.confirmation FROM loyalty_ledger l"
-                             " LEFT JOIN bookings b ON b.id = l.booking_id ORDER BY l.created_at DESC, l.id DESC"
-                             " LIMIT 20")
+        history = rows(
+            conn,
+            "SELECT l.points, l.reason, l.created_at, b.confirmation FROM loyalty_ledger l"
+            " LEFT JOIN bookings b ON b.id = l.booking_id ORDER BY l.created_at DESC, l.id DESC"
+            " LIMIT 20",
+        )
         return Loyalty(balance=_balance(conn), history=[LedgerEntry(**h) for h in history])
 
 
@@ -727,14 +955,23 @@ def render_screen(conn: sqlite3.Connection) -> bytes:
     """'My trips' as the booking site shows it: bookings, newest first, with the points balance."""
     found = rows(conn, _BOOKING_SQL + " ORDER BY b.created_at DESC, b.id DESC LIMIT 20")
     trips = [_booking(r) for r in found]
-    return render(Screen(
-        title=f"Travel - {USER_NAME} - My trips",
-        columns=(Column("Conf.", 9), Column("Trip", 44), Column("Start", 16), Column("Status", 10),
-                 Column("Total", 10)),
-        rows=[(b.confirmation, b.description, b.start.replace("T", " "), b.status, f"${b.total_usd:,.2f}")
-              for b in trips],
-        status=f"{_balance(conn):,} loyalty points",
-    ))
+    return render(
+        Screen(
+            title=f"Travel - {USER_NAME} - My trips",
+            columns=(
+                Column("Conf.", 9),
+                Column("Trip", 44),
+                Column("Start", 16),
+                Column("Status", 10),
+                Column("Total", 10),
+            ),
+            rows=[
+                (b.confirmation, b.description, b.start.replace("T", " "), b.status, f"${b.total_usd:,.2f}")
+                for b in trips
+            ],
+            status=f"{_balance(conn):,} loyalty points",
+        )
+    )
 
 
 SPEC = EnvironmentSpec(

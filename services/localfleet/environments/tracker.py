@@ -163,11 +163,14 @@ def seed(conn: sqlite3.Connection) -> None:
             break
     label_ids: dict[tuple[int, str], int] = {}
     for repo_id, (full_name, description) in enumerate(_REPOS, start=1):
-        conn.execute("INSERT INTO repos VALUES (?, ?, ?, ?)", (repo_id, full_name, description,
-                                                               int(full_name.endswith("infra"))))
+        conn.execute(
+            "INSERT INTO repos VALUES (?, ?, ?, ?)", (repo_id, full_name, description, int(full_name.endswith("infra")))
+        )
         for name, color, label_desc in _LABELS:
-            cur = conn.execute("INSERT INTO labels (repo_id, name, color, description) VALUES (?, ?, ?, ?)",
-                               (repo_id, name, color, label_desc))
+            cur = conn.execute(
+                "INSERT INTO labels (repo_id, name, color, description) VALUES (?, ?, ?, ?)",
+                (repo_id, name, color, label_desc),
+            )
             label_ids[(repo_id, name)] = int(cur.lastrowid or 0)
     end = datetime.fromisoformat(TODAY + "T08:00:00")  # nothing in the seed happens after 'today'
     start = end - timedelta(days=180)
@@ -188,29 +191,43 @@ def seed(conn: sqlite3.Connection) -> None:
         closed_at = min(created + timedelta(days=rng.randint(1, 20)), end) if closed else None
         author = rng.randint(1, len(users))
         assignee = rng.randint(1, 12) if rng.random() < 0.55 else None
-        body = (f"### What happened\n{title}.\n\n### Expected\nIt should work without errors.\n\n"
-                f"### Environment\nversion 1.{rng.randint(0, 12)}.{rng.randint(0, 9)}")
+        body = (
+            f"### What happened\n{title}.\n\n### Expected\nIt should work without errors.\n\n"
+            f"### Environment\nversion 1.{rng.randint(0, 12)}.{rng.randint(0, 9)}"
+        )
         created_s = created.strftime("%Y-%m-%dT%H:%M:00")
         conn.execute(
             "INSERT INTO issues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (issue_id, repo_id, numbers[repo_id], title, body, "closed" if closed else "open",
-             rng.choice(("completed", "completed", "not_planned")) if closed else None, author, assignee,
-             created_s, (closed_at or created).strftime("%Y-%m-%dT%H:%M:00"),
-             closed_at.strftime("%Y-%m-%dT%H:%M:00") if closed_at else None))
+            (
+                issue_id,
+                repo_id,
+                numbers[repo_id],
+                title,
+                body,
+                "closed" if closed else "open",
+                rng.choice(("completed", "completed", "not_planned")) if closed else None,
+                author,
+                assignee,
+                created_s,
+                (closed_at or created).strftime("%Y-%m-%dT%H:%M:00"),
+                closed_at.strftime("%Y-%m-%dT%H:%M:00") if closed_at else None,
+            ),
+        )
         extra = rng.sample([name for name, _c, _d in _LABELS if name != kind], k=rng.choice((0, 0, 1, 1, 2)))
         for name in (kind, *extra):
             conn.execute("INSERT INTO issue_labels VALUES (?, ?)", (issue_id, label_ids[(repo_id, name)]))
         for k in range(rng.choice((0, 1, 1, 2, 2, 3))):
             when = min(created + timedelta(hours=6 * (k + 1) + rng.randint(0, 40)), end)
-            comment_rows.append((issue_id, rng.randint(1, len(users)), rng.choice(_COMMENTS),
-                                 when.strftime("%Y-%m-%dT%H:%M:00")))
+            comment_rows.append(
+                (issue_id, rng.randint(1, len(users)), rng.choice(_COMMENTS), when.strftime("%Y-%m-%dT%H:%M:00"))
+            )
     comment_rows.sort(key=lambda c: c[3])
-    conn.executemany("INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
-                     comment_rows)
+    conn.executemany("INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)", comment_rows)
     conn.commit()
 
 
 # --- tool results ---
+
 
 class Repo(BaseModel):
     full_name: str
@@ -278,8 +295,9 @@ class UserList(BaseModel):
     users: list[User]
 
 
-RepoName = Annotated[str, Field(min_length=1, max_length=100,
-                                description="Repository as 'owner/name' (e.g. 'northwind/atlas-api')")]
+RepoName = Annotated[
+    str, Field(min_length=1, max_length=100, description="Repository as 'owner/name' (e.g. 'northwind/atlas-api')")
+]
 IssueNumber = Annotated[int, Field(ge=1, description="Issue number within the repository")]
 Login = Annotated[str, Field(min_length=1, max_length=64, description="User login, e.g. 'sam-rivera'")]
 LabelName = Annotated[str, Field(min_length=1, max_length=50, description="Label name, e.g. 'bug'")]
@@ -299,10 +317,19 @@ _ISSUE_SQL = (
 
 
 def _summary(r: dict[str, Any]) -> IssueSummary:
-    return IssueSummary(repo=r["repo"], number=r["number"], title=r["title"], state=r["state"],
-                        state_reason=r["state_reason"], author=r["author"], assignee=r["assignee"],
-                        labels=r["label_names"].split("|") if r["label_names"] else [],
-                        comments=r["n_comments"], created_at=r["created_at"], updated_at=r["updated_at"])
+    return IssueSummary(
+        repo=r["repo"],
+        number=r["number"],
+        title=r["title"],
+        state=r["state"],
+        state_reason=r["state_reason"],
+        author=r["author"],
+        assignee=r["assignee"],
+        labels=r["label_names"].split("|") if r["label_names"] else [],
+        comments=r["n_comments"],
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+    )
 
 
 def _repo(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
@@ -319,13 +346,21 @@ def _repo(conn: sqlite3.Connection, name: str) -> dict[str, Any]:
 
 def _issue(conn: sqlite3.Connection, repo: str, number: int) -> dict[str, Any]:
     r = _repo(conn, repo)
-    return require(conn, _ISSUE_SQL + " WHERE i.repo_id = ? AND i.number = ?", (r["id"], number),
-                   f"{r['full_name']} has no issue #{number}")
+    return require(
+        conn,
+        _ISSUE_SQL + " WHERE i.repo_id = ? AND i.number = ?",
+        (r["id"], number),
+        f"{r['full_name']} has no issue #{number}",
+    )
 
 
 def _user(conn: sqlite3.Connection, login: str) -> dict[str, Any]:
-    return require(conn, "SELECT * FROM users WHERE login = ?", (login.strip().lstrip("@"),),
-                   f"no user with login '{login}'; use list_users to find logins")
+    return require(
+        conn,
+        "SELECT * FROM users WHERE login = ?",
+        (login.strip().lstrip("@"),),
+        f"no user with login '{login}'; use list_users to find logins",
+    )
 
 
 def _labels(conn: sqlite3.Connection, repo_id: int, repo_name: str, names: list[str]) -> list[dict[str, Any]]:
@@ -343,8 +378,10 @@ def _me(conn: sqlite3.Connection) -> int:
 
 
 def _now(conn: sqlite3.Connection) -> str:
-    return app_clock(conn, "SELECT MAX(m) FROM (SELECT MAX(updated_at) AS m FROM issues"
-                           " UNION ALL SELECT MAX(created_at) FROM comments)")
+    return app_clock(
+        conn,
+        "SELECT MAX(m) FROM (SELECT MAX(updated_at) AS m FROM issues UNION ALL SELECT MAX(created_at) FROM comments)",
+    )
 
 
 def _touch(conn: sqlite3.Connection, issue_id: int) -> None:
@@ -358,18 +395,38 @@ def register_tools(server: Any) -> None:
     def full_issue(ctx: Context, repo: str, number: int) -> Issue:
         conn = instance_db(ctx)
         r = _issue(conn, repo, number)
-        comments = rows(conn, "SELECT c.id, u.login AS author, c.body, c.created_at FROM comments c"
-                              " JOIN users u ON u.id = c.author_id WHERE c.issue_id = ? ORDER BY c.id", (r["id"],))
-        return Issue(**_summary(r).model_dump(), body=r["body"], closed_at=r["closed_at"],
-                     comment_list=[Comment(**c) for c in comments])
+        comments = rows(
+            conn,
+            "SELECT c.id, u.login AS author, c.body, c.created_at FROM comments c"
+            " JOIN users u ON u.id = c.author_id WHERE c.issue_id = ? ORDER BY c.id",
+            (r["id"],),
+        )
+        return Issue(
+            **_summary(r).model_dump(),
+            body=r["body"],
+            closed_at=r["closed_at"],
+            comment_list=[Comment(**c) for c in comments],
+        )
 
     @server.tool(annotations=read_only)
     def list_repos(ctx: Context) -> RepoList:
         """List the repositories you can see, with their open issue counts."""
-        found = rows(instance_db(ctx), "SELECT r.*, (SELECT COUNT(*) FROM issues i WHERE i.repo_id = r.id"
-                                       " AND i.state = 'open') AS open_issues FROM repos r ORDER BY r.id")
-        return RepoList(repos=[Repo(full_name=r["full_name"], description=r["description"],
-                                    is_private=bool(r["is_private"]), open_issues=r["open_issues"]) for r in found])
+        found = rows(
+            instance_db(ctx),
+            "SELECT r.*, (SELECT COUNT(*) FROM issues i WHERE i.repo_id = r.id"
+            " AND i.state = 'open') AS open_issues FROM repos r ORDER BY r.id",
+        )
+        return RepoList(
+            repos=[
+                Repo(
+                    full_name=r["full_name"],
+                    description=r["description"],
+                    is_private=bool(r["is_private"]),
+                    open_issues=r["open_issues"],
+                )
+                for r in found
+            ]
+        )
 
     @server.tool(annotations=read_only)
     def list_issues(
@@ -377,8 +434,10 @@ def register_tools(server: Any) -> None:
         repo: RepoName,
         state: State = "open",
         label: Annotated[str | None, Field(max_length=50, description="Only issues with this label")] = None,
-        assignee: Annotated[str | None, Field(max_length=64, description=(
-            "Only issues assigned to this login; 'none' for unassigned issues"))] = None,
+        assignee: Annotated[
+            str | None,
+            Field(max_length=64, description=("Only issues assigned to this login; 'none' for unassigned issues")),
+        ] = None,
         author: Annotated[str | None, Field(max_length=64, description="Only issues opened by this login")] = None,
         limit: Limit = 30,
         offset: Offset = 0,
@@ -410,8 +469,14 @@ def register_tools(server: Any) -> None:
     @server.tool(annotations=read_only)
     def search_issues(
         ctx: Context,
-        query: Annotated[str, Field(min_length=1, max_length=200, description=(
-            "Text to find in issue titles and bodies (case-insensitive substring)"))],
+        query: Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=200,
+                description=("Text to find in issue titles and bodies (case-insensitive substring)"),
+            ),
+        ],
         repo: Annotated[str | None, Field(max_length=100, description="Limit to one repository")] = None,
         state: State = "all",
         limit: Limit = 30,
@@ -430,8 +495,11 @@ def register_tools(server: Any) -> None:
             params.append(state)
         where = " WHERE " + " AND ".join(clauses)
         total = scalar(conn, "SELECT COUNT(*) FROM issues i" + where, params)
-        found = rows(conn, _ISSUE_SQL + where + " ORDER BY i.created_at DESC, i.id DESC LIMIT ? OFFSET ?",
-                     [*params, limit, offset])
+        found = rows(
+            conn,
+            _ISSUE_SQL + where + " ORDER BY i.created_at DESC, i.id DESC LIMIT ? OFFSET ?",
+            [*params, limit, offset],
+        )
         return IssuePage(total=total, offset=offset, issues=[_summary(x) for x in found])
 
     @server.tool(annotations=read_only)
@@ -454,13 +522,13 @@ def register_tools(server: Any) -> None:
         labs = _labels(conn, r["id"], r["full_name"], labels or [])
         assignee_id = _user(conn, assignee)["id"] if assignee else None
         with write(conn):
-            number = int(scalar(conn, "SELECT COALESCE(MAX(number), 0) + 1 FROM issues WHERE repo_id = ?",
-                                (r["id"],)))
+            number = int(scalar(conn, "SELECT COALESCE(MAX(number), 0) + 1 FROM issues WHERE repo_id = ?", (r["id"],)))
             now = _now(conn)
             cur = conn.execute(
                 "INSERT INTO issues (repo_id, number, title, body, state, author_id, assignee_id, created_at,"
                 " updated_at) VALUES (?, ?, ?, ?, 'open', ?, ?, ?, ?)",
-                (r["id"], number, title.strip(), body, _me(conn), assignee_id, now, now))
+                (r["id"], number, title.strip(), body, _me(conn), assignee_id, now, now),
+            )
             conn.executemany("INSERT INTO issue_labels VALUES (?, ?)", [(cur.lastrowid, lab["id"]) for lab in labs])
         return full_issue(ctx, r["full_name"], number)
 
@@ -471,22 +539,30 @@ def register_tools(server: Any) -> None:
         issue = _issue(conn, repo, number)
         with write(conn):
             now = _now(conn)
-            cur = conn.execute("INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
-                               (issue["id"], _me(conn), body, now))
+            cur = conn.execute(
+                "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
+                (issue["id"], _me(conn), body, now),
+            )
             conn.execute("UPDATE issues SET updated_at = ? WHERE id = ?", (now, issue["id"]))
         return Comment(id=int(cur.lastrowid or 0), author=meta(conn, "user_login"), body=body, created_at=now)
 
     @server.tool()
-    def add_labels(ctx: Context, repo: RepoName, number: IssueNumber,
-                   labels: Annotated[list[LabelName], Field(min_length=1, max_length=10, description=(
-                       "Existing label names to add"))]) -> IssueSummary:
+    def add_labels(
+        ctx: Context,
+        repo: RepoName,
+        number: IssueNumber,
+        labels: Annotated[
+            list[LabelName], Field(min_length=1, max_length=10, description=("Existing label names to add"))
+        ],
+    ) -> IssueSummary:
         """Add existing labels to an issue (labels it already has are left as they are)."""
         conn = instance_db(ctx)
         issue = _issue(conn, repo, number)
         labs = _labels(conn, issue["repo_id"], issue["repo"], labels)
         with write(conn):
-            conn.executemany("INSERT OR IGNORE INTO issue_labels VALUES (?, ?)",
-                             [(issue["id"], lab["id"]) for lab in labs])
+            conn.executemany(
+                "INSERT OR IGNORE INTO issue_labels VALUES (?, ?)", [(issue["id"], lab["id"]) for lab in labs]
+            )
             _touch(conn, issue["id"])
         return _summary(_issue(conn, repo, number))
 
@@ -504,9 +580,12 @@ def register_tools(server: Any) -> None:
         return _summary(_issue(conn, repo, number))
 
     @server.tool()
-    def assign_issue(ctx: Context, repo: RepoName, number: IssueNumber,
-                     assignee: Annotated[str | None, Field(max_length=64, description=(
-                         "Login to assign; null to unassign"))]) -> IssueSummary:
+    def assign_issue(
+        ctx: Context,
+        repo: RepoName,
+        number: IssueNumber,
+        assignee: Annotated[str | None, Field(max_length=64, description=("Login to assign; null to unassign"))],
+    ) -> IssueSummary:
         """Set (or clear, with null) an issue's assignee. Only maintainers and members can be assigned."""
         conn = instance_db(ctx)
         issue = _issue(conn, repo, number)
@@ -524,8 +603,10 @@ def register_tools(server: Any) -> None:
         ctx: Context,
         repo: RepoName,
         number: IssueNumber,
-        reason: Annotated[Literal["completed", "not_planned"], Field(description=(
-            "'completed' when done or fixed; 'not_planned' for duplicates, won't-fix or invalid"))] = "completed",
+        reason: Annotated[
+            Literal["completed", "not_planned"],
+            Field(description=("'completed' when done or fixed; 'not_planned' for duplicates, won't-fix or invalid")),
+        ] = "completed",
         comment: Annotated[str | None, Field(max_length=20000, description="Optional closing comment")] = None,
     ) -> Issue:
         """Close an open issue with a reason, optionally leaving a comment first."""
@@ -536,10 +617,14 @@ def register_tools(server: Any) -> None:
                 raise ToolError(f"{issue['repo']}#{number} is already closed")
             now = _now(conn)
             if comment:
-                conn.execute("INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
-                             (issue["id"], _me(conn), comment, now))
-            conn.execute("UPDATE issues SET state = 'closed', state_reason = ?, closed_at = ?, updated_at = ?"
-                         " WHERE id = ?", (reason, now, now, issue["id"]))
+                conn.execute(
+                    "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
+                    (issue["id"], _me(conn), comment, now),
+                )
+            conn.execute(
+                "UPDATE issues SET state = 'closed', state_reason = ?, closed_at = ?, updated_at = ? WHERE id = ?",
+                (reason, now, now, issue["id"]),
+            )
         return full_issue(ctx, repo, number)
 
     @server.tool()
@@ -550,8 +635,9 @@ def register_tools(server: Any) -> None:
             issue = _issue(conn, repo, number)
             if issue["state"] == "open":
                 raise ToolError(f"{issue['repo']}#{number} is already open")
-            conn.execute("UPDATE issues SET state = 'open', state_reason = NULL, closed_at = NULL WHERE id = ?",
-                         (issue["id"],))
+            conn.execute(
+                "UPDATE issues SET state = 'open', state_reason = NULL, closed_at = NULL WHERE id = ?", (issue["id"],)
+            )
             _touch(conn, issue["id"])
         return _summary(_issue(conn, repo, number))
 
@@ -560,18 +646,30 @@ def register_tools(server: Any) -> None:
         """List a repository's labels with how many open issues carry each."""
         conn = instance_db(ctx)
         r = _repo(conn, repo)
-        found = rows(conn, "SELECT l.name, l.color, l.description, (SELECT COUNT(*) FROM issue_labels il"
-                           " JOIN issues i ON i.id = il.issue_id WHERE il.label_id = l.id AND i.state = 'open')"
-                           " AS open_issues FROM labels l WHERE l.repo_id = ? ORDER BY l.name", (r["id"],))
+        found = rows(
+            conn,
+            "SELECT l.name, l.color, l.description, (SELECT COUNT(*) FROM issue_labels il"
+            " JOIN issues i ON i.id = il.issue_id WHERE il.label_id = l.id AND i.state = 'open')"
+            " AS open_issues FROM labels l WHERE l.repo_id = ? ORDER BY l.name",
+            (r["id"],),
+        )
         return LabelList(repo=r["full_name"], labels=[Label(**x) for x in found])
 
     @server.tool(annotations=read_only)
-    def list_users(ctx: Context, query: Annotated[str | None, Field(max_length=64, description=(
-            "Part of a login or name; omit to list everyone"))] = None) -> UserList:
+    def list_users(
+        ctx: Context,
+        query: Annotated[
+            str | None, Field(max_length=64, description=("Part of a login or name; omit to list everyone"))
+        ] = None,
+    ) -> UserList:
         """List users (logins, names, roles) who can be assigned or mentioned."""
         pattern = like_pattern((query or "").strip())
-        found = rows(instance_db(ctx), "SELECT login, name, role FROM users WHERE login LIKE ? ESCAPE '\\'"
-                                       " OR name LIKE ? ESCAPE '\\' ORDER BY login", (pattern, pattern))
+        found = rows(
+            instance_db(ctx),
+            "SELECT login, name, role FROM users WHERE login LIKE ? ESCAPE '\\'"
+            " OR name LIKE ? ESCAPE '\\' ORDER BY login",
+            (pattern, pattern),
+        )
         return UserList(users=[User(**u) for u in found])
 
 
@@ -579,14 +677,29 @@ def render_screen(conn: sqlite3.Connection) -> bytes:
     """The issue list as the tracker shows it: the 20 most recently updated open issues across repositories."""
     found = rows(conn, _ISSUE_SQL + " WHERE i.state = 'open' ORDER BY i.updated_at DESC, i.id DESC LIMIT 20")
     total = scalar(conn, "SELECT COUNT(*) FROM issues WHERE state = 'open'")
-    return render(Screen(
-        title=f"Tracker - signed in as {USER_LOGIN} - open issues",
-        columns=(Column("Repo", 18), Column("#", 4), Column("Title", 44), Column("Labels", 20),
-                 Column("Assignee", 14)),
-        rows=[(r["repo"].split("/")[-1], r["number"], r["title"], (r["label_names"] or "").replace("|", ", "),
-               r["assignee"] or "") for r in found],
-        status=f"{total} open issues",
-    ))
+    return render(
+        Screen(
+            title=f"Tracker - signed in as {USER_LOGIN} - open issues",
+            columns=(
+                Column("Repo", 18),
+                Column("#", 4),
+                Column("Title", 44),
+                Column("Labels", 20),
+                Column("Assignee", 14),
+            ),
+            rows=[
+                (
+                    r["repo"].split("/")[-1],
+                    r["number"],
+                    r["title"],
+                    (r["label_names"] or "").replace("|", ", "),
+                    r["assignee"] or "",
+                )
+                for r in found
+            ],
+            status=f"{total} open issues",
+        )
+    )
 
 
 SPEC = EnvironmentSpec(
