@@ -11,7 +11,8 @@ P99 <= 3 x wait; a system stops at the first N below 50 % success.
 - rlgate: one `rlgate.AsyncClient` shared by every session of the batch (what a trainer process holds;
   its channels are connected before the first batch, so there is no per-session connect). A session:
   Reset (the orchestrator's `mcp` provider on a static upstream: no instance to create), CallTool of
-  `wait` through the gateway, a final Step carrying the call's summary, Close. "step" is CallTool + Step.
+  `wait` through the gateway Reset named, a final Step carrying the call's summary, Close. "step" is
+  CallTool + Step. The toolgateway runs one process per core (`gateway_workers`), as deployed on a host.
 - OpenEnv (openenv-core, its own virtualenv, bench/openenv_scale_side.py): its WebSocket server and its
   `GenericEnvClient`, one connection per session. "forward": an `MCPEnvironment` whose tool forwards the
   `CallToolAction` to the same upstream tool (the fair comparison, both pay the tool hop); "in-process":
@@ -59,6 +60,7 @@ SUCCESS_MIN = 0.95  # max batch: at least this share of the batch succeeded ...
 P99_FACTOR = 3.0  # ... and total P99 <= this x wait
 STOP_BELOW = 0.5  # a system's grid ends at the first N with a lower success rate
 GOAL_N = 1024
+GATEWAY_WORKERS = os.cpu_count() or 1  # toolgateway processes: one per core (the orchestrator hands them out)
 TIME_LIMIT_S = {"quick": 1200.0, "full": 5400.0}  # read by bench.__main__ instead of its default
 SYSTEMS = ("rlgate", "openenv_forward", "openenv_inprocess")
 LABELS = {"rlgate": "rlgate", "openenv_forward": "OpenEnv forwarding", "openenv_inprocess": "OpenEnv in-process"}
@@ -195,7 +197,9 @@ async def rlgate_session(client: AsyncClient, wait: float, run_id: str, timeout_
             t1 = time.perf_counter()
             request_id = uuid.uuid4().hex
             arguments = {"seconds": wait}
-            reply = await client.call_tool(reset.agent_token, TOOL, arguments, request_id=request_id)
+            reply = await client.call_tool(
+                reset.agent_token, TOOL, arguments, request_id=request_id, gateway=reset.gateway_address
+            )
             if reply.result.is_error:
                 raise BenchError(f"CallTool {TOOL} returned an error: {reply.result.error_message!r}")
             await client.step(
@@ -285,6 +289,7 @@ async def measure(
         if "rlgate" in systems:
             rl = await ctx.stack(
                 "scale",
+                gateway_workers=GATEWAY_WORKERS,
                 orchestrator_args=[
                     "--provider",
                     "mcp",
@@ -294,9 +299,7 @@ async def measure(
                     str(2 * max_n),
                 ],
             )
-            client = await stack.enter_async_context(
-                AsyncClient(rl.orchestrator_address, gateway_addresses=rl.gateway_address)
-            )
+            client = await stack.enter_async_context(AsyncClient(rl.orchestrator_address))
             # Channels connected and first-use costs paid before the first timed batch.
             warm_up(LABELS["rlgate"], await rlgate_batch(client, 4, 0.0))
             suts.append(
@@ -306,7 +309,7 @@ async def measure(
                     {
                         "client": os.getpid(),
                         "orchestrator": rl.procs["orchestrator"].pid,
-                        "toolgateway": rl.procs["toolgateway"].pid,
+                        **{name: rl.procs[name].pid for name in rl.gateways},
                         "upstream": upstream_proc.pid,
                     },
                 )
@@ -500,6 +503,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
         goals=GOALS,
         extra={
             "cores": cores,
+            "rlgate_gateway_workers": GATEWAY_WORKERS,
             "wait_s": wait,
             "timeout_s": {f"{w:g}": timeout_for(w) for w in waits},
             "rlgate_max_batch": best["rlgate"],

@@ -25,7 +25,10 @@ class OrchestratorConfig:
         "", "RLGATE_TASKS_FILE", "Task JSON file in Fleet's format (empty: load tasks from the provider)"
     )
     gateway_address: str = setting(
-        "127.0.0.1:50052", "RLGATE_GATEWAY_ADDRESS", "Toolgateway address handed to clients in Reset"
+        "127.0.0.1:50052",
+        "RLGATE_GATEWAY_ADDRESS",
+        "Toolgateway address handed to clients in Reset; several, comma-separated (toolgateway processes on one "
+        "host, one per core): each session is handed one of them, always the same",
     )
     api_keys: list[str] = setting(  # noqa: RUF009
         [],

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -344,12 +345,21 @@ class Resets:
             messages=[common_pb2.ChatMessage(role="user", content=prompt)] if prompt else [],
             tools=tools,
             agent_token=token,
-            gateway_address=self._config.gateway_address,
+            gateway_address=gateway_for(self._config.gateway_address, session.session_id),
             task=task_info(task, session.env_key, session.max_turns),
             max_turns=session.max_turns,
             modality=session.modality,
             instance=instance_info(session),
         )
+
+
+def gateway_for(addresses: str, session_id: str) -> str:
+    """The toolgateway a session's agent calls: one of the configured addresses (comma-separated: several
+    gateway processes), always the same for a session, so its calls share that process's upstream clients."""
+    choices = [a.strip() for a in addresses.split(",") if a.strip()]
+    if len(choices) < 2:
+        return addresses.strip()
+    return choices[zlib.crc32(session_id.encode()) % len(choices)]
 
 
 def _check_registered(session: Session, params: ResetParams, env_key: str, max_turns: int) -> None:

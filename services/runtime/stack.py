@@ -1,5 +1,7 @@
 """The local stack: localfleet + orchestrator + toolgateway as three processes on loopback — or, on your own
-MCP servers (`rlgate up --mcp NAME=URL`), the orchestrator (mcp provider) and the toolgateway alone.
+MCP servers (`rlgate up --mcp NAME=URL`), the orchestrator (mcp provider) and the toolgateway alone. With
+`gateway_workers` N the toolgateway runs as N processes on N ports (one per core: it keeps no state outside
+the store), and the orchestrator hands each session one of them.
 
 One implementation serves `rlgate up` (foreground, until Ctrl-C), the end-to-end test fixture and the
 benchmarks. Each service runs as `python -m rlgate.cli <service> ...` with its own log file under
@@ -73,6 +75,12 @@ class UpConfig:
         "Task file (JSON); with --mcp: tasks of those environments, their modality and tool filters",
         flag="--tasks",
     )
+    gateway_workers: int = setting(
+        1,
+        "RLGATE_TOOLGATEWAY_WORKERS",
+        "Toolgateway processes (one per core helps once sessions number in the hundreds), on ports from the "
+        "toolgateway port up; each session is handed one of them",
+    )
 
 
 @dataclass
@@ -88,6 +96,12 @@ class StackSettings:
     localfleet_args: list[str] = field(default_factory=list)
     orchestrator_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
+    gateway_workers: int = 1  # toolgateway processes, on gateway_port, gateway_port + 1, ... (or free ports)
+
+
+def _gateway_names(workers: int) -> tuple[str, ...]:
+    """The toolgateway processes' names: "toolgateway", then "toolgateway-2", "toolgateway-3", ..."""
+    return ("toolgateway", *(f"toolgateway-{i}" for i in range(2, workers + 1)))
 
 
 class LocalStack:
@@ -99,12 +113,17 @@ class LocalStack:
         s.data_dir = Path(s.data_dir).resolve()
         s.data_dir.mkdir(parents=True, exist_ok=True)
         (s.data_dir / "logs").mkdir(exist_ok=True)
+        if s.gateway_workers < 1:
+            raise ValueError(f"gateway_workers must be at least 1, not {s.gateway_workers}")
+        self.gateways = _gateway_names(s.gateway_workers)
         # On your own MCP servers there is no instance platform to run.
-        self.services = tuple(n for n in SERVICES if n != "localfleet") if s.mcp_envs else SERVICES
+        services = [n for n in SERVICES if n != "localfleet"] if s.mcp_envs else list(SERVICES)
+        at = services.index("toolgateway")
+        self.services = (*services[:at], *self.gateways, *services[at + 1 :])
         self.ports = {
             "localfleet": (s.localfleet_port or free_port()) if "localfleet" in self.services else 0,
             "orchestrator": s.orchestrator_port or free_port(),
-            "toolgateway": s.gateway_port or free_port(),
+            **{name: (s.gateway_port + i if s.gateway_port else free_port()) for i, name in enumerate(self.gateways)},
         }
         self.store_url = s.store_url or f"sqlite:///{s.data_dir / 'store.db'}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -123,13 +142,20 @@ class LocalStack:
     def gateway_address(self) -> str:
         return f"127.0.0.1:{self.ports['toolgateway']}"
 
+    @property
+    def gateway_addresses(self) -> list[str]:
+        """Every toolgateway process's address (one unless `gateway_workers` > 1)."""
+        return [f"127.0.0.1:{self.ports[name]}" for name in self.gateways]
+
     def log_path(self, name: str) -> Path:
         return self.settings.data_dir / "logs" / f"{name}.log"
 
     # -- processes --------------------------------------------------------------------------------------
     def _command(self, name: str) -> list[str]:
         s = self.settings
-        base = [sys.executable, "-m", "rlgate.cli", name]
+        base = [sys.executable, "-m", "rlgate.cli", "toolgateway" if name in self.gateways else name]
+        if name in self.gateways:
+            return [*base, "--listen", f"127.0.0.1:{self.ports[name]}", "--store-url", self.store_url, *s.gateway_args]
         if name == "localfleet":
             return [
                 *base,
@@ -139,8 +165,6 @@ class LocalStack:
                 str(s.data_dir / "localfleet"),
                 *s.localfleet_args,
             ]
-        if name == "toolgateway":
-            return [*base, "--listen", self.gateway_address, "--store-url", self.store_url, *s.gateway_args]
         provider = (
             ["--provider", "mcp", "--mcp-envs", ",".join(s.mcp_envs)]
             if s.mcp_envs
@@ -156,7 +180,7 @@ class LocalStack:
             *provider,
             *tasks,
             "--gateway-address",
-            self.gateway_address,
+            ",".join(self.gateway_addresses),  # the orchestrator hands each session one of them
             *s.orchestrator_args,
         ]
 
@@ -170,7 +194,8 @@ class LocalStack:
     def start_service(self, name: str, timeout: float = 60.0) -> None:
         """Start one service and wait until it is ready. A port we picked that another process took
         meanwhile (bind failure) is replaced and the start retried."""
-        picked = not getattr(self.settings, f"{'gateway' if name == 'toolgateway' else name}_port")
+        setting = "gateway_port" if name in self.gateways else f"{name}_port"
+        picked = not getattr(self.settings, setting)
         for attempt in range(3):
             try:
                 return self._start_once(name, timeout)
@@ -286,7 +311,7 @@ class LocalStack:
             "rlgate local stack is up",
             *platform,
             f"  orchestrator  {self.orchestrator_address}   (Reset/Step/State/Close)",
-            f"  toolgateway   {self.gateway_address}   (ListTools/CallTool, agent token)",
+            f"  toolgateway   {', '.join(self.gateway_addresses)}   (ListTools/CallTool, agent token)",
             f"  store         {self.store_url}",
             f"  logs          {self.settings.data_dir / 'logs'}",
             "try (in another terminal, in this directory):",

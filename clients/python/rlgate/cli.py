@@ -86,6 +86,7 @@ def _service_commands() -> None:
                     gateway_port=config.gateway_port,
                     mcp_envs=config.mcp,
                     tasks_file=config.tasks,
+                    gateway_workers=config.gateway_workers,
                 )
             )
         )
