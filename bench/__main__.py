@@ -30,7 +30,7 @@ BENCHMARKS = (
     "step_vs_openenv",
     "reset_warm_vs_cold",
     "episodes_per_s",
-    "sessions_1000",
+    "sessions_10000",
     "scale_sessions",
 )
 TIME_LIMIT_S = {"quick": 150.0, "full": 1800.0}  # per benchmark, unless its module sets TIME_LIMIT_S
