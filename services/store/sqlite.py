@@ -222,8 +222,10 @@ def _migrate(conn: apsw.Connection) -> None:
     """Create the schema in a new database, or bring an older one up to SCHEMA_VERSION (in a transaction)."""
     version = _value(conn, "PRAGMA user_version")
     if version > SCHEMA_VERSION:
-        raise StoreError(f"schema version {version} is newer than this rlgate's ({SCHEMA_VERSION}); "
-                         "upgrade rlgate or point it at another store")
+        raise StoreError(
+            f"schema version {version} is newer than this rlgate's ({SCHEMA_VERSION}); "
+            "upgrade rlgate or point it at another store"
+        )
     if version == SCHEMA_VERSION:
         return
     if version == 0:
@@ -243,8 +245,12 @@ def _quick_check(conn: apsw.Connection, path: str) -> None:
     try:
         problems = [str(row[0]).replace("\n", "; ") for row in conn.execute("PRAGMA quick_check(5)")]
     except apsw.InterruptError:
-        log.warning("sqlite store %s: quick_check stopped after %.0f s (%d MB); opened unchecked",
-                    path, QUICK_CHECK_BUDGET_S, os.path.getsize(path) // 2**20)
+        log.warning(
+            "sqlite store %s: quick_check stopped after %.0f s (%d MB); opened unchecked",
+            path,
+            QUICK_CHECK_BUDGET_S,
+            os.path.getsize(path) // 2**20,
+        )
         return
     finally:
         conn.set_progress_handler(None)
@@ -333,8 +339,9 @@ def _request_from_row(row: tuple[Any, ...]) -> RequestRecord:
 class SqliteStore(SessionStore):
     """The SQLite `SessionStore`. Open with `await SqliteStore.open(path)`; `await close()` when done."""
 
-    def __init__(self, path: str, conn: apsw.Connection, worker: ThreadWorker,
-                 checkpointer: Checkpointer | None = None) -> None:
+    def __init__(
+        self, path: str, conn: apsw.Connection, worker: ThreadWorker, checkpointer: Checkpointer | None = None
+    ) -> None:
         self.path = path
         self._conn = conn
         self._worker = worker
@@ -409,9 +416,17 @@ class SqliteStore(SessionStore):
         conn.execute(
             "INSERT INTO sessions (created_at, status, run_id, token_hash, retain_at, version,"
             " last_active_at, data, session_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (session.created_at, session.status, session.run_id, session.token_hash,
-             _common.retention_time(session), session.version, session.last_active_at, session.to_json(),
-             session.session_id),
+            (
+                session.created_at,
+                session.status,
+                session.run_id,
+                session.token_hash,
+                _common.retention_time(session),
+                session.version,
+                session.last_active_at,
+                session.to_json(),
+                session.session_id,
+            ),
         )
         conn.executemany(
             "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
@@ -422,18 +437,14 @@ class SqliteStore(SessionStore):
     def _token_taken(conn: apsw.Connection, token_hash: str, session_id: str) -> bool:
         if not token_hash:
             return False
-        row = conn.execute(
-            "SELECT session_id FROM sessions WHERE token_hash = ?", (token_hash,)
-        ).fetchone()
+        row = conn.execute("SELECT session_id FROM sessions WHERE token_hash = ?", (token_hash,)).fetchone()
         return row is not None and row[0] != session_id
 
     async def create_session(self, session: Session) -> Session:
         stored = session.copy(version=1)
 
         def create(conn: apsw.Connection) -> None:
-            if conn.execute(
-                "SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)
-            ).fetchone():
+            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)).fetchone():
                 raise ConflictError(f"session {stored.session_id} already exists")
             if self._token_taken(conn, stored.token_hash, stored.session_id):
                 raise ConflictError(f"agent token of session {stored.session_id} is already in use")
@@ -477,8 +488,7 @@ class SqliteStore(SessionStore):
         if stored.token_hash != row[4] and cls._token_taken(conn, stored.token_hash, sid):
             raise ConflictError(f"agent token of session {sid} is already in use")
         last_active_at = max(float(row[6]), stored.last_active_at)  # activity never moves backwards
-        indexed = (stored.created_at, stored.status, stored.run_id, stored.token_hash,
-                   _common.retention_time(stored))
+        indexed = (stored.created_at, stored.status, stored.run_id, stored.token_hash, _common.retention_time(stored))
         if indexed == tuple(row[1:6]):
             conn.execute(
                 "UPDATE sessions SET version = ?, last_active_at = ?, data = ? WHERE session_id = ?",
@@ -506,9 +516,7 @@ class SqliteStore(SessionStore):
 
     @staticmethod
     def _by_token_row(conn: apsw.Connection, token_hash: str) -> Session | None:
-        row = conn.execute(
-            f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)
-        ).fetchone()
+        row = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)).fetchone()
         return _session_from_row(row) if row else None
 
     async def session_by_token(self, token_hash: str) -> Session | None:
@@ -625,9 +633,7 @@ class SqliteStore(SessionStore):
     async def list_tool_calls(self, session_id: str, episode: int | None = None) -> list[ToolCallEntry]:
         def list_calls(conn: apsw.Connection) -> list[ToolCallEntry]:
             if episode is None:
-                rows = conn.execute(
-                    "SELECT data FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,)
-                )
+                rows = conn.execute("SELECT data FROM tool_calls WHERE session_id = ? ORDER BY seq", (session_id,))
             else:
                 rows = conn.execute(
                     "SELECT data FROM tool_calls WHERE session_id = ? AND episode = ? ORDER BY seq",
@@ -639,16 +645,22 @@ class SqliteStore(SessionStore):
 
     @staticmethod
     def _count_calls(conn: apsw.Connection, session_id: str, episode: int) -> int:
-        return int(_value(
-            conn, "SELECT count(*) FROM tool_calls WHERE session_id = ? AND episode = ?", (session_id, episode)
-        ))
+        return int(
+            _value(conn, "SELECT count(*) FROM tool_calls WHERE session_id = ? AND episode = ?", (session_id, episode))
+        )
 
     async def count_tool_calls(self, session_id: str, episode: int) -> int:
         return await self._run(self._count_calls, session_id, episode)
 
     # -- composite --------------------------------------------------------------------------------------
-    async def _commit_writes(self, session: Session | None, request: tuple[str, str, str] | None,
-                             tool_call: ToolCallEntry | None, new_request: bool, held_by: str) -> Session | None:
+    async def _commit_writes(
+        self,
+        session: Session | None,
+        request: tuple[str, str, str] | None,
+        tool_call: ToolCallEntry | None,
+        new_request: bool,
+        held_by: str,
+    ) -> Session | None:
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 
@@ -683,9 +695,7 @@ class SqliteStore(SessionStore):
         return _request_from_row(row) if row else None
 
     @classmethod
-    def _claim_row(
-        cls, conn: apsw.Connection, scope: str, request_id: str, owner: str
-    ) -> tuple[RequestRecord, bool]:
+    def _claim_row(cls, conn: apsw.Connection, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         now = time.time()
         created = _changes(
             conn,
@@ -874,8 +884,7 @@ class SqliteStore(SessionStore):
         def check(conn: apsw.Connection) -> list[str]:
             problems: list[str] = []
             rows: list[Any] = conn.execute(
-                "SELECT session_id, status, run_id, token_hash, created_at, retain_at, version, data"
-                " FROM sessions"
+                "SELECT session_id, status, run_id, token_hash, created_at, retain_at, version, data FROM sessions"
             ).fetchall()
             labels: dict[str, dict[str, str]] = {}
             for sid, key, value in conn.execute("SELECT session_id, key, value FROM session_labels"):
@@ -916,14 +925,20 @@ class SqliteStore(SessionStore):
         connections never see the row. A malformed page met here or by any earlier call: StoreCorrupt."""
 
         def probe(conn: apsw.Connection) -> None:
-            tables = [row[0] for row in conn.execute(
-                "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+            tables = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+                )
+            ]
             for table in tables:
                 conn.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchall()
             page_size = int(_value(conn, "PRAGMA page_size"))
             with _transaction(conn):
-                conn.execute("INSERT OR REPLACE INTO leases (name, holder, expires_at) VALUES (?, zeroblob(?), 0)",
-                             (_HEALTH_KEY, page_size))
+                conn.execute(
+                    "INSERT OR REPLACE INTO leases (name, holder, expires_at) VALUES (?, zeroblob(?), 0)",
+                    (_HEALTH_KEY, page_size),
+                )
                 conn.execute("DELETE FROM leases WHERE name = ?", (_HEALTH_KEY,))
 
         if not self._corrupt:

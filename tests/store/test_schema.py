@@ -43,18 +43,23 @@ def shape(path: Path) -> dict[str, object]:
     conn = sqlite_files.connect(path, read_only=True)
     try:
         out: dict[str, object] = {"user_version": sqlite_files.value(conn, "PRAGMA user_version")}
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
-                                             "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            )
+        ]
         for table in tables:
             indexes = sorted((r[1], r[2], r[4]) for r in conn.execute(f"PRAGMA index_list({table})"))
             out[table] = {
                 "columns": conn.execute(f"PRAGMA table_info({table})").fetchall(),
-                "without_rowid": sqlite_files.value(conn, "SELECT wr FROM pragma_table_list WHERE name = ?",
-                                                    (table,)),
-                "autoincrement": "AUTOINCREMENT" in sqlite_files.value(
-                    conn, "SELECT sql FROM sqlite_master WHERE name = ?", (table,)).upper(),
-                "indexes": {name: (unique, partial, [c[2] for c in conn.execute(f"PRAGMA index_info({name})")])
-                            for name, unique, partial in indexes},
+                "without_rowid": sqlite_files.value(conn, "SELECT wr FROM pragma_table_list WHERE name = ?", (table,)),
+                "autoincrement": "AUTOINCREMENT"
+                in sqlite_files.value(conn, "SELECT sql FROM sqlite_master WHERE name = ?", (table,)).upper(),
+                "indexes": {
+                    name: (unique, partial, [c[2] for c in conn.execute(f"PRAGMA index_info({name})")])
+                    for name, unique, partial in indexes
+                },
             }
         return out
     finally:
@@ -66,9 +71,13 @@ def make_v1(path: Path, current: Path) -> None:
     tables are the current ones, copied from `current` (a new database), without what version 3 added."""
     ref = sqlite_files.connect(current, read_only=True)
     try:
-        others = [r[0] for r in ref.execute(
-            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND tbl_name NOT IN ('tool_calls', 'requests')"
-            " AND name != 'sessions_open' ORDER BY type DESC")]  # tables before their indexes
+        others = [
+            r[0]
+            for r in ref.execute(
+                "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND tbl_name NOT IN ('tool_calls', 'requests')"
+                " AND name != 'sessions_open' ORDER BY type DESC"
+            )
+        ]  # tables before their indexes
     finally:
         ref.close()
     conn = apsw.Connection(str(path))  # creates the file
@@ -78,8 +87,10 @@ def make_v1(path: Path, current: Path) -> None:
             if statement.strip():
                 conn.execute(statement)
         entries = [ToolCallEntry("s1", 1, f"r{i}", "search", arguments={"q": i}) for i in range(3)]
-        conn.executemany("INSERT INTO tool_calls (session_id, episode, request_id, data) VALUES (?, ?, ?, ?)",
-                         [(e.session_id, e.episode, e.request_id, e.to_json()) for e in entries])
+        conn.executemany(
+            "INSERT INTO tool_calls (session_id, episode, request_id, data) VALUES (?, ?, ?, ?)",
+            [(e.session_id, e.episode, e.request_id, e.to_json()) for e in entries],
+        )
         conn.execute("DELETE FROM tool_calls WHERE request_id = 'r2'")  # AUTOINCREMENT's counter stays at 3
         conn.execute("INSERT INTO requests VALUES (?, 'r0', 'done', '', ?, 1.0, 2.0)", (call_scope("s1"), "x" * 1500))
         conn.execute("INSERT INTO requests VALUES (?, 'r1', 'pending', 'gw-1', '', 3.0, 0)", (call_scope("s1"),))
@@ -134,8 +145,9 @@ async def test_two_processes_opening_a_version_1_database_at_once_migrate_it_onc
     await ref.close()
     make_v1(tmp_path / "store.db", tmp_path / "ref.db")
     # Two store objects: two connections on two threads, as an orchestrator and a gateway starting together.
-    first, second = await asyncio.gather(SqliteStore.open(str(tmp_path / "store.db")),
-                                         SqliteStore.open(str(tmp_path / "store.db")))
+    first, second = await asyncio.gather(
+        SqliteStore.open(str(tmp_path / "store.db")), SqliteStore.open(str(tmp_path / "store.db"))
+    )
     try:
         assert shape(tmp_path / "store.db") == shape(tmp_path / "ref.db")
         for store in (first, second):

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,15 @@ GENERATED = ROOT / "clients" / "python" / "rlgate" / "v1"
 
 
 def _buf() -> str:
-    candidate = os.environ.get("RLGATE_BUF") or str(ROOT / ".tools" / "node_modules" / ".bin" / "buf")
+    # buf-bin (the dev extra) puts buf beside this interpreter.
+    candidate = os.environ.get("RLGATE_BUF") or str(Path(sys.executable).parent / "buf")
     if Path(candidate).exists():
         return str(Path(candidate).resolve())  # tests run buf from other directories
     found = shutil.which("buf")
     if found:
         return found
     if IN_CI:
-        pytest.fail("buf is not installed (make test installs it from npm)")
+        pytest.fail("buf is not installed (make test installs it: buf-bin in the dev extra)")
     pytest.skip("buf not installed; run `make test`")
 
 
