@@ -547,7 +547,8 @@ async def test_closing_a_session_the_server_forgot_is_no_warning(
     async with serving(upstream) as base:
         s = await byo_session(store, [f"{base}/legacy/mcp"])
         assert not (await caller(stub, s)("echo", '{"text": "x"}')).result.is_error
-        with caplog.at_level(logging.DEBUG):
+        # setup_logging (run by other tests in this process) sets the SDK's loggers to WARNING: name it too.
+        with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, logger="mcp.client.streamable_http"):
             await gateway.pool.close_session(s.session.session_id)
     termination = [r for r in caplog.records if "Session termination failed" in r.getMessage()]
     assert termination and all(r.levelno == logging.DEBUG for r in termination), termination

@@ -47,10 +47,10 @@ async def refused(stub: Stub, metadata: Metadata, *, call: bool = False) -> grpc
     with pytest.raises(grpc.aio.AioRpcError) as err:
         if call:
             await stub.CallTool(
-                toolgateway_pb2.CallToolRequest(name="echo", request_id="r"), metadata=metadata, timeout=10
+                toolgateway_pb2.CallToolRequest(name="echo", request_id="r"), metadata=metadata, timeout=30
             )
         else:
-            await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=metadata, timeout=10)
+            await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=metadata, timeout=30)
     return err.value
 
 
