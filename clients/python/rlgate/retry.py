@@ -29,17 +29,20 @@ from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, retry_d
 
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 _UNAVAILABLE_OR_DEADLINE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A server that stops while a call is still running cancels it (CANCELLED reaches the caller as a status; a
+# caller's own cancellation never does): safe to repeat for reads and for Close, which is idempotent.
+_IDEMPOTENT = _UNAVAILABLE_OR_DEADLINE | {grpc.StatusCode.CANCELLED}
 
 # Per RPC: the codes a retry is safe for (see the module docstring).
 RETRYABLE: dict[str, frozenset[grpc.StatusCode]] = {
     "Reset": _UNAVAILABLE_OR_DEADLINE,
     "Step": _UNAVAILABLE_OR_DEADLINE,
-    "State": _UNAVAILABLE_OR_DEADLINE,
-    "Close": _UNAVAILABLE_OR_DEADLINE,
-    "CloseSessions": _UNAVAILABLE_OR_DEADLINE,
-    "ListTasks": _UNAVAILABLE_OR_DEADLINE,
-    "ListSessions": _UNAVAILABLE_OR_DEADLINE,
-    "ListTools": _UNAVAILABLE_OR_DEADLINE,
+    "State": _IDEMPOTENT,
+    "Close": _IDEMPOTENT,
+    "CloseSessions": _IDEMPOTENT,
+    "ListTasks": _IDEMPOTENT,
+    "ListSessions": _IDEMPOTENT,
+    "ListTools": _IDEMPOTENT,
     "CallTool": _UNAVAILABLE,
 }
 
