@@ -346,9 +346,14 @@ class ToolGateway:
                         time.monotonic() - started, exc.message)  # fmt: skip
             raise
         except asyncio.CancelledError:
-            why = "its deadline passed" if deadline.expired() else "the caller cancelled"
-            log.info("tool %s in session %s: cancelled after %.3fs (%s)", call.name, session.session_id,
-                     time.monotonic() - started, why)  # fmt: skip
+            # gRPC cancels the handler when the caller's deadline passes before ours (a stalled process):
+            # the same event as DeadlineExceeded, so the same line.
+            if deadline.expired():
+                log.warning("tool %s in session %s: deadline exceeded after %.3fs (cancelled by gRPC)", call.name,
+                            session.session_id, time.monotonic() - started)  # fmt: skip
+            else:
+                log.info("tool %s in session %s: cancelled by the caller after %.3fs", call.name, session.session_id,
+                         time.monotonic() - started)  # fmt: skip
             raise
 
     async def _run(

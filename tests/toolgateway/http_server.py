@@ -56,6 +56,9 @@ class HostileCall:
         if self.disconnected.is_set():
             return False
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        # Once the client has gone, uvicorn's send returns at once without yielding: yield, so the watcher
+        # that sets `disconnected` runs (else the whole reply "is sent" in one go and the watcher is cancelled).
+        await asyncio.sleep(0)
         if self.disconnected.is_set():
             return False
         self.sent += len(data)
