@@ -36,9 +36,7 @@ class Sessions:
             raise InvalidArgument("session_id", "required")
         session = await self.store.get_session(session_id)
         if session is None:
-            raise NotFound(
-                f"unknown session {clip(session_id)!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": session_id}
-            )
+            raise unknown_session(session_id)
         session_id_var.set(session_id)
         return session
 
@@ -82,3 +80,9 @@ class Sessions:
             out.extend(s for s in page if not orchestrator_run or s.orchestrator_run == orchestrator_run)
             if not cursor:
                 return out
+
+
+def unknown_session(session_id: str) -> NotFound:
+    return NotFound(
+        f"unknown session {clip(session_id)!r}", reason="SESSION_NOT_FOUND", metadata={"session_id": session_id}
+    )

@@ -1,10 +1,10 @@
 """Step: one turn of an episode — counted on the session, and the episode ended when the turn gives a final
 answer, says done or reaches max_turns (its scoring is then `endings`').
 
-With a request_id the turn goes through the request ledger, lazily claimed: an ordinary turn is one read and
-one write that counts the turn and records its response together, only if the request_id is new; a turn that
-ends the episode claims the request_id before its write, since it is scored after it (a repeat waits for the
-verifier's outcome instead of replaying a turn without it).
+With a request_id the turn goes through the request ledger, lazily claimed: an ordinary turn is one store
+call that reads the session, counts the turn and records its response together, only if the request_id is
+new (`SessionStore.change_session`); a turn that ends the episode claims the request_id before its write,
+since it is scored after it (a repeat waits for the verifier's outcome instead of replaying a turn without it).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from rlgate.convert import InvalidJsonValue, arguments_of
 from rlgate.orchestrator.endings import Endings
-from rlgate.orchestrator.sessions import Sessions
+from rlgate.orchestrator.sessions import Sessions, unknown_session
 from rlgate.orchestrator.views import step_response
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
@@ -76,6 +76,21 @@ class Steps:
             _count_turn(s, request)
             return True
 
+        def turn(s: Session) -> orchestrator_pb2.StepResponse | None:
+            """An ordinary turn's response, recorded with the turn; None for a turn that ends the episode."""
+            count(s)
+            return None if s.status == SessionStatus.DONE else step_response(s)
+
+        # An ordinary turn: read, count and record in one store call (one transaction on SQLite's thread).
+        session, written = await claim.change(request.session_id, turn)
+        if session is None:
+            raise unknown_session(request.session_id)
+        if written:
+            _log_turn(session, request)
+            return step_response(session)
+
+        # This turn ends the episode: the request_id is held first, since the episode is scored after the
+        # write (a repeat waits for the verifier's outcome instead of replaying a turn without it).
         async def write(s: Session) -> Session | None:
             if s.status == SessionStatus.DONE:
                 await claim.hold()  # scored after this write: repeats wait for the outcome

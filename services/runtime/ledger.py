@@ -92,6 +92,7 @@ from rlgate.store import (
     SessionStore,
     StoreError,
     ToolCallEntry,
+    Writes,
 )
 
 log = logging.getLogger(__name__)
@@ -238,27 +239,61 @@ class Claim:
         if not self.request_id:
             return await self._store.commit(session=session, tool_call=tool_call)
         payload = self.payload(response)
-        new = not self.held
+        writes = self._writes(payload, tool_call)
         try:
             written = await self._store.commit(
                 session=session,
                 tool_call=tool_call,
-                new_request=new,
-                request=(self.scope, self.request_id, payload),
-                held_by="" if new else self._owner,
+                new_request=writes.new_request,
+                request=writes.request,
+                held_by=writes.held_by,
             )
         except RequestExists as exc:
-            if not new:
-                self.taken, self.unwritten = exc.record, None  # that answer stands; ours is not written
+            self._refused(exc)
             raise
         except StoreError:
             if session is None:  # nothing conditional on a read: the same write can be made again later
-                self.unwritten = _Unwritten(payload, tool_call, new)
+                self.unwritten = _Unwritten(payload, tool_call, writes.new_request)
                 if self._later is not None:
                     self._later((self.scope, self.request_id), self.unwritten)
             raise
         self.recorded, self.unwritten = payload, None
         return written
+
+    async def change(self, session_id: str, change: Callable[[Session], Message | None]) -> tuple[Session | None, bool]:
+        """`SessionStore.change_session` whose write records the response `change` returns (None: nothing
+        written), as `commit` would: read, change and record in one step where the store can. `change` may
+        run on the store's thread (see `change_session`)."""
+        payloads: list[str] = []
+
+        def staged(session: Session) -> Writes | None:
+            response = change(session)
+            if response is None:
+                return None
+            if not self.request_id:
+                return Writes()
+            payloads.append(self.payload(response))
+            return self._writes(payloads[-1], None)
+
+        try:
+            session, written = await self._store.change_session(session_id, staged)
+        except RequestExists as exc:
+            self._refused(exc)
+            raise
+        if written and self.request_id:
+            self.recorded, self.unwritten = payloads[-1], None
+        return session, written
+
+    def _writes(self, payload: str, tool_call: ToolCallEntry | None) -> Writes:
+        """The record's write with the work's: created DONE if the request_id is new (not held), else
+        completed only while this attempt holds it."""
+        new = not self.held
+        request = (self.scope, self.request_id, payload)
+        return Writes(request, tool_call, new_request=new, held_by="" if new else self._owner)
+
+    def _refused(self, exc: RequestExists) -> None:
+        if self.held:
+            self.taken, self.unwritten = exc.record, None  # another attempt took it over: that answer stands
 
     def keep(self) -> None:
         """The work's outcome may have happened although it fails (the gateway: the tool may have run), and

@@ -26,6 +26,7 @@ from rlgate.store.models import (
     ToolCallEntry,
     Verification,
     VerificationStatus,
+    Writes,
     call_scope,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "ToolCallEntry",
     "Verification",
     "VerificationStatus",
+    "Writes",
     "call_scope",
     "open_store",
 ]

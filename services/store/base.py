@@ -9,9 +9,9 @@ so any replica can serve any session.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from rlgate.store.models import Intent, RequestRecord, Session, ToolCallEntry
+from rlgate.store.models import ConflictError, Intent, RequestExists, RequestRecord, Session, ToolCallEntry, Writes
 
 
 class SessionStore(abc.ABC):
@@ -154,11 +154,38 @@ class SessionStore(abc.ABC):
         All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
         loses the race records no result for its request_id and can retry). Returns the updated session
         as `update_session` does, or None without `session`."""
-        if (new_request or held_by) and request is None:
-            raise ValueError("commit(new_request=True) or commit(held_by=...) needs a request")
-        if new_request and held_by:
-            raise ValueError("commit(new_request=True) creates the record: no owner holds it")
-        return await self._commit_writes(session, request, tool_call, new_request, held_by)
+        writes = Writes(request, tool_call, new_request, held_by)  # ValueError for a combination that is not one
+        return await self._commit_writes(session, writes.request, tool_call, new_request, held_by)
+
+    async def change_session(
+        self, session_id: str, change: Callable[[Session], Writes | None]
+    ) -> tuple[Session | None, bool]:
+        """Read a session, let `change` edit it, and `commit` it with the `Writes` that `change` returns, as
+        one step: (the session written, True); (the session as read and changed, False) when `change`
+        returned None (nothing written); (None, False) when there is no such session. An exception from
+        `change` writes nothing and propagates; so do `RequestExists` and store errors from the commit.
+
+        Backends that can run `change` where the data is (SQLite: inside one transaction on the store's
+        thread) make it one round trip; `change` must therefore be quick, and touch nothing but the session
+        it is given and what it returns. Here, the general case: read, change, compare-and-set, again from
+        a fresh read when another writer got there first."""
+        while True:
+            session = await self.get_session(session_id)
+            if session is None:
+                return None, False
+            writes = change(session)
+            if writes is None:
+                return session, False
+            try:
+                written = await self._commit_writes(
+                    session, writes.request, writes.tool_call, writes.new_request, writes.held_by
+                )
+            except RequestExists:
+                raise
+            except ConflictError:
+                continue
+            assert written is not None
+            return written, True
 
     @abc.abstractmethod
     async def _commit_writes(

@@ -268,6 +268,23 @@ class RequestRecord(_Json):
     finished_at: float = 0.0
 
 
+@dataclass(frozen=True)
+class Writes:
+    """What a `SessionStore.commit` writes besides the session (see `commit` for each field's meaning),
+    as `SessionStore.change_session`'s `change` returns it."""
+
+    request: tuple[str, str, str] | None = None  # (scope, request_id, result)
+    tool_call: ToolCallEntry | None = None
+    new_request: bool = False
+    held_by: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.new_request or self.held_by) and self.request is None:
+            raise ValueError("new_request=True or held_by=... needs a request")
+        if self.new_request and self.held_by:
+            raise ValueError("new_request=True creates the record: no owner holds it")
+
+
 CALL_SCOPE_PREFIX = "call:"
 
 

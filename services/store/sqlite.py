@@ -53,6 +53,7 @@ from rlgate.store.models import (
     StoreError,
     StoreFull,
     ToolCallEntry,
+    Writes,
     call_scope,
 )
 
@@ -662,26 +663,53 @@ class SqliteStore(SessionStore):
         held_by: str,
     ) -> Session | None:
         stored = self._next_version(session) if session is not None else None
-        now = time.time()
-
-        def commit(conn: apsw.Connection) -> float | None:
-            if (new_request or held_by) and request is not None:
-                existing = self._request_row(conn, request[0], request[1])
-                if existing is not None and (new_request or _common.held_elsewhere(existing, held_by, request[2])):
-                    raise RequestExists(existing)  # rolls the (still empty) transaction back
-            # Then the session: a lost compare-and-set raises before anything else is written.
-            last = self._update_rows(conn, stored) if stored is not None else None
-            if request is not None:
-                self._complete_row(conn, *request, now)
-            if tool_call is not None:
-                self._append_row(conn, tool_call)
-                self._touch_rows(conn, tool_call.session_id, tool_call.finished_at)
-            return last
-
-        last_active_at = await self._write(commit)
+        writes = Writes(request, tool_call, new_request, held_by)
+        last_active_at = await self._write(self._commit_rows, stored, writes, time.time())
         if stored is not None and last_active_at is not None:
             stored.last_active_at = last_active_at
         return stored
+
+    @classmethod
+    def _commit_rows(cls, conn: apsw.Connection, stored: Session | None, writes: Writes, now: float) -> float | None:
+        """`commit`'s writes inside a transaction; the session's last_active_at (None without a session)."""
+        request, tool_call = writes.request, writes.tool_call
+        if (writes.new_request or writes.held_by) and request is not None:
+            existing = cls._request_row(conn, request[0], request[1])
+            if existing is not None and (
+                writes.new_request or _common.held_elsewhere(existing, writes.held_by, request[2])
+            ):
+                raise RequestExists(existing)  # rolls the (still empty) transaction back
+        # Then the session: a lost compare-and-set raises before anything else is written.
+        last = cls._update_rows(conn, stored) if stored is not None else None
+        if request is not None:
+            cls._complete_row(conn, *request, now)
+        if tool_call is not None:
+            cls._append_row(conn, tool_call)
+            cls._touch_rows(conn, tool_call.session_id, tool_call.finished_at)
+        return last
+
+    async def change_session(
+        self, session_id: str, change: Callable[[Session], Writes | None]
+    ) -> tuple[Session | None, bool]:
+        # One transaction on the store's thread: the read, `change` and the commit (no other writer between
+        # them, so no compare-and-set can be lost).
+        def run(conn: apsw.Connection) -> tuple[Session | None, bool]:
+            row = conn.execute(
+                f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            if row is None:
+                return None, False
+            session = _session_from_row(row)
+            writes = change(session)
+            if writes is None:
+                return session, False
+            stored = self._next_version(session)
+            last_active_at = self._commit_rows(conn, stored, writes, time.time())
+            assert last_active_at is not None
+            stored.last_active_at = last_active_at
+            return stored, True
+
+        return await self._write(run)
 
     # -- request records --------------------------------------------------------------------------------
     _REQUEST_COLUMNS = "scope, request_id, state, owner, result, created_at, finished_at"

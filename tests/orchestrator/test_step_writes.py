@@ -1,6 +1,6 @@
-"""How a Step reaches the store, without a server: one path for every turn. An ordinary turn is one read and
-one write that records the turn and its request together; a turn that ends the episode claims its request_id
-first (it is scored after its write). Real SQLite; the orchestrator's parts wired as in production
+"""How a Step reaches the store, without a server: one path for every turn. An ordinary turn is one store
+call that reads the session, counts the turn and records its request together; a turn that ends the episode
+claims its request_id first (it is scored after its write). Real SQLite; the orchestrator's parts wired as in production
 (`Orchestrator`)."""
 
 from __future__ import annotations
@@ -81,13 +81,13 @@ def deadline() -> Deadline:
     return Deadline.from_grpc(None, 30.0)
 
 
-async def test_a_turn_is_one_read_and_one_write(parts: Any) -> None:
+async def test_a_turn_is_one_store_call(parts: Any) -> None:
     episodes, counting, store = parts
     first = await episodes.steps.step(step("r1"), deadline())
-    assert counting.calls == ["get_session", "commit"]
+    assert counting.calls == ["change_session"]
     counting.calls.clear()
     second = await episodes.steps.step(step("r2"), deadline())
-    assert counting.calls == ["get_session", "commit"]
+    assert counting.calls == ["change_session"]
     assert (first.turn, second.turn) == (1, 2)
     record = await store.get_request(STEPS, "r2")
     assert record is not None and record.state == RequestState.DONE
@@ -134,11 +134,9 @@ async def test_a_write_by_someone_else_is_seen_not_overwritten(parts: Any) -> No
         other.turn += 1
         await store.update_session(other)
 
-    counting.before["commit"] = another_replica_takes_a_turn  # between this Step's read and its write
-    counting.calls.clear()
+    counting.before["change_session"] = another_replica_takes_a_turn  # just before this Step's store call
     reply = await episodes.steps.step(step(), deadline())
     assert reply.turn == 3
-    assert counting.calls == ["get_session", "commit", "get_session", "commit"]  # lost; read, write again
     assert (await store.get_session(SID)).turn == 3
 
 

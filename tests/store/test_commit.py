@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from rlgate.store import ConflictError, RequestState, Session, SessionStatus, SessionStore, ToolCallEntry
+from rlgate.store import (
+    ConflictError,
+    RequestExists,
+    RequestState,
+    Session,
+    SessionStatus,
+    SessionStore,
+    ToolCallEntry,
+    Writes,
+)
 from tests.store.conftest import StoreFactory
 
 
@@ -132,3 +141,66 @@ async def test_racing_steps_record_exactly_the_winners(store: SessionStore, open
         results.add(record.result)
     assert results == {f"turn {n}" for n in range(1, 21)}  # each turn was recorded by exactly one step
     assert conflicts > 0
+
+
+# -- change_session: read, change and commit as one step --------------------------------------------------
+async def test_change_session_writes_what_change_returns(store: SessionStore) -> None:
+    await store.create_session(active("s1"))
+
+    def one_turn(s: Session) -> Writes:
+        s.turn += 1
+        return Writes(request=("step:-", "r1", "response-1"), new_request=True)
+
+    written, changed = await store.change_session("s1", one_turn)
+    assert changed and written is not None and (written.turn, written.version) == (1, 2)
+    assert await store.get_session("s1") == written
+    record = await store.get_request("step:-", "r1")
+    assert record is not None and record.state == RequestState.DONE and record.result == "response-1"
+
+    # The request_id exists: RequestExists carrying it, and the turn is not written.
+    with pytest.raises(RequestExists) as exists:
+        await store.change_session("s1", one_turn)
+    assert exists.value.record.result == "response-1"
+    assert (await store.get_session("s1")) == written
+    assert await store.check_invariants() == []
+
+
+async def test_change_session_writes_nothing_when_change_declines_or_raises(store: SessionStore) -> None:
+    created = await store.create_session(active("s1"))
+
+    def declines(s: Session) -> None:
+        s.turn = 99  # edited, not written
+        return None
+
+    seen, changed = await store.change_session("s1", declines)
+    assert not changed and seen is not None and seen.turn == 99 and seen.version == 1
+
+    def refuses(s: Session) -> Writes:
+        s.turn = 99
+        raise ValueError("no")
+
+    with pytest.raises(ValueError, match="no"):
+        await store.change_session("s1", refuses)
+    assert await store.get_session("s1") == created
+    assert await store.change_session("ghost", refuses) == (None, False)  # change never sees a missing one
+
+
+async def test_concurrent_changes_lose_no_update(store: SessionStore) -> None:
+    """Each change sees the other writers' turns: none is lost (one transaction on SQLite; read, change and
+    compare-and-set, again from a fresh read when another writer got there first, elsewhere)."""
+    await store.create_session(active("s1"))
+
+    def one_turn(s: Session) -> Writes:
+        s.turn += 1
+        return Writes()
+
+    await asyncio.gather(*(store.change_session("s1", one_turn) for _ in range(20)))
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.turn == 20 and stored.version == 21
+
+
+def test_writes_refuses_combinations_that_are_not_one() -> None:
+    with pytest.raises(ValueError):
+        Writes(new_request=True)
+    with pytest.raises(ValueError):
+        Writes(request=("s", "r", "x"), new_request=True, held_by="me")
