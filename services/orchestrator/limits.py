@@ -11,6 +11,7 @@ INVALID_ARGUMENT naming it. Errors echo at most `errors.MAX_ECHO` characters of 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -72,20 +73,32 @@ def check_request(request: Message, path: str = "") -> None:
     """Every string field of a request (nested messages included) with a limit, by field name, and its
     `labels`. Checked by name, so a new RPC's fields are covered by the same tables (`unlimited_fields`
     lists any string field that is in none of them, for the tests)."""
-    for fd in request.DESCRIPTOR.fields:
-        where = f"{path}{fd.name}"
+    for name, kind in _checked_fields(request.DESCRIPTOR):
+        if kind == "labels":
+            check_labels(getattr(request, name), path + name)
+        elif kind == "string":
+            check_field(name, getattr(request, name), path + name)
+        elif kind == "messages":
+            for i, item in enumerate(getattr(request, name)):
+                check_request(item, f"{path}{name}[{i}].")
+        elif request.HasField(name):
+            check_request(getattr(request, name), f"{path}{name}.")
+
+
+@functools.cache
+def _checked_fields(descriptor: Descriptor) -> tuple[tuple[str, str], ...]:
+    """(field name, how it is checked) for the fields `check_request` looks at: "labels", "string",
+    "messages" (repeated) or "message"; worked out once per message type."""
+    out: list[tuple[str, str]] = []
+    for fd in descriptor.fields:
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             if fd.name == "labels":
-                check_labels(getattr(request, fd.name), where)
+                out.append((fd.name, "labels"))
         elif fd.type == FieldDescriptor.TYPE_STRING and not fd.is_repeated:
-            check_field(fd.name, getattr(request, fd.name), where)
+            out.append((fd.name, "string"))
         elif fd.message_type is not None and not fd.message_type.full_name.startswith(_WELL_KNOWN):
-            value = getattr(request, fd.name)
-            if fd.is_repeated:
-                for i, item in enumerate(value):
-                    check_request(item, f"{where}[{i}].")
-            elif request.HasField(fd.name):
-                check_request(value, f"{where}.")
+            out.append((fd.name, "messages" if fd.is_repeated else "message"))
+    return tuple(out)
 
 
 def unlimited_fields(descriptor: Descriptor, path: str = "") -> list[str]:

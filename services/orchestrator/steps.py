@@ -76,10 +76,15 @@ class Steps:
             _count_turn(s, request)
             return True
 
+        responses: list[orchestrator_pb2.StepResponse] = []
+
         def turn(s: Session) -> orchestrator_pb2.StepResponse | None:
             """An ordinary turn's response, recorded with the turn; None for a turn that ends the episode."""
             count(s)
-            return None if s.status == SessionStatus.DONE else step_response(s)
+            if s.status == SessionStatus.DONE:
+                return None
+            responses.append(step_response(s))  # the write changes no field of it (version, updated_at)
+            return responses[-1]
 
         # An ordinary turn: read, count and record in one store call (one transaction on SQLite's thread).
         session, written = await claim.change(request.session_id, turn)
@@ -87,7 +92,7 @@ class Steps:
             raise unknown_session(request.session_id)
         if written:
             _log_turn(session, request)
-            return step_response(session)
+            return responses[-1]
 
         # This turn ends the episode: the request_id is held first, since the episode is scored after the
         # write (a repeat waits for the verifier's outcome instead of replaying a turn without it).

@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -118,9 +119,17 @@ def fingerprint(params: Mapping[str, Any]) -> dict[str, str]:
     """{field: digest of its canonical JSON value}. Object keys are sorted and whole floats are integers
     (JSON does not tell 1 from 1.0), so equal values digest equally whichever form they arrived in."""
     return {
-        name: hashlib.sha256(json_text(_canonical(value)).encode()).hexdigest()[:DIGEST_CHARS]
-        for name, value in params.items()
+        name: hashlib.sha256(_digested(_canonical(value))).hexdigest()[:DIGEST_CHARS] for name, value in params.items()
     }
+
+
+def _digested(value: Any) -> bytes:
+    """`json_text(value)` as bytes. The parameters were parsed and checked where they arrived, so the text is
+    made directly; `json_text` runs (and names the place) only for one that JSON cannot carry."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        return json_text(value).encode("utf-8")
 
 
 def check_binding(request_id: str, first: Mapping[str, str] | None, now: Mapping[str, str]) -> None:
@@ -138,6 +147,8 @@ def check_binding(request_id: str, first: Mapping[str, str] | None, now: Mapping
 
 
 def _canonical(value: Any) -> Any:
+    if isinstance(value, str | int | bool) or value is None:
+        return value
     if isinstance(value, Mapping):
         return {str(k): _canonical(value[k]) for k in sorted(value, key=str)}
     if isinstance(value, list | tuple):

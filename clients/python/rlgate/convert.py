@@ -78,25 +78,52 @@ def ensure_json(obj: Any, path: str = "$") -> None:
     ensure_finite(obj, path)
 
 
+# Where a value sits, built as a walk goes down and spelled out ($.a[0].b) only for an error: a root name,
+# or (the parent's place, key or index).
+_Place = str | tuple[Any, str | int]
+
+
+def _spelled(place: _Place) -> str:
+    parts: list[str] = []
+    while isinstance(place, tuple):
+        place, key = place
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    return place + "".join(reversed(parts))
+
+
+_SCALARS = (str, int, float, type(None))
+
+
+def _children(obj: Any, place: _Place) -> list[tuple[Any, _Place]]:
+    """The items of a JSON object or array with their places, last first (a walk's stack pops the first
+    first); nothing for a scalar."""
+    if isinstance(obj, _SCALARS):  # most values: spare them the Mapping check (an ABC, slow)
+        return []
+    if isinstance(obj, Mapping):
+        return [(item, (place, str(key))) for key, item in list(obj.items())[::-1]]
+    if isinstance(obj, list | tuple):
+        return [(obj[i], (place, i)) for i in range(len(obj) - 1, -1, -1)]
+    return []
+
+
 def _check_depth(obj: Any, path: str, depth: int, limit: int = MAX_JSON_DEPTH) -> None:
-    if isinstance(obj, Mapping | list | tuple):
-        if depth > limit:
-            raise JsonTooDeepError(f"{path} is nested deeper than {limit} levels")
-        items = obj.items() if isinstance(obj, Mapping) else enumerate(obj)
-        for key, item in items:
-            _check_depth(item, f"{path}.{key}" if isinstance(obj, Mapping) else f"{path}[{key}]", depth + 1, limit)
+    stack: list[tuple[Any, _Place, int]] = [(obj, path, depth)]
+    while stack:
+        item, place, level = stack.pop()
+        if not isinstance(item, _SCALARS) and isinstance(item, Mapping | list | tuple):
+            if level > limit:
+                raise JsonTooDeepError(f"{_spelled(place)} is nested deeper than {limit} levels")
+            stack.extend((child, where, level + 1) for child, where in _children(item, place))
 
 
 def ensure_finite(obj: Any, path: str = "$") -> None:
     """Raise NonFiniteNumberError naming the first NaN/Infinity found in a JSON-shaped value."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        raise NonFiniteNumberError(f"{path} is {obj!r}; JSON numbers must be finite")
-    if isinstance(obj, Mapping):
-        for key, item in obj.items():
-            ensure_finite(item, f"{path}.{key}")
-    elif isinstance(obj, list | tuple):
-        for i, item in enumerate(obj):
-            ensure_finite(item, f"{path}[{i}]")
+    stack: list[tuple[Any, _Place]] = [(obj, path)]
+    while stack:
+        item, place = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise NonFiniteNumberError(f"{_spelled(place)} is {item!r}; JSON numbers must be finite")
+        stack.extend(_children(item, place))
 
 
 # ---- JSON text: how rlgate carries JSON it passes on (see common.proto) ----------------------------------
@@ -199,20 +226,18 @@ def _finite_float(text: str) -> float:
 
 
 def _check_surrogates(value: Any, what: str) -> None:
-    stack: list[tuple[Any, str]] = [(value, what)]
+    stack: list[tuple[Any, _Place]] = [(value, what)]
     while stack:
-        item, path = stack.pop()
+        item, place = stack.pop()
         if isinstance(item, str):
             if _SURROGATE.search(item):
                 raise InvalidJsonValue(
-                    f"the string at {path} contains a lone UTF-16 surrogate, which JSON text cannot carry"
+                    f"the string at {_spelled(place)} contains a lone UTF-16 surrogate, which JSON text cannot carry"
                 )
         elif isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if _SURROGATE.search(key):
                     raise InvalidJsonValue(
-                        f"a key in {path} contains a lone UTF-16 surrogate, which JSON text cannot carry"
+                        f"a key in {_spelled(place)} contains a lone UTF-16 surrogate, which JSON text cannot carry"
                     )
-                stack.append((child, f"{path}.{key}"))
-        elif isinstance(item, list):
-            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+        stack.extend(_children(item, place))
