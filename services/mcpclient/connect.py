@@ -53,20 +53,27 @@ def connect_error(url: str, exc: BaseException) -> Exception:
 async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIterator[Client]:
     """An entered mcp `Client` (auto era detection) on a fresh httpx2 client with the shared settings.
     Enter and exit in the same task (the SDK's cancel scopes require it). Handshake failures raise
-    EndpointNotFound / CallNotSent."""
-    async with contextlib.AsyncExitStack() as stack:
-        try:
-            hc = await stack.enter_async_context(http.client())
-            # SSE events may be as large as a whole reply; the transport bounds the reply itself.
-            transport = streamable_http_client(url, http_client=hc, max_sse_event_size=http.max_reply_bytes)
-            client = Client(transport, read_timeout_seconds=timeout_s, cache=None)
-            entered = await stack.enter_async_context(client)
-        except Exception as exc:
-            raise connect_error(url, exc) from exc
-        except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
-            raise connect_error(url, exc) from exc
-        _forward_only(entered)
-        yield entered
+    EndpointNotFound / CallNotSent; what the block raises is raised as it was, not wrapped in the exception
+    group of the SDK's task group."""
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                hc = await stack.enter_async_context(http.client())
+                # SSE events may be as large as a whole reply; the transport bounds the reply itself.
+                transport = streamable_http_client(url, http_client=hc, max_sse_event_size=http.max_reply_bytes)
+                client = Client(transport, read_timeout_seconds=timeout_s, cache=None)
+                entered = await stack.enter_async_context(client)
+            except Exception as exc:
+                raise connect_error(url, exc) from exc
+            except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
+                raise connect_error(url, exc) from exc
+            _forward_only(entered)
+            yield entered
+    except BaseExceptionGroup as group:
+        found = leaves(group)
+        if len(found) == 1 and isinstance(found[0], Exception):
+            raise found[0] from None
+        raise
 
 
 async def _results_pass_through(name: str, result: mt.CallToolResult) -> None:

@@ -5,6 +5,9 @@ Every call goes through the link's SDK session (`Client.call_tool`), in either e
 of the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
 never reached the upstream is retried: a failed handshake, a connection that was never made, a link found
 dead before sending, or a -32600 session rejection (the server refused the request without running it).
+A JSON-RPC error the server answered is its answer, whatever its code: the SDK's own "connection closed"
+(-32000) and "request timed out" (-32001) lie in the range servers use for their own errors, so they mean
+a lost connection or a timeout only when the transport read no reply.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ _rebuilds = metrics.counter(
 def _is_session_gone(exc: MCPError) -> bool:
     msg = exc.message.lower()
     return exc.code == INVALID_REQUEST and ("session not found" in msg or "session terminated" in msg)
+
+
+def _is_lost(exc: MCPError, ex: Exchange) -> bool:
+    """The connection went away under the request (the transport saw it fail, or the SDK says so and no reply
+    was read), rather than the server answering -32000 itself."""
+    return bool(ex.lost) or (exc.code == CONNECTION_CLOSED and not ex.replied)
 
 
 class EndpointClient:
@@ -174,15 +183,9 @@ class EndpointClient:
     async def _list(self, timeout_s: float, since: float) -> list[mt.Tool]:
         for attempt in range(2):
             try:
-                link, _ = await self._get_link(timeout_s)
-                await self._relist(link, since)  # a no-op when a new connection has just listed
-            except EndpointNotFound:
-                raise
-            except MCPError as exc:
-                if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and attempt == 0:
-                    self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
+                link, _ = await self._get_link(timeout_s)  # outside the exchange: a new link's task copies it
+                if not await self._relist_once(link, since, last=attempt == 1):
                     continue
-                raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
             except CallNotSent:
                 if attempt == 0 and self._link is not None and self._link.dead:
                     continue
@@ -191,6 +194,19 @@ class EndpointClient:
                 raise EndpointNotFound(self.not_found)
             return self.tools if self.tools is not None else []
         raise UpstreamUnavailable(f"{self.url}: tools/list failed twice")
+
+    async def _relist_once(self, link: Link, since: float, *, last: bool) -> bool:
+        """`_relist` on `link`; False: its connection was lost (or its session forgotten), try a new one."""
+        with exchange() as ex:
+            try:
+                await self._relist(link, since)  # a no-op when a new connection has just listed
+            except MCPError as exc:
+                gone = _is_session_gone(exc)
+                if (gone or _is_lost(exc, ex)) and not last:
+                    self._discard(link, "session_gone" if gone else "connection_lost")
+                    return False
+                raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
+        return True
 
     # -- calls ----------------------------------------------------------------------------------------------
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> mt.CallToolResult:
@@ -252,15 +268,14 @@ class EndpointClient:
         Nothing of the call has been sent yet, so every failure here is CallNotSent or a CallTimedOut
         that was not sent."""
         try:
-            await asyncio.wait_for(self._relist(link, time.monotonic()), max(deadline - time.monotonic(), 0.001))
+            relisted = self._relist_once(link, time.monotonic(), last=last)
+            return await asyncio.wait_for(relisted, max(deadline - time.monotonic(), 0.001))
         except TimeoutError as exc:
             raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
-        except MCPError as exc:
-            if (exc.code == CONNECTION_CLOSED or _is_session_gone(exc)) and not last:
-                self._discard(link, "session_gone" if _is_session_gone(exc) else "connection_lost")
-                return False
-            raise CallNotSent(f"{self.url}: tools/list before {name!r} failed: {exc.message}") from exc
-        return True
+        except CallNotSent:
+            raise
+        except UpstreamUnavailable as exc:
+            raise CallNotSent(f"{exc} (listing before {name!r})") from exc
 
     def _failure(
         self, link: Link, name: str, exc: MCPError, ex: Exchange, timeout_s: float, *, last: bool
@@ -276,12 +291,12 @@ class EndpointClient:
             return CallNotSent(f"{self.url}: upstream session rejected twice: {exc.message}")
         if ex.never_sent:
             return CallNotSent(ex.unsent)
-        if ex.lost or exc.code == CONNECTION_CLOSED:
+        if _is_lost(exc, ex):
             self._discard(link, "connection_lost")
             return CallLost(f"{self.url}: connection lost during {name!r}: {ex.lost or exc.message}")
-        if exc.code == REQUEST_TIMEOUT:
+        if exc.code == REQUEST_TIMEOUT and not ex.replied:
             return CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=True)
-        return CallRejected(exc.message, exc.code)
+        return CallRejected(exc.message, exc.code)  # the server answered with an error
 
     async def close(self) -> None:
         link, self._link = self._link, None

@@ -18,13 +18,14 @@ import weakref
 
 import anyio
 import mcp_types as mt
-from mcp import Client
+from mcp import Client, MCPError
+from mcp_types import METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rlgate.mcpclient.catalog import listing_key
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
-from rlgate.mcpclient.transport import HttpSettings
+from rlgate.mcpclient.transport import HttpSettings, exchange
 from rlgate.runtime import metrics
 from rlgate.runtime.errors import MAX_MESSAGE, clip
 
@@ -115,7 +116,7 @@ class Link:
         opened = False
         try:
             async with open_client(self.url, self._http, self._timeout) as client:
-                self.set_tools(await list_tools_forwarding(client))
+                self.set_tools(await self._first_listing(client))
                 self.client, self.era, opened = client, client.protocol_version, True
                 _open_clients.inc()
                 _connects.labels("ok").inc()
@@ -138,6 +139,18 @@ class Link:
             self.client = None
             if opened:
                 _open_clients.dec()
+
+    async def _first_listing(self, client: Client) -> list[mt.Tool]:
+        """The listing that completes connecting. An error the server answered (read by the transport) fails
+        it as an upstream error; any other failure is the connection's, which `connect_error` sorts (a 404:
+        EndpointNotFound; else CallNotSent, and the caller may connect again)."""
+        with exchange() as ex:
+            try:
+                return await list_tools_forwarding(client)
+            except MCPError as exc:
+                if not ex.replied or exc.code == METHOD_NOT_FOUND:
+                    raise
+                raise UpstreamUnavailable(f"{self.url}: tools/list failed: {exc.message}") from exc
 
     def stop(self) -> None:
         self.dead = True

@@ -13,7 +13,9 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
 - a transport failure becomes a per-request JSON-RPC error answer. Raised, it would escape into the SDK's
   task group and tear the whole client down with every call in flight (mcp issue #3522);
 - the call's `Exchange` records whether a failed request could have reached the server: a connection that
-  was never made proves it did not, anything later does not (`CallNotSent` vs `CallLost`);
+  was never made proves it did not, anything later does not (`CallNotSent` vs `CallLost`); and whether the
+  server's reply was read, which tells a JSON-RPC error the server answered from the SDK's own "connection
+  closed": both use -32000, the first code of the range servers answer their own errors with;
 - replies are asked for uncompressed and a compressed one is refused, so the bytes counted are the bytes
   the SDK parses (a small compressed reply could otherwise expand without bound);
 - the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
@@ -26,6 +28,7 @@ W3C `traceparent` / `tracestate` headers (the SDK writes the same into the reque
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -64,6 +67,7 @@ class Exchange:
     unsent: str = ""  # why a request did not reach the server
     lost: str = ""  # why a request that may have reached the server failed
     refused: CallRejected | None = None  # the server answered, but the reply was not accepted
+    replied: bool = False  # the server's reply to the latest request was read (so its error is the server's)
     ended: bool = False
     _waiting: dict[anyio.CancelScope, httpx2.Request] = field(default_factory=dict)  # for their reply's head
     _reading: set[ReplyStream] = field(default_factory=set)
@@ -121,7 +125,10 @@ class _ReplyLost(httpx2.StreamError):
 
 
 class ReplyStream(httpx2.AsyncByteStream):
-    """A reply's body as it arrives: counted, cut past the limit, abandoned when its call ends."""
+    """A reply's body as it arrives: counted, cut past the limit, abandoned when its call ends; and whether the
+    SDK took the server's reply from it (`Exchange.replied`): a JSON body read to its end, or an SSE stream its
+    reader closed before the end (the SDK stops reading once the response event came; a stream that ends,
+    fails or is cancelled first carried none)."""
 
     def __init__(
         self, inner: httpx2.AsyncByteStream, limit: int, url: str, sse: bool, exchange: Exchange | None
@@ -134,6 +141,8 @@ class ReplyStream(httpx2.AsyncByteStream):
         self._exchange = exchange
         self._scope: anyio.CancelScope | None = None
         self._abandoned = exchange is not None and exchange.ended
+        self._ended = False  # its end was read
+        self._failed = False  # reading it raised: cut off, abandoned, connection lost, cancelled
         self.received = 0
 
     def abandon(self) -> None:
@@ -150,17 +159,26 @@ class ReplyStream(httpx2.AsyncByteStream):
 
     async def __anext__(self) -> bytes:
         assert self._chunks is not None
-        chunk = await self._next(self._chunks)
+        try:
+            chunk = await self._next(self._chunks)
+        except StopAsyncIteration:
+            self._ended = True
+            if not self._sse and self.received and self._exchange is not None:
+                self._exchange.replied = True
+            raise
+        except BaseException:
+            self._failed = True
+            raise
         self.received += len(chunk)
         if self.received > self._limit:
-            refused = ReplyTooLarge(
-                f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
-                "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
-                "(a narrower query, fewer items, a page)",
-                INTERNAL_ERROR,
-            )
+            self._failed = True
             if self._exchange is not None:
-                self._exchange.refused = refused
+                self._exchange.refused = ReplyTooLarge(
+                    f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
+                    "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
+                    "(a narrower query, fewer items, a page)",
+                    INTERNAL_ERROR,
+                )
             raise ReplyCut(f"{self._url}: reply larger than {self._limit} bytes; cut off")
         return chunk
 
@@ -186,7 +204,15 @@ class ReplyStream(httpx2.AsyncByteStream):
     async def aclose(self) -> None:
         if self._exchange is not None:
             self._exchange._reading.discard(self)
+            if self._sse and self.received and not (self._ended or self._failed or _unwinding()):
+                self._exchange.replied = True
         await self._inner.aclose()
+
+
+def _unwinding() -> bool:
+    """The current task is being cancelled: a stream it closes now is abandoned, not finished."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _describe(exc: BaseException) -> str:
@@ -226,6 +252,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
         waiting = anyio.CancelScope()
         if ex is not None:
             ex.started += 1
+            ex.replied = False
             ex._waiting[waiting] = request
             if ex.ended and _expects_reply(request):
                 waiting.cancel()

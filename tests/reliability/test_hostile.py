@@ -581,17 +581,6 @@ async def test_nested_structured_content(stack: AuditedStack, clients: Clients, 
     assert "structured content omitted" in deepish.content[-1].text.text, deepish
 
 
-SERVER_ERROR_FINDING = (
-    "finding: a JSON-RPC error the upstream sends with code -32000 (the range servers use for their own errors, "
-    "-32000..-32099) is taken for the SDK's CONNECTION_CLOSED (also -32000): the gateway answers UNAVAILABLE "
-    "'connection lost' (retryable), records OUTCOME_UNKNOWN for the request_id and drops the upstream "
-    "connection, instead of an is_error TOOL_FAILED carrying the server's message. Fix: "
-    "services/mcpclient/endpoint.py EndpointClient._failure (and list_tools / _list_before_call): a lost "
-    "connection is what the transport saw (Exchange.lost / never_sent), not the error code"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=SERVER_ERROR_FINDING)
 @pytest.mark.parametrize("era", ERA_NAMES)
 async def test_server_error_code(stack: AuditedStack, clients: Clients, figures: Figures, era: str) -> None:
     """The upstream answers tools/call with a JSON-RPC error -32000 ('Server error: database is locked'): the

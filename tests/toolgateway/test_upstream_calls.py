@@ -1,6 +1,10 @@
 """Tool calls through the one upstream path (the mcp SDK session, both eras) against a misbehaving upstream
-(`http_server`): what a failure means (never sent / lost / timed out), the reply limit, and that a call that
-ends stops reading its reply. The server's side of the wire is observed: bytes it got out, the client leaving."""
+(`http_server`): what a failure means (never sent / lost / timed out / answered with an error), the reply
+limit, and that a call that ends stops reading its reply; tool listings: lost or answered with an error.
+The server's side of the wire is observed: bytes it got out, the client leaving.
+
+Behaviours this module adds to the front (`server_error`, `sse_ends`) are registered in its `BEHAVIOURS`
+here; `ListingUpstream` answers `tools/list` itself when told to."""
 
 from __future__ import annotations
 
@@ -9,10 +13,13 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from starlette.types import Receive, Scope, Send
 
 from rlgate.mcpclient.errors import (
     CallLost,
@@ -20,6 +27,7 @@ from rlgate.mcpclient.errors import (
     CallRejected,
     CallTimedOut,
     ReplyTooLarge,
+    UpstreamUnavailable,
 )
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.session import SessionUpstreams
@@ -29,7 +37,7 @@ from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.toolgateway.conftest import gateway_config
-from tests.toolgateway.http_server import ERAS, HostileUpstream, hostile_upstream
+from tests.toolgateway.http_server import BEHAVIOURS, ERAS, HostileCall, HostileUpstream, hostile_upstream
 
 MiB = 2**20
 # What the server can get out past the limit before it sees the client go: loopback socket buffers at both
@@ -177,10 +185,8 @@ async def test_a_reply_limit_of_the_settings_applies(upstream: HostileUpstream) 
 # 4. Through the gateway: a reply past the limit is a TOOL_FAILED result, recorded, never run again
 
 
-async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
-    upstream: HostileUpstream, store: SessionStore
-) -> None:
-    handle = await start_gateway(gateway_config(upstream_max_reply_bytes=MiB), store)
+async def open_session(store: SessionStore, upstream: HostileUpstream) -> str:
+    """An active session on `upstream` in the store; its agent token."""
     token = secrets.token_urlsafe(24)
     await store.create_session(
         Session(
@@ -195,6 +201,14 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
             expires_at=time.time() + 3600,
         )
     )
+    return token
+
+
+async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
+    upstream: HostileUpstream, store: SessionStore
+) -> None:
+    handle = await start_gateway(gateway_config(upstream_max_reply_bytes=MiB), store)
+    token = await open_session(store, upstream)
     request = toolgateway_pb2.CallToolRequest(
         name="flood", request_id="big-1", arguments_json=json.dumps({"kind": "sse", "total": 100 * MiB})
     )
@@ -211,3 +225,200 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
     assert f"larger than {MiB} bytes" in result.error_message and "the tool ran" in result.error_message
     assert again.replayed and again.result == result
     assert upstream.calls["flood"] == 1
+
+
+# 5. An error the server answers is its answer, also with the codes the SDK uses for its own failures: -32000
+# (its "connection closed") and -32001 (its "request timed out") open the range servers use for their own
+# errors. A reply that never came is still a lost connection.
+
+SERVER_ERROR = "Server error: database is locked"
+
+
+def rpc_error(rid: object, code: int, message: str = SERVER_ERROR) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}).encode()
+
+
+async def server_error(call: HostileCall) -> None:
+    """A JSON-RPC error with `code` as the reply to the call: as a JSON body (`kind` json), at HTTP 500
+    (status), as one SSE event ending the stream (sse) or one the stream stays open after (sse-open)."""
+    kind, code = call.arguments.get("kind", "json"), int(call.arguments.get("code", CONNECTION_CLOSED))
+    error = rpc_error(call.message["id"], code)
+    if kind == "status":
+        await call.send({"type": "http.response.start", "status": 500,
+                         "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await call.body(error, more=False)
+    elif kind == "json":
+        await call.head("application/json")
+        await call.body(error, more=False)
+    else:
+        await call.head("text/event-stream")
+        await call.body(b"event: message\ndata: " + error + b"\n\n", more=kind == "sse-open")
+        if kind == "sse-open":
+            await call.disconnected.wait()
+
+
+async def sse_ends(call: HostileCall) -> None:
+    """An SSE reply that ends cleanly after a notification, without the response."""
+    await call.head("text/event-stream")
+    note = b'{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"working"}}'
+    await call.body(b"event: message\ndata: " + note + b"\n\n", more=False)
+
+
+BEHAVIOURS.update({"server_error": server_error, "sse_ends": sse_ends})
+
+
+@pytest.mark.parametrize("code", [CONNECTION_CLOSED, REQUEST_TIMEOUT])
+@pytest.mark.parametrize("kind", ["json", "status", "sse", "sse-open"])
+async def test_an_error_the_server_answers_is_its_answer(
+    upstream: HostileUpstream, ups: SessionUpstreams, kind: str, code: int
+) -> None:
+    link = ups.clients[upstream.url]._link
+    with pytest.raises(CallRejected, match="database is locked") as err:
+        await ups.call(upstream.url, "server_error", {"kind": kind, "code": code}, 10.0)
+    assert err.value.code == code and not isinstance(err.value, ReplyTooLarge)
+    assert upstream.calls["server_error"] == 1  # not retried
+    assert ups.clients[upstream.url]._link is link  # the connection is kept: nothing was lost
+    assert (await ups.call(upstream.url, "add", {"n": 1}, 10.0)).content[0].text == "2"  # type: ignore[union-attr]
+
+
+async def test_an_sse_reply_ending_without_the_response_is_lost(
+    upstream: HostileUpstream, ups: SessionUpstreams
+) -> None:
+    with pytest.raises(CallLost, match="connection lost"):
+        await ups.call(upstream.url, "sse_ends", {}, 10.0)
+    assert upstream.calls["sse_ends"] == 1
+
+
+# 6. Tool listings: an error the server answers fails the listing (no new connection); a connection lost
+# under it is listed again on a new one.
+
+Listing = Callable[[Scope, Send, dict[str, Any]], Awaitable[None]]
+
+
+class ListingUpstream(HostileUpstream):
+    """Answers `tools/list` with `listing` while it is set (else the SDK's server lists `add` and the hostile
+    tools); `listed` counts the listings it answered."""
+
+    def __init__(self, era: str) -> None:
+        super().__init__(era)
+        self.listing: Listing | None = None
+        self.listed = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.listing is None or scope["type"] != "http" or scope["method"] != "POST":
+            await super().__call__(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        request = json.loads(body) if body else {}
+        if request.get("method") != "tools/list":
+            await super().__call__(scope, replay(body, receive), send)
+            return
+        self.listed += 1
+        await self.listing(scope, send, request)
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the front after this one has read the request body."""
+    sent = False
+
+    async def again() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return dict(await receive())
+
+    return again
+
+
+async def answer(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def tools_reply(era: str, rid: object, tools: list[dict[str, Any]]) -> bytes:
+    result: dict[str, Any] = {"tools": tools}
+    if era == "modern":  # what a 2026-07-28 listing carries
+        result.update(resultType="complete", ttlMs=0, cacheScope="private")
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode()
+
+
+@pytest.fixture(params=ERAS)
+async def lister(request: pytest.FixtureRequest) -> AsyncIterator[ListingUpstream]:
+    upstream = ListingUpstream(str(request.param))
+    await upstream.start()
+    try:
+        yield upstream
+    finally:
+        await upstream.stop()
+
+
+async def test_a_listing_the_server_answers_with_an_error_fails_without_reconnecting(lister: ListingUpstream) -> None:
+    pool, ups = await session_on(lister)
+    try:
+        client = ups.clients[lister.url]
+        link = client._link
+
+        async def locked(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+            await answer(send, rpc_error(request["id"], CONNECTION_CLOSED))
+
+        lister.listing = locked
+        with pytest.raises(UpstreamUnavailable, match="tools/list failed: Server error: database is locked"):
+            await client.list_tools(10.0, refresh=True)
+        assert lister.listed == 1  # not listed again on a new connection
+        assert client._link is link
+    finally:
+        await pool.close()
+
+
+async def test_a_listing_whose_connection_drops_is_listed_again_on_a_new_one(lister: ListingUpstream) -> None:
+    pool, ups = await session_on(lister)
+    try:
+        client = ups.clients[lister.url]
+        link = client._link
+
+        async def dropped(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+            lister.listing = None  # the next listing (on the new connection) is the server's own
+            assert lister.tracker.abort(scope["client"])
+
+        lister.listing = dropped
+        tools = await client.list_tools(10.0, refresh=True)
+        assert "add" in [t.name for t in tools]
+        assert lister.listed == 1 and client._link is not link  # lost, so listed again on a new connection
+    finally:
+        await pool.close()
+
+
+async def test_gateway_answers_a_server_error_with_tool_failed(lister: ListingUpstream, store: SessionStore) -> None:
+    """Through the gateway: the server's -32000 is an is_error TOOL_FAILED result carrying its message (not
+    UNAVAILABLE 'connection lost' and OUTCOME_UNKNOWN), recorded for the request_id like any answer."""
+
+    async def listed(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+        await answer(
+            send, tools_reply(lister.era, request["id"], [{"name": "server_error", "inputSchema": {"type": "object"}}])
+        )
+
+    lister.listing = listed
+    handle = await start_gateway(gateway_config(), store)
+    token = await open_session(store, lister)
+    request = toolgateway_pb2.CallToolRequest(
+        name="server_error", request_id="locked-1", arguments_json=json.dumps({"kind": "json"})
+    )
+    try:
+        async with grpc.aio.insecure_channel(handle.address) as channel:
+            stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+            metadata = (("authorization", f"Bearer {token}"),)
+            first = await stub.CallTool(request, metadata=metadata, timeout=30)
+            again = await stub.CallTool(request, metadata=metadata, timeout=30)
+    finally:
+        await handle.stop(grace=0)
+    result = first.result
+    assert result.is_error and result.error_kind == common_pb2.TOOL_ERROR_KIND_TOOL_FAILED, result
+    assert SERVER_ERROR in result.error_message and str(CONNECTION_CLOSED) in result.error_message
+    assert again.replayed and again.result == result
+    assert lister.calls["server_error"] == 1
