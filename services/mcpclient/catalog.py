@@ -12,8 +12,9 @@ Bounds: an upstream chooses what it lists, so a listing is cut to MAX_TOOLS tool
 specs (MAX_PAGES pages at most), and a tool is left out when its spec is larger than MAX_TOOL_BYTES, its
 schemas are JSON text cannot carry (nested past its depth bound, NaN), or its name is one CallTool refuses.
 Left-out tools are logged once per distinct listing (one warning naming a few of them) and remembered by
-name (`ToolList.left_out`), so a call of one is told why. The specs are made once per listing, page by
-page off the event loop (a schema of megabytes takes seconds to walk), and kept with the tools.
+name (`ToolList.left_out`), so a call of one is told why. One page's reply is bounded before the SDK parses
+it (`transport.MAX_PAGE_BYTES`; a larger page refuses the listing). The specs are made once per listing,
+page by page off the event loop (a schema of megabytes takes seconds to walk), and kept with the tools.
 """
 
 from __future__ import annotations
@@ -178,11 +179,6 @@ def _prepare_one(tool: mt.Tool) -> _Prepared:
     return _Prepared(spec, size, "", digest)
 
 
-def _prepare_all(tools: Sequence[mt.Tool]) -> list[_Prepared]:
-    """Specs of a page of tools (pure: runs on a worker thread)."""
-    return [_prepare_one(t) for t in tools]
-
-
 def _remember(tool: mt.Tool, prepared: _Prepared) -> _Prepared:
     key = id(tool)
 
@@ -226,6 +222,17 @@ def _warn_left_out(left_out: Mapping[str, str], what: str) -> None:
     while len(_warned) > 1024:
         _warned.popitem(last=False)
     log.log(level, "%s: %d tools left out: %s", what, len(left_out), text)
+
+
+def _take_page(
+    tools: Sequence[mt.Tool], count: int, size: int, left_out: dict[str, str]
+) -> tuple[list[mt.Tool], int, int]:
+    """The tools of a page that fit after `count` tools and `size` bytes were kept, each with its spec made
+    and remembered; the others into `left_out`. Runs on a worker thread: it walks every schema."""
+    fits, count, size = _kept(((tool, _prepare_one(tool)) for tool in tools), count, size, left_out)
+    for tool, prepared in fits:
+        _remember(tool, prepared)
+    return [tool for tool, _ in fits], count, size
 
 
 def _kept(
@@ -314,11 +321,8 @@ async def list_all_tools(client: Client, *, max_pages: int = MAX_PAGES) -> ToolL
     cursor: str | None = None
     for _ in range(max_pages):
         page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-        prepared = await asyncio.to_thread(_prepare_all, page.tools)
-        fits, count, size = _kept(zip(page.tools, prepared, strict=True), count, size, left_out)
-        for tool, p in fits:
-            kept.append(tool)
-            _remember(tool, p)
+        fits, count, size = await asyncio.to_thread(_take_page, page.tools, count, size, left_out)
+        kept.extend(fits)
         cursor = page.next_cursor
         if not cursor:
             break

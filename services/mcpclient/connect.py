@@ -16,8 +16,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import METHOD_NOT_FOUND
 
 from rlgate.mcpclient.catalog import list_all_tools
-from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound
-from rlgate.mcpclient.transport import HttpSettings
+from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
+from rlgate.mcpclient.transport import HttpSettings, listing
 
 
 def _expected_termination(record: logging.LogRecord) -> bool:
@@ -101,8 +101,18 @@ def forget_output_schemas(client: Client) -> None:
         schemas.clear()
 
 
-async def list_tools_forwarding(client: Client) -> list[mt.Tool]:
-    """Every page of the client's tools/list, without leaving a per-client copy of the schemas in the SDK."""
-    tools = await list_all_tools(client)
+async def list_tools_forwarding(client: Client, url: str = "") -> list[mt.Tool]:
+    """Every page of the client's tools/list, each reply bounded by `max_page_bytes`, without leaving a
+    per-client copy of the schemas in the SDK. A page past the bound raises UpstreamUnavailable (the listing
+    is refused whole: the tools of a page cut off cannot be read); other failures raise as the SDK's
+    `MCPError`, and the transport's record of them is in the current `Exchange` when the caller opened one."""
+    with listing() as ex:
+        try:
+            tools = await list_all_tools(client)
+        except MCPError as exc:
+            if ex.refused is not None:
+                where = f"{url}: " if url else ""
+                raise UpstreamUnavailable(f"{where}tools/list refused: {ex.refused}") from exc
+            raise
     forget_output_schemas(client)
     return tools

@@ -110,7 +110,7 @@ class Link:
                 client = self.client
                 if client is None:
                     raise CallNotSent(f"{self.url}: connection closed before tools/list was sent")
-                self.set_tools(await list_tools_forwarding(client))
+                self.set_tools(await list_tools_forwarding(client, self.url))
 
     async def run(self) -> None:
         opened = False
@@ -146,7 +146,7 @@ class Link:
         EndpointNotFound; else CallNotSent, and the caller may connect again)."""
         with exchange() as ex:
             try:
-                return await list_tools_forwarding(client)
+                return await list_tools_forwarding(client, self.url)
             except MCPError as exc:
                 if not ex.replied or exc.code == METHOD_NOT_FOUND:
                     raise

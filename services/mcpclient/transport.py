@@ -16,6 +16,8 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
   was never made proves it did not, anything later does not (`CallNotSent` vs `CallLost`); and whether the
   server's reply was read, which tells a JSON-RPC error the server answered from the SDK's own "connection
   closed": both use -32000, the first code of the range servers answer their own errors with;
+- a tool listing's replies (`listing`) are bounded more tightly, by `max_page_bytes` each: the SDK parses
+  and validates a page on the event loop in one go, so its size is how long every other call waits;
 - replies are asked for uncompressed and a compressed one is refused, so the bytes counted are the bytes
   the SDK parses (a small compressed reply could otherwise expand without bound);
 - the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
@@ -46,6 +48,9 @@ from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
 from rlgate.runtime import tracing
 
 MAX_REPLY_BYTES = 8 * 2**20
+# One tools/list reply (a page). The SDK's parse of a page holds the event loop in proportion to its bytes;
+# this many hold MAX_TOOLS tools of ~200 bytes (catalog), and a server listing more pages its listing.
+MAX_PAGE_BYTES = 2 * 2**20
 KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
 
 # Failures that prove the request never reached the server: no connection was made, or the request could
@@ -68,6 +73,7 @@ class Exchange:
     lost: str = ""  # why a request that may have reached the server failed
     refused: CallRejected | None = None  # the server answered, but the reply was not accepted
     replied: bool = False  # the server's reply to the latest request was read (so its error is the server's)
+    listing: bool = False  # the requests list tools: each reply (a page) is bounded by `max_page_bytes`
     ended: bool = False
     _waiting: dict[anyio.CancelScope, httpx2.Request] = field(default_factory=dict)  # for their reply's head
     _reading: set[ReplyStream] = field(default_factory=set)
@@ -112,6 +118,23 @@ def exchange() -> Iterator[Exchange]:
     finally:
         current_exchange.reset(token)
         ex.end()
+
+
+@contextlib.contextmanager
+def listing() -> Iterator[Exchange]:
+    """The requests made inside the block list tools (each reply bounded by the transport's `max_page_bytes`):
+    in the current exchange, whose owner reads what the transport saw, or in one of the block's own."""
+    ex = current_exchange.get()
+    if ex is None:
+        with exchange() as ex:
+            ex.listing = True
+            yield ex
+        return
+    outer, ex.listing = ex.listing, True
+    try:
+        yield ex
+    finally:
+        ex.listing = outer
 
 
 class ReplyCut(httpx2.SSEError, httpx2.StreamError):
@@ -173,14 +196,24 @@ class ReplyStream(httpx2.AsyncByteStream):
         if self.received > self._limit:
             self._failed = True
             if self._exchange is not None:
-                self._exchange.refused = ReplyTooLarge(
-                    f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
-                    "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
-                    "(a narrower query, fewer items, a page)",
-                    INTERNAL_ERROR,
-                )
+                self._exchange.refused = self._too_large(self._exchange.listing)
             raise ReplyCut(f"{self._url}: reply larger than {self._limit} bytes; cut off")
         return chunk
+
+    def _too_large(self, listing: bool) -> ReplyTooLarge:
+        if listing:
+            return ReplyTooLarge(
+                f"its tools/list reply was larger than {self._limit} bytes (rlgate's limit for one page of a "
+                "tool listing) and was cut off, so none of its tools are listed; a server with this many tools "
+                "must page its listing (tools/list cursors)",
+                INTERNAL_ERROR,
+            )
+        return ReplyTooLarge(
+            f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
+            "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
+            "(a narrower query, fewer items, a page)",
+            INTERNAL_ERROR,
+        )
 
     async def _next(self, chunks: AsyncIterator[bytes]) -> bytes:
         # A cancel scope per read, entered and left in the reading task, so `abandon` (from the caller's
@@ -238,9 +271,10 @@ def _standalone_stream(request: httpx2.Request) -> bool:
 class UpstreamTransport(httpx2.AsyncBaseTransport):
     """The transport under every upstream MCP client (see the module docstring)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int) -> None:
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int, max_page_bytes: int) -> None:
         self._inner = inner
         self._limit = max_reply_bytes
+        self._page_limit = min(max_page_bytes, max_reply_bytes)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if _standalone_stream(request):
@@ -250,10 +284,13 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
         url = str(request.url)
         # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task.
         waiting = anyio.CancelScope()
+        limit = self._limit
         if ex is not None:
             ex.started += 1
             ex.replied = False
             ex._waiting[waiting] = request
+            if ex.listing:
+                limit = self._page_limit
             if ex.ended and _expects_reply(request):
                 waiting.cancel()
         try:
@@ -287,7 +324,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             return _failure(request, 502, f"{url}: {message}", INTERNAL_ERROR)
         sse = response.headers.get("content-type", "").lower().startswith("text/event-stream")
         assert isinstance(response.stream, httpx2.AsyncByteStream)
-        stream = ReplyStream(response.stream, self._limit, url, sse, ex)
+        stream = ReplyStream(response.stream, limit, url, sse, ex)
         return httpx2.Response(
             response.status_code,
             headers=response.headers,
@@ -302,12 +339,13 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
 
 @dataclass(frozen=True)
 class HttpSettings:
-    """Connection settings shared by every upstream client: one SSL context, limits, timeouts, reply limit."""
+    """Connection settings shared by every upstream client: one SSL context, limits, timeouts, reply limits."""
 
     ssl_context: ssl.SSLContext
     limits: httpx2.Limits
     timeout: httpx2.Timeout
     max_reply_bytes: int = MAX_REPLY_BYTES
+    max_page_bytes: int = MAX_PAGE_BYTES
     trust_env: bool = False
 
     _shared: ClassVar[HttpSettings | None] = None
@@ -320,6 +358,7 @@ class HttpSettings:
         max_connections: int = 8,
         keepalive_s: float = KEEPALIVE_S,
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        max_page_bytes: int = MAX_PAGE_BYTES,
         trust_env: bool = False,
     ) -> HttpSettings:
         # One SSL context for all clients: a default client builds its own (~1 MB, ~30 ms).
@@ -331,7 +370,12 @@ class HttpSettings:
             max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=keepalive_s
         )
         return cls(
-            ssl_context=ctx, limits=limits, timeout=timeout, max_reply_bytes=max_reply_bytes, trust_env=trust_env
+            ssl_context=ctx,
+            limits=limits,
+            timeout=timeout,
+            max_reply_bytes=max_reply_bytes,
+            max_page_bytes=max_page_bytes,
+            trust_env=trust_env,
         )
 
     @classmethod
@@ -343,7 +387,7 @@ class HttpSettings:
     def client(self) -> httpx2.AsyncClient:
         pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
         return httpx2.AsyncClient(
-            transport=UpstreamTransport(pooled, self.max_reply_bytes),
+            transport=UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes),
             timeout=self.timeout,
             trust_env=self.trust_env,
             headers={"accept-encoding": "identity"},

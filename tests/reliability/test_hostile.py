@@ -15,6 +15,8 @@ breaks must not forge a log line (`Audit.forged_lines`, over every log file of t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import socket
 import subprocess
@@ -32,6 +34,8 @@ import httpx
 import psutil
 import pytest
 
+from rlgate.mcpclient.catalog import MAX_TOOLS
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES
 from rlgate.runtime.stack import free_port
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.reliability.conftest import FULL, Figures
@@ -43,6 +47,8 @@ from tests.support.hostile_mcp import (
     FORGED_PREFIX,
     NEL_FORGED_PREFIX,
     TRANSPORT_ATTACKS,
+    HostileMcp,
+    Sizes,
 )
 
 SC = grpc.StatusCode
@@ -56,7 +62,8 @@ CAPPED_S = 4.0  # attacks a size limit ends (not a deadline) must end within thi
 BENIGN_LATENCY_S = 3.0  # a call on a well-behaved upstream while an attack runs (two shared cores)
 NEVER = {SC.INTERNAL, SC.UNKNOWN, SC.CANCELLED, SC.DATA_LOSS, SC.UNIMPLEMENTED}
 # Sizes: quick in `make test`, full with RLGATE_FULL=1.
-TOOLS = 50_000 if FULL else 10_000  # in the many-tools listing
+TOOLS = 50_000 if FULL else 10_000  # in the many-tools listing (50,000: 7.5 MB, past the page bound)
+PAGE_TOOLS = MAX_PAGE_BYTES // 160  # tools of the hostile server's shape (~155 bytes) one page holds, nearly full
 HOSTILE_ARGS = (
     ["--huge-bytes", str(1 << 30), "--tools", str(TOOLS), "--depth", "100000"]
     if FULL
@@ -92,13 +99,24 @@ def task_key(era: str, attack: str, phase: str) -> str:
     return f"hostile-{era}-{attack}-{phase}"
 
 
-@pytest.fixture(scope="module")
-def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
-    log = tmp_path_factory.mktemp("hostile-mcp") / "hostile-mcp.log"
+PAGE_TASK = "hostile-{era}-many-tools-page"  # the second server's many-tools listing
+
+
+@functools.cache
+def listing_bytes(tools: int) -> int:
+    """The size of the hostile server's many-tools listing of `tools` tools (its tools/list reply body)."""
+    body = {"jsonrpc": "2.0", "id": 1, "result": {"tools": HostileMcp(Sizes(tools=tools))._tools("many-tools"),
+            "resultType": "complete", "ttlMs": 0, "cacheScope": "private"}}  # fmt: skip
+    return len(json.dumps(body).encode())
+
+
+@contextlib.contextmanager
+def hostile_server(log: Path, args: list[str]) -> Iterator[Hostile]:
+    """`tests.support.hostile_mcp` in a process of its own, serving."""
     port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.hostile_mcp", "--port", str(port), *HOSTILE_ARGS],
+            [sys.executable, "-m", "tests.support.hostile_mcp", "--port", str(port), *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True,
         )  # fmt: skip
     try:
@@ -124,10 +142,30 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, audit: Audit, hostile: Hostile) -> Iterator[AuditedStack]:
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    with hostile_server(tmp_path_factory.mktemp("hostile-mcp") / "hostile-mcp.log", HOSTILE_ARGS) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def hostile_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    """A second hostile server whose many-tools listing is one page just under the page bound."""
+    log = tmp_path_factory.mktemp("hostile-mcp-page") / "hostile-mcp.log"
+    with hostile_server(log, ["--tools", str(PAGE_TOOLS)]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, audit: Audit, hostile: Hostile, hostile_page: Hostile
+) -> Iterator[AuditedStack]:
     data = tmp_path_factory.mktemp("hostile-stack")
     tasks = []
     for era in ERA_NAMES:
+        tasks.append({
+            "key": PAGE_TASK.format(era=era), "prompt": "Survive a full page.", "env_id": "hostile", "version": "v1",
+            "mcp_endpoints": [hostile_page.url(era, "many-tools", "call")],
+        })  # fmt: skip
         for attack in ("none", *TRANSPORT_ATTACKS, *CONTENT_ATTACKS):
             for phase in PHASES:
                 tasks.append({
@@ -504,57 +542,75 @@ async def test_ref_cycle_schemas_called(stack: AuditedStack, clients: Clients, f
     assert [p.result for p in case.probes if p.rpc == "CallTool 'echo'"] == ["ok"], case
 
 
-@pytest.mark.parametrize("era", ERA_NAMES)
-async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figures, era: str) -> None:
-    """10,000 tools (50,000 in the full set; a listing of 8 MB, the reply limit, holds ~55,000): Reset and
-    ListTools return them all, the last one is callable."""
+MANY_TOOLS: dict[str, Case] = {}  # "<era> <attack>" -> the case, for the stall judgement
+STALL_S = 1.0  # how long another session may wait for either plane while one session's tools are listed
+
+
+async def many_tools_case(
+    stack: AuditedStack, c: Clients, figures: Figures, era: str, key: str, label: str
+) -> tuple[Case, dict[str, int]]:
+    """Reset on a many-tools upstream, ListTools, a call of the last tool listed (while the benign sessions
+    call), kept for the stall judgement."""
     counts: dict[str, int] = {}
 
     async def steps(case: Case) -> None:
-        session = await reset(stack, clients, case, task_key(era, "many-tools", "call"))
+        session = await reset(stack, c, case, key)
         try:
             if session is not None:
                 counts["reset"] = len(session.tools)
-                listed = await list_tools(stack, clients, case, session.agent_token, RESET_DEADLINE_S)
+                listed = await list_tools(stack, c, case, session.agent_token, RESET_DEADLINE_S)
                 counts["list"] = len(listed.tools) if listed is not None else -1
-                last = session.tools[-1].name
-                await call_tool(stack, clients, case, session.agent_token, last, {"n": 10**9})
+                await call_tool(stack, c, case, session.agent_token, session.tools[-1].name, {"n": 10**9})
         finally:
-            await close(stack, clients, session)
+            await close(stack, c, session)
 
-    case = await run_case(stack, clients, era, "many-tools", "call", steps)
-    MANY_TOOLS[era] = case
-    # other sessions wait while a listing is parsed (test_many_tools_do_not_stall_other_sessions): here only
-    # "never a hang" is asserted for them
+    case = await run_case(stack, c, era, label, "call", steps)
+    MANY_TOOLS[f"{era} {label}"] = case
+    figures.record(
+        "hostile_many_tools", f"{era} {label}", {"counts": counts, "probes": [asdict(p) for p in case.probes]}
+    )
+    return case, counts
+
+
+@pytest.mark.parametrize("era", ERA_NAMES)
+async def test_many_tools(stack: AuditedStack, clients: Clients, figures: Figures, era: str) -> None:
+    """10,000 tools in one page (1.5 MB): Reset and ListTools return them all, the last one is callable. The full
+    set's 50,000 (7.5 MB: inside the 8 MiB reply limit, past the page bound, MAX_PAGE_BYTES): refused before the
+    SDK parses it (it would hold the event loop for seconds), Reset UNAVAILABLE naming the bound."""
+    case, counts = await many_tools_case(
+        stack, clients, figures, era, task_key(era, "many-tools", "call"), "many-tools"
+    )
+    # other sessions' waits are judged by test_many_tools_do_not_stall_other_sessions: here "never a hang"
     check(case, figures, RSS_PEAK_MB + TOOLS * RSS_PEAK_PER_TOOL_KB / 1024, benign_s=RESET_DEADLINE_S)
-    figures.record("hostile_many_tools", era, {"counts": counts, "probes": [asdict(p) for p in case.probes]})
-    # every tool, or (a listing past a cap the services set) at least the 10,000 the suite asks for
-    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] >= min(TOOLS, 10_000), case
+    if listing_bytes(TOOLS) > MAX_PAGE_BYTES:
+        [refused] = case.probes
+        assert refused.status == "UNAVAILABLE" and f"larger than {MAX_PAGE_BYTES} bytes" in refused.detail, case
+    else:
+        assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] == TOOLS, case
 
 
-MANY_TOOLS: dict[str, Case] = {}
-STALL_S = 1.0  # how long another session may wait for either plane while one session's tools are listed
-STALL_FINDING = (
-    "finding: a tool listing is parsed and converted on the event loop of the plane that lists it (the mcp "
-    "SDK's pydantic validation, then ToolSpec building in services/mcpclient/catalog.py), ~200 us per tool: "
-    "while one session's 50,000-tool listing (8 MB, inside the 8 MiB reply limit) is read, every other session's "
-    "calls wait seconds (orchestrator State during Reset's discovery, gateway CallTool during ListTools; 0.4-4 s "
-    "for 10,000 tools, depending on the machine's load). Fix: bound tools per endpoint (an RLGATE_* limit in "
-    "services/mcpclient, refusing a longer listing with a clear status) and/or convert listings off the loop"
-)
+@pytest.mark.parametrize("era", ERA_NAMES)
+async def test_a_full_page_of_tools(stack: AuditedStack, clients: Clients, figures: Figures, era: str) -> None:
+    """A page just under MAX_PAGE_BYTES (~13,000 tools: the most the SDK may parse in one go): read, the first
+    MAX_TOOLS kept (the catalog's cut), the last of those callable."""
+    assert listing_bytes(PAGE_TOOLS) <= MAX_PAGE_BYTES
+    case, counts = await many_tools_case(stack, clients, figures, era, PAGE_TASK.format(era=era), "full-page")
+    check(case, figures, RSS_PEAK_MB + PAGE_TOOLS * RSS_PEAK_PER_TOOL_KB / 1024, benign_s=RESET_DEADLINE_S)
+    assert case.status("Reset") == "OK" and counts["reset"] == counts["list"] == MAX_TOOLS, case
+    assert [p.result for p in case.probes if p.rpc.startswith("CallTool")] == ["ok"], case
 
 
-@pytest.mark.xfail(strict=True, reason=STALL_FINDING)
 @pytest.mark.parametrize("era", ERA_NAMES)
 def test_many_tools_do_not_stall_other_sessions(era: str) -> None:
-    """While test_many_tools listed its tools, the benign sessions' calls on both planes answered within
-    STALL_S."""
-    if not FULL:  # 10,000 tools stall others for 0.4 s on an idle machine, 3-4 s on a busy one: not a verdict
-        pytest.skip("judged at full size (50,000 tools); test_many_tools records the quick figures")
-    case = MANY_TOOLS.get(era)
-    if case is None:
-        pytest.skip("test_many_tools did not run")
-    assert max(case.benign_max_s, case.benign_orchestrator_max_s) < STALL_S, case
+    """While test_many_tools and test_a_full_page_of_tools listed (or refused) their tools, the benign sessions'
+    calls on both planes answered within STALL_S."""
+    if not FULL:  # the quick set runs amid `make test`: a busy machine's wait is a figure, not a verdict
+        pytest.skip("judged in the full set; test_many_tools and test_a_full_page_of_tools record the quick figures")
+    cases = [case for key, case in MANY_TOOLS.items() if key.startswith(f"{era} ")]
+    if not cases:
+        pytest.skip("test_many_tools and test_a_full_page_of_tools did not run")
+    for case in cases:
+        assert max(case.benign_max_s, case.benign_orchestrator_max_s) < STALL_S, case
 
 
 @pytest.mark.parametrize("era", ERA_NAMES)

@@ -1,7 +1,7 @@
 """Tool calls through the one upstream path (the mcp SDK session, both eras) against a misbehaving upstream
 (`http_server`): what a failure means (never sent / lost / timed out / answered with an error), the reply
-limit, and that a call that ends stops reading its reply; tool listings: lost or answered with an error.
-The server's side of the wire is observed: bytes it got out, the client leaving.
+limit, and that a call that ends stops reading its reply; tool listings: lost or answered with an error,
+and the bound of one page. The server's side of the wire is observed: bytes it got out, the client leaving.
 
 Behaviours this module adds to the front (`server_error`, `sse_ends`) are registered in its `BEHAVIOURS`
 here; `ListingUpstream` answers `tools/list` itself when told to."""
@@ -21,6 +21,8 @@ import pytest
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from starlette.types import Receive, Scope, Send
 
+from rlgate.mcpclient.catalog import MAX_TOOL_BYTES, MAX_TOOLS
+from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -31,7 +33,7 @@ from rlgate.mcpclient.errors import (
 )
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.session import SessionUpstreams
-from rlgate.mcpclient.transport import MAX_REPLY_BYTES, HttpSettings
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, HttpSettings
 from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
@@ -290,7 +292,7 @@ async def test_an_sse_reply_ending_without_the_response_is_lost(
 
 
 # 6. Tool listings: an error the server answers fails the listing (no new connection); a connection lost
-# under it is listed again on a new one.
+# under it is listed again on a new one; one page is bounded (MAX_PAGE_BYTES), MAX_TOOLS ordinary tools fit.
 
 Listing = Callable[[Scope, Send, dict[str, Any]], Awaitable[None]]
 
@@ -339,6 +341,15 @@ def replay(body: bytes, receive: Receive) -> Receive:
 async def answer(send: Send, body: bytes) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
+
+
+def ordinary_tools(n: int) -> list[dict[str, Any]]:
+    """`n` tools of an ordinary size (~200 bytes each: a name, a sentence, a schema with two properties)."""
+    return [
+        {"name": f"lookup_{i:05d}", "description": f"Look up record {i} by its key.",
+         "inputSchema": {"type": "object", "properties": {"key": {"type": "string"}, "limit": {"type": "integer"}}}}
+        for i in range(n)
+    ]  # fmt: skip
 
 
 def tools_reply(era: str, rid: object, tools: list[dict[str, Any]]) -> bytes:
@@ -392,6 +403,91 @@ async def test_a_listing_whose_connection_drops_is_listed_again_on_a_new_one(lis
         assert lister.listed == 1 and client._link is not link  # lost, so listed again on a new connection
     finally:
         await pool.close()
+
+
+@pytest.mark.parametrize("kind", ["json", "sse"])
+async def test_a_listing_page_past_its_bound_is_refused(lister: ListingUpstream, kind: str) -> None:
+    """One page larger than MAX_PAGE_BYTES: cut off unread (the SDK would parse it on the event loop in one
+    go), the listing refused with an error naming the bound, not tried again; the connection still calls."""
+    filler = MAX_PAGE_BYTES // 150  # tools of ~185 bytes
+
+    async def big(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+        body = tools_reply(lister.era, request["id"], ordinary_tools(filler))
+        assert len(body) > MAX_PAGE_BYTES
+        if kind == "sse":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"event: message\ndata: " + body + b"\n\n"})
+        else:
+            await answer(send, body)
+
+    pool, ups = await session_on(lister)
+    try:
+        client = ups.clients[lister.url]
+        lister.listing = big
+        with pytest.raises(UpstreamUnavailable, match=f"tools/list reply was larger than {MAX_PAGE_BYTES} bytes"):
+            await client.list_tools(10.0, refresh=True)
+        assert lister.listed == 1
+        lister.listing = None
+        assert (await ups.call(lister.url, "add", {"n": 1}, 10.0)).content[0].text == "2"  # type: ignore[union-attr]
+        # The orchestrator's discovery (a connection of its own) is refused the same way.
+        lister.listing = big
+        with pytest.raises(UpstreamUnavailable, match=f"larger than {MAX_PAGE_BYTES} bytes"):
+            await discover_tools([lister.url], timeout=10.0)
+    finally:
+        await pool.close()
+
+
+async def test_a_tool_past_its_bound_in_a_page_under_the_bound_is_left_out(lister: ListingUpstream) -> None:
+    """The two bounds together: a page under MAX_PAGE_BYTES is read, and its one tool larger than MAX_TOOL_BYTES
+    (1 MB of schema) is left out with the reason; the others are served."""
+    props = {f"p{i:06d}": {"type": "string", "description": "x" * 40} for i in range(MiB // 60)}
+    huge = {"name": "huge", "inputSchema": {"type": "object", "properties": props}}
+
+    async def listed(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+        body = tools_reply(lister.era, request["id"], [*ordinary_tools(3), huge])
+        assert MAX_TOOL_BYTES < len(body) < MAX_PAGE_BYTES
+        await answer(send, body)
+
+    lister.listing = listed
+    pool, ups = await session_on(lister)
+    try:
+        cat = await ups.catalog(30.0)
+        assert cat.visible.names() == [f"lookup_{i:05d}" for i in range(3)] and not cat.unavailable
+        assert f"larger than {MAX_TOOL_BYTES}" in cat.catalog.left_out["huge"], cat.catalog.left_out
+    finally:
+        await pool.close()
+
+
+async def test_a_page_limit_of_the_settings_applies(lister: ListingUpstream) -> None:
+    pool = UpstreamPool(PoolSettings(upstream_timeout_s=10.0, http=HttpSettings.create(max_page_bytes=512)))
+    try:
+        cat = await pool.session("s1", [lister.url]).catalog(10.0)  # the SDK server's listing: ~1 KB
+        assert not cat.visible.tools and "larger than 512 bytes" in cat.unavailable[lister.url], cat.unavailable
+    finally:
+        await pool.close()
+
+
+async def test_max_tools_ordinary_tools_in_one_page_are_listed(lister: ListingUpstream) -> None:
+    """MAX_TOOLS tools of an ordinary size in one page fit the page bound: all listed, on both planes' paths."""
+    tools = ordinary_tools(MAX_TOOLS)
+    sizes: list[int] = []
+
+    async def many(scope: Scope, send: Send, request: dict[str, Any]) -> None:
+        body = tools_reply(lister.era, request["id"], tools)
+        sizes.append(len(body))
+        await answer(send, body)
+
+    lister.listing = many
+    pool, ups = await session_on(lister)
+    try:
+        cat = await ups.catalog(30.0)
+        assert len(cat.visible.tools) == MAX_TOOLS and not cat.unavailable, cat.unavailable
+        assert cat.visible.tools[-1].name == f"lookup_{MAX_TOOLS - 1:05d}"
+        assert len((await discover_tools([lister.url], timeout=30.0)).tools) == MAX_TOOLS
+    finally:
+        await pool.close()
+    assert sizes and all(size <= MAX_PAGE_BYTES for size in sizes)
 
 
 async def test_gateway_answers_a_server_error_with_tool_failed(lister: ListingUpstream, store: SessionStore) -> None:
