@@ -11,12 +11,10 @@ as `success: false` with the error and its stdout, never as a score.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import json
 import math
-import os
 import resource
 import shutil
 import signal
@@ -32,9 +30,9 @@ from typing import Any
 
 from rlgate.localfleet.counters import Counters
 from rlgate.localfleet.instances import Instance, connect
+from rlgate.runtime.child_process import run_child
 
 MAX_BUNDLE_BYTES = 5 << 20
-MAX_OUTPUT_BYTES = 1 << 20
 _BUNDLES_KEPT = 1000
 
 
@@ -155,73 +153,20 @@ class VerifierService:
         return workdir
 
     async def _spawn(self, workdir: Path, limit_s: float) -> RunOutcome:
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-u",
-            "-m",
-            "rlgate.localfleet.verifier_runner",
-            str(workdir),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=workdir,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_limits(self.memory_mb, limit_s),
-        )
-        assert proc.stdout is not None and proc.stderr is not None
-        out_task = asyncio.create_task(_read_capped(proc.stdout))
-        err_task = asyncio.create_task(_read_capped(proc.stderr))
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), limit_s)
-        except TimeoutError:
-            timed_out = True
-        finally:
-            if proc.returncode is None:  # timeout, or we are being cancelled: kill the whole group
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-        stdout = (await out_task).decode("utf-8", "replace")
-        stderr = (await err_task).decode("utf-8", "replace")
-        if timed_out:
-            return RunOutcome(
-                False,
-                None,
-                {"type": "TimeoutError", "message": f"verifier timed out after {limit_s:g}s", "traceback": ""},
-                stdout,
-                0,
-            )
-        try:
-            result = json.loads(await asyncio.to_thread((workdir / "result.json").read_text))
-        except (OSError, json.JSONDecodeError):
-            how = (
-                f"signal {-proc.returncode}"
-                if proc.returncode and proc.returncode < 0
-                else f"exit code {proc.returncode}"
-            )
-            return RunOutcome(
-                False,
-                None,
-                {
-                    "type": "VerifierCrashed",
-                    "message": f"verifier process ended with {how} and no result",
-                    "traceback": stderr[-4000:],
-                },
-                stdout,
-                0,
-            )
-        return RunOutcome(bool(result.get("success")), result.get("result"), result.get("error"), stdout, 0)
-
-
-async def _read_capped(stream: asyncio.StreamReader) -> bytes:
-    data = bytearray()
-    while chunk := await stream.read(65536):
-        if len(data) < MAX_OUTPUT_BYTES:
-            data += chunk[: MAX_OUTPUT_BYTES - len(data)]
-    return bytes(data)
+        args = ["-m", "rlgate.localfleet.verifier_runner", str(workdir)]
+        run = await run_child(args, workdir, limit_s, preexec_fn=_limits(self.memory_mb, limit_s))
+        if run.timed_out:
+            error = {"type": "TimeoutError", "message": f"verifier timed out after {limit_s:g}s", "traceback": ""}
+            return RunOutcome(False, None, error, run.stdout, 0)
+        result = run.result
+        if result is None:
+            error = {
+                "type": "VerifierCrashed",
+                "message": f"verifier process ended with {run.ending()} and no result",
+                "traceback": run.stderr[-4000:],
+            }
+            return RunOutcome(False, None, error, run.stdout, 0)
+        return RunOutcome(bool(result.get("success")), result.get("result"), result.get("error"), run.stdout, 0)
 
 
 def _limits(memory_mb: int, timeout: float) -> Any:

@@ -10,22 +10,19 @@ message and output, never as a score.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
 import shutil
-import signal
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlgate.orchestrator.providers.base import VerifierRun, score_of
+from rlgate.runtime.child_process import run_child
 
 CHILD = Path(__file__).with_name("verifier_child.py")
 MEMORY_MB = 1024
-MAX_OUTPUT_BYTES = 1 << 20
 
 
 async def run_verifier_code(code: str, payload: dict[str, Any], timeout_s: float) -> VerifierRun:
@@ -42,58 +39,21 @@ async def run_verifier_code(code: str, payload: dict[str, Any], timeout_s: float
 
 
 async def _spawn(workdir: Path, limit_s: float) -> VerifierRun:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-I",
-        "-u",
-        str(CHILD),
-        str(workdir),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=workdir,
-        env=env,
-        start_new_session=True,  # no preexec_fn: a fork of a process running gRPC's threads may abort in the child
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    out_task = asyncio.create_task(_read_capped(proc.stdout))
-    err_task = asyncio.create_task(_read_capped(proc.stderr))
-    timed_out = False
-    try:
-        await asyncio.wait_for(proc.wait(), limit_s)
-    except TimeoutError:
-        timed_out = True
-    finally:
-        if proc.returncode is None:  # timed out, or the caller gave up: end the whole process group
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-    stdout = (await out_task).decode("utf-8", "replace")
-    stderr = (await err_task).decode("utf-8", "replace")
-    if timed_out:
-        return VerifierRun(success=False, message=f"verifier timed out after {limit_s:g}s", stdout=stdout)
-    try:
-        result = json.loads(await asyncio.to_thread((workdir / "result.json").read_text, "utf-8"))
-    except (OSError, json.JSONDecodeError):
-        how = (
-            f"signal {-proc.returncode}" if proc.returncode and proc.returncode < 0 else f"exit code {proc.returncode}"
-        )
+    # The child sets its limits on itself (no preexec_fn here: gRPC's threads run in this process).
+    run = await run_child([str(CHILD), str(workdir)], workdir, limit_s)
+    if run.timed_out:
+        return VerifierRun(success=False, message=f"verifier timed out after {limit_s:g}s", stdout=run.stdout)
+    result = run.result
+    if result is None:
         return VerifierRun(
-            success=False, message=f"verifier process ended with {how} and no result: {stderr[-500:]}", stdout=stdout
+            success=False,
+            message=f"verifier process ended with {run.ending()} and no result: {run.stderr[-500:]}",
+            stdout=run.stdout,
         )
     if not result.get("success"):
         return VerifierRun(
             success=False,
             message=str(result.get("error") or "verifier failed"),
-            stdout=stdout + str(result.get("traceback") or ""),
+            stdout=run.stdout + str(result.get("traceback") or ""),
         )
-    return VerifierRun(success=True, score=score_of(result.get("result")), stdout=stdout)
-
-
-async def _read_capped(stream: asyncio.StreamReader) -> bytes:
-    data = bytearray()
-    while chunk := await stream.read(65536):
-        if len(data) < MAX_OUTPUT_BYTES:
-            data += chunk[: MAX_OUTPUT_BYTES - len(data)]
-    return bytes(data)
+    return VerifierRun(success=True, score=score_of(result.get("result")), stdout=run.stdout)
