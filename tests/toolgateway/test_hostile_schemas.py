@@ -29,6 +29,7 @@ from rlgate.mcpclient import catalog
 from rlgate.mcpclient.catalog import MAX_TOOL_BYTES, MAX_TOOLS, list_all_tools, union_tools
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import UpstreamUnavailable
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES
 from rlgate.store import SessionStore, call_scope
 from rlgate.toolgateway import arguments
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
@@ -467,16 +468,31 @@ async def test_a_large_schema_is_checked_off_the_loop(
 async def test_a_multi_megabyte_schema_is_left_out(
     stub: toolgateway_pb2_grpc.ToolGatewayServiceStub, store: SessionStore
 ) -> None:
-    """A 6.9 MB input schema through the gateway: left out of the list, and a call of it is an UNKNOWN_TOOL
-    result saying why (the check compiled it on the loop for ~48 s)."""
-    upstream = Upstream([ECHO, {"name": "huge", "inputSchema": big_schema(6_900_000)}])
+    """A 1.5 MB input schema (past the per-tool bound, inside the page bound) through the gateway: left out
+    of the list, and a call of it is an UNKNOWN_TOOL result saying why (a 6.9 MB one was compiled on the loop
+    for ~48 s). A page past the page bound is the next test's."""
+    upstream = Upstream([ECHO, {"name": "huge", "inputSchema": big_schema(1_500_000)}])
     async with serving(upstream) as base:
         s = await byo_session(store, [f"{base}/modern/mcp"])
         listed = await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=s.metadata, timeout=60)
         results = [(await caller(stub, s)("huge", "{}", deadline_s=60)).result for _ in range(2)]
     assert [t.name for t in listed.tools] == ["echo"]
     assert all(r.error_kind == Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL and "left out" in r.error_message for r in results)
-    assert upstream.listings == 1  # a left-out name does not make the gateway list 6.9 MB again
+    assert upstream.listings == 1  # a left-out name does not make the gateway list it again
+
+
+async def test_a_listing_page_past_its_bound_is_unavailable_naming_it(
+    stub: toolgateway_pb2_grpc.ToolGatewayServiceStub, store: SessionStore
+) -> None:
+    """A 6.9 MB schema makes its tools/list page larger than MAX_PAGE_BYTES: the page is refused unread
+    (parsing it on the loop would stall every session), and ListTools is UNAVAILABLE saying so."""
+    upstream = Upstream([ECHO, {"name": "huge", "inputSchema": big_schema(6_900_000)}])
+    async with serving(upstream) as base:
+        s = await byo_session(store, [f"{base}/modern/mcp"])
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ListTools(toolgateway_pb2.ListToolsRequest(), metadata=s.metadata, timeout=60)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
+    assert str(MAX_PAGE_BYTES) in (err.value.details() or ""), err.value.details()
 
 
 # -- results ----------------------------------------------------------------------------------------------
