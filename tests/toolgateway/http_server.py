@@ -204,12 +204,7 @@ class HostileUpstream:
             )
             await send({"type": "http.response.body", "body": json.dumps(error).encode()})
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         request = json.loads(body) if body else {}
         self.methods[request.get("method", "")] += 1
         name = request.get("params", {}).get("name") if request.get("method") == "tools/call" else None
@@ -217,7 +212,7 @@ class HostileUpstream:
             self.calls[name] += 1
         await self.note()
         if name not in BEHAVIOURS:
-            await self._app(scope, _replay(body, receive), send)
+            await self._app(scope, replay(body, receive), send)
             return
         call = HostileCall(request, scope, send, self)
         self.hostile.append(call)
@@ -261,8 +256,18 @@ class HostileUpstream:
             await asyncio.wait_for(self._task, 15)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """`receive` for the SDK's app after the front has read the request body."""
+async def read_body(receive: Receive) -> bytes:
+    """An ASGI request's whole body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for the app behind a front that has read the request body (`read_body`)."""
     replayed = False
 
     async def again() -> Message:

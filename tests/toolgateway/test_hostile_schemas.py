@@ -36,6 +36,7 @@ from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.ports import free_port
 from tests.toolgateway.conftest import AgentSession, byo_session, gateway_config
+from tests.toolgateway.http_server import read_body
 
 Kind = common_pb2.ToolErrorKind
 MODERN, LEGACY = "2026-07-28", "2025-11-25"
@@ -108,12 +109,7 @@ class Upstream:
             return await self._raw(send, self.delete_status, "")
         if scope["method"] != "POST":
             return await self._raw(send, 405, "")
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         request = json.loads(body)
         if "id" not in request:
             return await self._raw(send, 202, "")

@@ -39,7 +39,15 @@ from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.toolgateway.conftest import gateway_config
-from tests.toolgateway.http_server import BEHAVIOURS, ERAS, HostileCall, HostileUpstream, hostile_upstream
+from tests.toolgateway.http_server import (
+    BEHAVIOURS,
+    ERAS,
+    HostileCall,
+    HostileUpstream,
+    hostile_upstream,
+    read_body,
+    replay,
+)
 
 MiB = 2**20
 # What the server can get out past the limit before it sees the client go: loopback socket buffers at both
@@ -310,32 +318,13 @@ class ListingUpstream(HostileUpstream):
         if self.listing is None or scope["type"] != "http" or scope["method"] != "POST":
             await super().__call__(scope, receive, send)
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         request = json.loads(body) if body else {}
         if request.get("method") != "tools/list":
             await super().__call__(scope, replay(body, receive), send)
             return
         self.listed += 1
         await self.listing(scope, send, request)
-
-
-def replay(body: bytes, receive: Receive) -> Receive:
-    """`receive` for the front after this one has read the request body."""
-    sent = False
-
-    async def again() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return dict(await receive())
-
-    return again
 
 
 async def answer(send: Send, body: bytes) -> None:
