@@ -261,7 +261,7 @@ async def read_body(receive: Receive) -> bytes:
     body = b""
     while True:
         message = await receive()
-        body += message.get("body", b"")
+        body += bytes(message.get("body", b""))
         if not message.get("more_body"):
             return body
 
