@@ -35,6 +35,7 @@ from rlgate.runtime.interceptors import (
     Handler,
     MethodHandler,
     MetricsInterceptor,
+    ReplyBudgetInterceptor,
     wrap_behaviour,
 )
 from rlgate.runtime.logs import setup_logging
@@ -218,6 +219,7 @@ def interceptors(
     return [
         ContextInterceptor(),
         MetricsInterceptor("orchestrator"),
+        ReplyBudgetInterceptor(),
         ApiKeyInterceptor(config.api_keys),
         *([gate] if gate is not None else []),
         ReadinessInterceptor(ready),

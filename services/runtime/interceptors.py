@@ -6,6 +6,7 @@
   stay in the server log, never secrets in the reply).
 - `ApiKeyInterceptor`: `authorization: Bearer <key>` checked against configured keys (constant-time, by hash).
 - `MetricsInterceptor`: RPC counts by method and status code, latency histograms (Prometheus).
+- `ReplyBudgetInterceptor`: a budget of reply bytes a connection may leave unread (see its docstring).
 
 rlgate's services are unary only; what these wrap is a unary-unary handler. Health and reflection (whose
 streams pass through untouched) are exempt from auth so probes and grpcurl `list` work.
@@ -27,7 +28,8 @@ from opentelemetry import context as otel_context
 
 from rlgate.runtime import tracing
 from rlgate.runtime.auth import bearer_token, session_of_token, token_hash
-from rlgate.runtime.errors import clip
+from rlgate.runtime.errors import ResourceExhausted, clip
+from rlgate.runtime.grpc_server import MAX_STREAMS_PER_CONNECTION
 from rlgate.runtime.logs import session_id_var, trace_id_var
 
 log = logging.getLogger(__name__)
@@ -284,3 +286,106 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return behaviour
 
         return wrap_behaviour(handler, wrap)
+
+
+# The bytes of replies a connection may leave unread before its new RPCs are refused. A client that reads
+# must never meet it: a trainer multiplexes up to MAX_STREAMS_PER_CONNECTION calls over one channel, and when
+# its CallTools all finish together on a link slower than the server, each next call arrives while the other
+# replies are still leaving. So it is sized for every other stream holding a CallTool reply at the gateway's
+# output limit (256 KiB) plus a quarter for the rest of the reply; what a client that never reads makes a
+# server hold is this times the server's overhead per held reply, instead of the stream limit times the send
+# limit (16 MiB).
+REPLY_BUDGET_BYTES = MAX_STREAMS_PER_CONNECTION * 320 * 2**10
+RETRY_AFTER_S = 1.0  # refused before any work: a retry is safe once the client has read its replies
+
+
+class ReplyLedger:
+    """Bytes of replies produced but not yet delivered, per peer. Entries at 0 are removed."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, int] = {}
+
+    def pending(self, peer: str) -> int:
+        return self._pending.get(peer, 0)
+
+    def add(self, peer: str, size: int) -> None:
+        self._pending[peer] = self._pending.get(peer, 0) + size
+
+    def release(self, peer: str, size: int) -> None:
+        left = self._pending.get(peer, 0) - size
+        if left > 0:
+            self._pending[peer] = left
+        else:
+            self._pending.pop(peer, None)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+class ReplyBudgetInterceptor(grpc.aio.ServerInterceptor):
+    """A budget of reply bytes a connection may leave unread.
+
+    A unary reply the handler has produced stays in the server (the message, its serialized bytes, the
+    transport's copy) until the client's HTTP/2 flow-control window lets it out; a client that never sends a
+    WINDOW_UPDATE makes the server hold every reply of every stream it opens, for as long as the connection
+    lives. Per connection (`context.peer()`: the client's ip:port) this keeps the bytes of replies produced
+    whose RPC has not ended: added when the handler returns, released by grpc's done callback when the RPC
+    ends (delivered, cancelled, or the connection dropped). A new RPC on a connection at or over `budget` is
+    refused before any work with RESOURCE_EXHAUSTED (reason REPLY_BUDGET) and a RetryInfo, so a CallTool with
+    a request_id is never run and then refused. Connections with nothing pending have no entry. Health and
+    reflection pass through.
+
+    The check is at admission, so calls admitted together (before any of their replies exists) can take a
+    connection past the budget by their replies; the stream limit bounds those.
+
+    Goes inside `MetricsInterceptor`, so a refusal is counted as what the caller saw."""
+
+    def __init__(self, budget: int = REPLY_BUDGET_BYTES) -> None:
+        self.budget = budget
+        self.ledger = ReplyLedger()
+        self._cache = _PerMethodCache()
+
+    async def intercept_service(
+        self,
+        continuation: Continuation,
+        details: grpc.HandlerCallDetails,
+    ) -> MethodHandler | None:
+        handler = await continuation(details)
+        if not _unary(handler) or details.method.startswith(EXEMPT_PREFIXES):
+            return handler
+        return self._cache.get(details.method, handler, lambda h: wrap_behaviour(h, self._counted))
+
+    def _counted(self, inner: Handler) -> Handler:
+        ledger, budget = self.ledger, self.budget
+
+        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            peer = context.peer()
+            if (pending := ledger.pending(peer)) >= budget:
+                await context.abort_with_status(
+                    ResourceExhausted(
+                        f"this connection has {pending} bytes of replies unread (the budget is {budget} bytes "
+                        "per connection); read them, or retry later",
+                        subject=f"connection {peer}",
+                        reason="REPLY_BUDGET",
+                        metadata={"pending_bytes": pending, "budget_bytes": budget},
+                        retry_after_s=RETRY_AFTER_S,
+                    ).to_grpc_status()
+                )
+            held = 0
+            ended = False
+
+            def done(_context: grpc.aio.ServicerContext) -> None:
+                nonlocal ended
+                ended = True
+                if held:
+                    ledger.release(peer, held)
+
+            # Registered before the handler runs: an RPC that ends first (cancelled) is never counted.
+            context.add_done_callback(cast(Any, done))  # grpc's stubs ask for a class where any callable works
+            response = await inner(request, context)
+            if not ended:
+                held = response.ByteSize()
+                ledger.add(peer, held)
+            return response
+
+        return behaviour

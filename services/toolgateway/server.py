@@ -17,7 +17,7 @@ from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import tracing
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
-from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor
+from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor, ReplyBudgetInterceptor
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
 from rlgate.runtime.settings import default_store_url
@@ -129,7 +129,7 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
         running = await start_server(
             config.listen,
             register,
-            interceptors=[ContextInterceptor(), MetricsInterceptor("toolgateway")],
+            interceptors=[ContextInterceptor(), MetricsInterceptor("toolgateway"), ReplyBudgetInterceptor()],
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
         )
