@@ -4,12 +4,15 @@ valid agent token, for a session whose listing is TOOLS tools (a reply of ~0.8 M
 WINDOW_UPDATE. The gateway may send it 64 KiB in all (the connection's initial flow-control window); every
 other byte of every reply it holds, for as long as the connection lives.
 
-What bounds that is per connection: the stream limit (`MAX_STREAMS_PER_CONNECTION`) times the reply size (up
-to the 16 MiB send limit), for up to the connection's age (5 min, then 3 min of grace), or until the client
-goes, or stops answering the server's keepalive pings (a ping after 60 s, 20 s to answer it).
+What bounds that is per connection: the reply budget (`REPLY_BUDGET_BYTES` of replies unread; past it new
+streams are refused RESOURCE_EXHAUSTED before any work), plus the replies of streams admitted together before
+any of theirs existed (at most the stream limit, `MAX_STREAMS_PER_CONNECTION`); for up to the connection's
+age (5 min, then 3 min of grace), or until the client goes, or stops answering the server's keepalive pings
+(a ping after 60 s, 20 s to answer it).
 
 The gateway's RSS (psutil: before, sampled peak, after) goes to the figures file and docs/reliability.md.
-Asserted: a generous bound per held reply; a well-behaved client is served meanwhile; once the client goes
+Asserted: a generous bound per held reply; the replies held within the budget (and, in the full set, the
+streams past it refused); a well-behaved client is served meanwhile; once the client goes
 its connection is dropped, a second attack reuses the memory instead of adding to it, and the RSS falls back
 (not always at once: after the first attack the allocator may keep the freed pages, see the figures); in the
 full set, a client gone silent (it stops reading the socket) is dropped by the server's keepalive.
@@ -32,6 +35,7 @@ import psutil
 import pytest
 
 from rlgate.runtime.grpc_server import MAX_STREAMS_PER_CONNECTION
+from rlgate.runtime.interceptors import REPLY_BUDGET_BYTES
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.reliability.conftest import FULL, Figures
 from tests.reliability.harness import Audit, AuditedStack, bearer, start_stack
@@ -40,6 +44,7 @@ from tests.reliability.test_hostile import Hostile, PeakRss, hostile_server
 TOOLS = 5_000  # the session's listing: a ListTools reply of ~0.8 MB
 STREAMS = 1_000 if FULL else 100  # at most MAX_STREAMS_PER_CONNECTION on one connection
 WINDOW = 65_535  # the connection's initial flow-control window: all a non-reading client can be sent
+BURST_BYTES = 64 * 2**20  # past the budget: replies of streams admitted together, before any of theirs existed
 HELD_PER_REPLY = 6.0  # the gateway's growth per held reply, in reply sizes (the message, its bytes, the transport's)
 ANSWERED_S = 240.0 if FULL else 60.0  # every stream answered (the gateway builds each reply)
 SERVED_S = 5.0  # a well-behaved client's ListTools while the attack holds
@@ -121,6 +126,7 @@ class NonReadingClient:
         self.sock.sendall(self.conn.data_to_send())
         self.answered = 0  # streams whose response headers came: the gateway built their reply
         self.received = 0  # DATA bytes the gateway got out
+        self.refused = 0  # streams answered RESOURCE_EXHAUSTED at once (the connection's reply budget)
         self.closed_by_server = False
 
     def list_tools(self, streams: int) -> None:
@@ -153,6 +159,8 @@ class NonReadingClient:
             for event in self.conn.receive_data(data):
                 if isinstance(event, h2.events.ResponseReceived):
                     self.answered += 1
+                    if (b"grpc-status", b"8") in event.headers:  # trailers only: refused, nothing held
+                        self.refused += 1
                 elif isinstance(event, h2.events.DataReceived):
                     self.received += event.flow_controlled_length  # never acknowledged
             if out := self.conn.data_to_send():
@@ -167,6 +175,7 @@ class Attack:
     streams: int
     reply_bytes: int
     answered: int = 0
+    refused: int = 0  # answered RESOURCE_EXHAUSTED at once: the connection was at its reply budget
     received: int = 0
     answered_s: float = 0.0
     served_s: float = 0.0  # a well-behaved client's ListTools meanwhile
@@ -174,6 +183,10 @@ class Attack:
     before_mb: float = 0.0
     peak_mb: float = 0.0
     after_mb: float = 0.0  # SETTLE_S after the client went
+
+    @property
+    def held(self) -> int:
+        return self.answered - self.refused
 
     @property
     def growth_mb(self) -> float:
@@ -194,7 +207,7 @@ def attack(gw: Gateway) -> Attack:
             result.answered_s = round(time.monotonic() - started, 2)
             result.served_s = round(gw.list_tools_s(), 3)
             client.pump(1.0)  # the peak, held
-            result.answered, result.received = client.answered, client.received
+            result.answered, result.refused, result.received = client.answered, client.refused, client.received
             assert gw.holds(client)
         finally:
             client.close()
@@ -213,14 +226,18 @@ def test_a_client_that_never_reads(gateway: Gateway, figures: Figures) -> None:
     second = attack(gateway)
     figures.record("non_reading_client", "list_tools", {
         "tools": TOOLS, "reply_bytes": gateway.reply_bytes, "attacks": [asdict(first), asdict(second)],
-        "per_stream_mb": [round((a.peak_mb - first.before_mb) / STREAMS, 2) for a in (first, second)],
+        "budget_bytes": REPLY_BUDGET_BYTES,
+        "per_held_stream_mb": [round((a.peak_mb - first.before_mb) / a.held, 2) for a in (first, second)],
     })  # fmt: skip
     reply_mb = gateway.reply_bytes / 2**20
     for a in (first, second):
         assert a.answered == STREAMS and a.received <= WINDOW, a  # every reply built, only a window sent
         assert a.dropped, a
         assert a.served_s < SERVED_S, a
-        assert a.growth_mb < STREAMS * reply_mb * HELD_PER_REPLY + 64, (a, reply_mb)
+        assert a.held * gateway.reply_bytes < REPLY_BUDGET_BYTES + BURST_BYTES, a  # the budget held
+        if STREAMS * gateway.reply_bytes > REPLY_BUDGET_BYTES + BURST_BYTES:
+            assert a.refused > 0, a
+        assert a.growth_mb < a.held * reply_mb * HELD_PER_REPLY + 64, (a, reply_mb)
     # Once the client has gone the memory is the gateway's again: a second attack reuses it instead of adding
     # to it, and after that one the RSS is well below the peak (the allocator returns pages when it can).
     assert second.peak_mb < first.peak_mb + first.growth_mb / 4, (first, second)
