@@ -29,7 +29,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +125,7 @@ class HostileMcp:
             return await self._raw(send, 200, b"", "application/json")
         if method != "POST":
             return await self._raw(send, 405, b"", "text/plain")
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             message = json.loads(body)
         except ValueError:
@@ -315,7 +315,8 @@ def _modern_extras(era: str, *, cacheable: bool = False) -> dict[str, Any]:
     return {"resultType": "complete", **({"ttlMs": 0, "cacheScope": "private"} if cacheable else {})}
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def read_body(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> bytes:
+    """An ASGI request's whole body."""
     body = b""
     while True:
         message = await receive()

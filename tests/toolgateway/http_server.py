@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlgate.localfleet.connections import ConnectionTracker
 from rlgate.localfleet.counters import Counters
+from tests.support.hostile_mcp import read_body
 from tests.support.ports import free_port
 
 CHUNK = 64 * 1024
@@ -254,16 +255,6 @@ class HostileUpstream:
         if self._uvicorn is not None and self._task is not None:
             self._uvicorn.should_exit = True
             await asyncio.wait_for(self._task, 15)
-
-
-async def read_body(receive: Receive) -> bytes:
-    """An ASGI request's whole body."""
-    body = b""
-    while True:
-        message = await receive()
-        body += bytes(message.get("body", b""))
-        if not message.get("more_body"):
-            return body
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
