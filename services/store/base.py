@@ -154,8 +154,8 @@ class SessionStore(abc.ABC):
         All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
         loses the race records no result for its request_id and can retry). Returns the updated session
         as `update_session` does, or None without `session`."""
-        writes = Writes(request, tool_call, new_request, held_by)  # ValueError for a combination that is not one
-        return await self._commit_writes(session, writes.request, tool_call, new_request, held_by)
+        # Writes: ValueError for a combination that is not one.
+        return await self._commit_writes(session, Writes(request, tool_call, new_request, held_by))
 
     async def change_session(
         self, session_id: str, change: Callable[[Session], Writes | None]
@@ -177,9 +177,7 @@ class SessionStore(abc.ABC):
             if writes is None:
                 return session, False
             try:
-                written = await self._commit_writes(
-                    session, writes.request, writes.tool_call, writes.new_request, writes.held_by
-                )
+                written = await self._commit_writes(session, writes)
             except RequestExists:
                 raise
             except ConflictError:
@@ -188,14 +186,7 @@ class SessionStore(abc.ABC):
             return written, True
 
     @abc.abstractmethod
-    async def _commit_writes(
-        self,
-        session: Session | None,
-        request: tuple[str, str, str] | None,
-        tool_call: ToolCallEntry | None,
-        new_request: bool,
-        held_by: str,
-    ) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
         """`commit` with its arguments checked: the backend's one round trip."""
 
     @abc.abstractmethod

@@ -42,6 +42,7 @@ from rlgate.store.models import (
     SessionStatus,
     StoreError,
     ToolCallEntry,
+    Writes,
     call_scope,
 )
 
@@ -332,14 +333,8 @@ class MemoryStore(SessionStore):
         return await self._call("count_tool_calls", lambda: self._count_calls(session_id, episode))
 
     # -- composite --------------------------------------------------------------------------------------
-    async def _commit_writes(
-        self,
-        session: Session | None,
-        request: tuple[str, str, str] | None,
-        tool_call: ToolCallEntry | None,
-        new_request: bool,
-        held_by: str,
-    ) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
+        request, tool_call, new_request, held_by = writes.request, writes.tool_call, writes.new_request, writes.held_by
         stored = self._next_version(session) if session is not None else None
         now = time.time()
 

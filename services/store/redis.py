@@ -55,6 +55,7 @@ from rlgate.store.models import (
     StoreError,
     StoreFull,
     ToolCallEntry,
+    Writes,
     call_scope,
 )
 
@@ -619,14 +620,8 @@ class RedisStore(SessionStore):
         code, last_active = await self._script("update_session", self._update, *args)
         return self._updated(stored, code, last_active)
 
-    async def _commit_writes(
-        self,
-        session: Session | None,
-        request: tuple[str, str, str] | None,
-        tool_call: ToolCallEntry | None,
-        new_request: bool,
-        held_by: str,
-    ) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
+        request, tool_call, new_request, held_by = writes.request, writes.tool_call, writes.new_request, writes.held_by
         stored, args = self._update_args(session) if session is not None else (None, [""] * 10)
         args = ["1" if stored is not None else "", *args]
         if request is not None:

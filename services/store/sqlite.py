@@ -654,16 +654,8 @@ class SqliteStore(SessionStore):
         return await self._run(self._count_calls, session_id, episode)
 
     # -- composite --------------------------------------------------------------------------------------
-    async def _commit_writes(
-        self,
-        session: Session | None,
-        request: tuple[str, str, str] | None,
-        tool_call: ToolCallEntry | None,
-        new_request: bool,
-        held_by: str,
-    ) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
         stored = self._next_version(session) if session is not None else None
-        writes = Writes(request, tool_call, new_request, held_by)
         last_active_at = await self._write(self._commit_rows, stored, writes, time.time())
         if stored is not None and last_active_at is not None:
             stored.last_active_at = last_active_at
