@@ -68,6 +68,10 @@ SCHEMA_VERSION = 3  # PRAGMA user_version; a change adds a step to _MIGRATIONS a
 # bound parameters never do).
 _OPEN_SQL = "status IN (" + ", ".join(f"'{s}'" for s in sorted(OPEN_STATUSES)) + ")"
 _OPEN_INDEX = f"CREATE INDEX IF NOT EXISTS sessions_open ON sessions(status) WHERE {_OPEN_SQL}"
+# A session by its agent token, through the partial index `sessions_token` (WHERE token_hash != ''): without
+# the index's own condition spelled out, `token_hash = ?` scans every session the store keeps, closed ones
+# too (a day's worth), on every CallTool and Reset.
+_BY_TOKEN_SQL = "token_hash = ? AND token_hash != ''"
 
 # The columns of the two tables version 2 changed, for a new database and for the migration to 2. A later
 # change to either table adds a block of its own: migration 1 keeps building version 2.
@@ -438,7 +442,7 @@ class SqliteStore(SessionStore):
     def _token_taken(conn: apsw.Connection, token_hash: str, session_id: str) -> bool:
         if not token_hash:
             return False
-        row = conn.execute("SELECT session_id FROM sessions WHERE token_hash = ?", (token_hash,)).fetchone()
+        row = conn.execute(f"SELECT session_id FROM sessions WHERE {_BY_TOKEN_SQL}", (token_hash,)).fetchone()
         return row is not None and row[0] != session_id
 
     async def create_session(self, session: Session) -> Session:
@@ -517,7 +521,7 @@ class SqliteStore(SessionStore):
 
     @staticmethod
     def _by_token_row(conn: apsw.Connection, token_hash: str) -> Session | None:
-        row = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE token_hash = ?", (token_hash,)).fetchone()
+        row = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE {_BY_TOKEN_SQL}", (token_hash,)).fetchone()
         return _session_from_row(row) if row else None
 
     async def session_by_token(self, token_hash: str) -> Session | None:
@@ -553,6 +557,8 @@ class SqliteStore(SessionStore):
                 return [], ""
             where.append(f"status IN ({', '.join('?' for _ in statuses)})")
             params.extend(sorted(statuses))
+            if statuses <= OPEN_STATUSES:  # through the partial index of open sessions, not every session kept
+                where.append(_OPEN_SQL)
         if run_id:
             where.append("run_id = ?")
             params.append(run_id)
