@@ -43,6 +43,7 @@ MAX_ERRORS = 5  # violations named in a message
 MAX_COLLECTED = 64  # violations read before choosing which to name (a value can have millions)
 CHECK_TIMEOUT_S = 2.0  # a check on a worker thread, at most (and within the call's deadline)
 WORKERS = 2  # worker threads (a check that never ends keeps one)
+STOP_RETRY_S, STOP_RETRIES = 0.1, 50  # a stopped check still running is interrupted again this often, this long
 INLINE_ARGUMENT_BYTES = 512  # arguments checked on the loop at most this long, as JSON text
 INLINE_SCHEMA_VALUES = 512  # JSON values (objects, arrays, scalars) of a schema checked on the loop
 INLINE_BRANCHES = 4  # alternatives (anyOf/oneOf/allOf) along any path of a schema checked on the loop
@@ -229,16 +230,20 @@ class _Abandoned(BaseException):
 
 
 class _Job:
-    """One check on a worker. `stop` interrupts it if it still runs: a check that ran out of time would
-    otherwise keep a worker and a core busy for as long as the schema makes it (hours)."""
+    """One check on a worker. `stop` interrupts it if it still runs, and withdraws it if it has not started
+    (its caller's time ran out while every worker was busy): a check nobody waits for would otherwise keep a
+    worker and a core busy, and its memory growing, for as long as the schema makes it (hours)."""
 
     def __init__(self, fn: Callable[[], None]) -> None:
         self.fn = fn
         self.thread = 0  # the worker's id while the check runs
+        self.stopped = False
         self.lock = threading.Lock()
 
     def run(self) -> None:
         with self.lock:
+            if self.stopped:
+                return
             self.thread = threading.get_ident()
         try:
             self.fn()
@@ -247,10 +252,13 @@ class _Job:
                 thread, self.thread = self.thread, 0
             _raise_in(thread, None)  # withdraw an interruption that came too late to land in the check
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Interrupt or withdraw the check; True while it still runs (the interruption not landed yet)."""
         with self.lock:
+            self.stopped = True
             if self.thread:
                 _raise_in(self.thread, _Abandoned)
+            return bool(self.thread)
 
 
 def _raise_in(thread: int, exc: type[BaseException] | None) -> None:
@@ -309,8 +317,16 @@ class _Workers:
             async with asyncio.timeout(timeout):
                 return await future
         except BaseException:  # timed out or cancelled: the check's result is not wanted
-            job.stop()
+            if job.stop():
+                loop.call_later(STOP_RETRY_S, _keep_stopping, loop, job, STOP_RETRIES)
             raise
+
+
+def _keep_stopping(loop: asyncio.AbstractEventLoop, job: _Job, left: int) -> None:
+    """Interrupt a stopped check again while it still runs: code inside it (a library's broad `except`) may
+    have swallowed an interruption. Bounded: a check stuck in one C call outlives every retry."""
+    if job.stop() and left > 1:
+        loop.call_later(STOP_RETRY_S, _keep_stopping, loop, job, left - 1)
 
 
 _workers = _Workers(WORKERS)

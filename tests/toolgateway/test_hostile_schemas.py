@@ -15,6 +15,7 @@ import gc
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -634,3 +635,53 @@ async def test_an_agents_oversized_strings_are_refused_short_and_never_kept(
     assert max((len(r.getMessage()) for r in caplog.records), default=0) < 2000
     assert upstream.calls == [] and await store.list_tool_calls(s.session.session_id) == []
     assert await store.get_request(call_scope(s.session.session_id), request_.request_id[:128]) is None
+
+
+async def test_a_check_whose_caller_gave_up_while_it_waited_for_a_worker_never_runs() -> None:
+    """Every worker busy: a check queued behind them whose caller's time runs out is withdrawn, so no worker
+    later spends hours (and memory) on a check nobody waits for."""
+    workers = arguments._Workers(1)
+    release, started = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def busy() -> str:
+        started.set()
+        while not release.is_set():  # pure Python: the interruption lands here if its caller gives up
+            time.sleep(0.001)
+        return "busy"
+
+    def queued() -> str:
+        ran.append("queued")
+        return "queued"
+
+    first = asyncio.create_task(workers.run(busy, timeout=30))
+    assert await asyncio.to_thread(started.wait, 10)
+    with pytest.raises(TimeoutError):
+        await workers.run(queued, timeout=0.1)  # never reaches a worker in time
+    release.set()
+    assert await first == "busy"
+    assert await workers.run(lambda: "next", timeout=10) == "next"  # the worker took the next job after it
+    assert ran == []
+
+
+async def test_a_check_that_swallows_its_interruption_is_interrupted_again() -> None:
+    """Code inside a check (a library's broad `except`) may catch one interruption; it is interrupted again
+    until it stops, so the worker is freed."""
+    workers = arguments._Workers(1)
+    caught: list[str] = []
+
+    def stubborn() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                while time.monotonic() < deadline:
+                    time.sleep(0.001)
+            except BaseException as exc:  # the kind of handler that swallows the first interruption
+                if caught:
+                    raise
+                caught.append(type(exc).__name__)
+
+    with pytest.raises(TimeoutError):
+        await workers.run(stubborn, timeout=0.2)
+    assert await workers.run(lambda: "freed", timeout=10) == "freed"  # the worker came back
+    assert caught == ["_Abandoned"]
