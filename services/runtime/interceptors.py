@@ -60,22 +60,33 @@ def wrap_behaviour(handler: MethodHandler | None, wrap: Callable[[Handler], Hand
     )
 
 
-class _PerMethodCache:
-    """Interceptors run on every RPC; building the wrapped handler once per method (and again only when the
-    inner handler changes) keeps their cost to a dict lookup. Per-call data comes from the call context."""
+class _PerMethod(grpc.aio.ServerInterceptor):
+    """An interceptor that wraps the handler of every unary method it serves (`_build`), except those under
+    `exempt`. Interceptors run on every RPC; the wrapped handler is built once per method (and again only
+    when the inner handler changes), so their cost is a dict lookup. Per-call data comes from the context."""
+
+    exempt: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self._wrapped: dict[str, tuple[MethodHandler, MethodHandler | None]] = {}
 
-    def get(
-        self, method: str, inner: MethodHandler, build: Callable[[MethodHandler], MethodHandler | None]
+    async def intercept_service(
+        self,
+        continuation: Continuation,
+        details: grpc.HandlerCallDetails,
     ) -> MethodHandler | None:
-        hit = self._wrapped.get(method)
-        if hit is not None and hit[0] is inner:
+        handler = await continuation(details)
+        if not _unary(handler) or details.method.startswith(self.exempt):
+            return handler
+        hit = self._wrapped.get(details.method)
+        if hit is not None and hit[0] is handler:
             return hit[1]
-        wrapped = build(inner)
-        self._wrapped[method] = (inner, wrapped)
+        wrapped = self._build(details.method, handler)
+        self._wrapped[details.method] = (handler, wrapped)
         return wrapped
+
+    def _build(self, method: str, handler: MethodHandler) -> MethodHandler | None:
+        raise NotImplementedError
 
 
 def _unary(handler: MethodHandler | None) -> TypeGuard[MethodHandler]:
@@ -101,7 +112,7 @@ def ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None = No
     return None
 
 
-class ContextInterceptor(grpc.aio.ServerInterceptor):
+class ContextInterceptor(_PerMethod):
     """Takes on the caller's trace (log trace id, span, context passed on), parses the request, and turns
     unexpected exceptions into a clean INTERNAL.
 
@@ -110,21 +121,7 @@ class ContextInterceptor(grpc.aio.ServerInterceptor):
     INVALID_ARGUMENT instead of grpc's own UNKNOWN "Exception deserializing request". Unary RPCs only:
     health's and reflection's streams pass through as they are."""
 
-    def __init__(self) -> None:
-        self._cache = _PerMethodCache()
-
-    async def intercept_service(
-        self,
-        continuation: Continuation,
-        details: grpc.HandlerCallDetails,
-    ) -> MethodHandler | None:
-        handler = await continuation(details)
-        if not _unary(handler):
-            return handler
-        return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
-
-    @staticmethod
-    def _build(method: str, handler: MethodHandler) -> MethodHandler:
+    def _build(self, method: str, handler: MethodHandler) -> MethodHandler:
         inner = behaviour_of(handler)
         parse = handler.request_deserializer
         service, _, name = method.lstrip("/").rpartition("/")
@@ -245,22 +242,12 @@ class RpcMetrics:
         return observe
 
 
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
+class MetricsInterceptor(_PerMethod):
     """Counts unary RPCs by method and status code and observes their latency (`RpcMetrics`)."""
 
     def __init__(self, service: str) -> None:
+        super().__init__()
         self._metrics = RpcMetrics(service)
-        self._cache = _PerMethodCache()
-
-    async def intercept_service(
-        self,
-        continuation: Continuation,
-        details: grpc.HandlerCallDetails,
-    ) -> MethodHandler | None:
-        handler = await continuation(details)
-        if not _unary(handler):
-            return handler
-        return self._cache.get(details.method, handler, lambda h: self._build(details.method, h))
 
     def _build(self, full_method: str, handler: MethodHandler) -> MethodHandler | None:
         observe = self._metrics.method(full_method.rsplit("/", 1)[-1])
@@ -322,7 +309,7 @@ class ReplyLedger:
         return len(self._pending)
 
 
-class ReplyBudgetInterceptor(grpc.aio.ServerInterceptor):
+class ReplyBudgetInterceptor(_PerMethod):
     """A budget of reply bytes a connection may leave unread.
 
     A unary reply the handler has produced stays in the server (the message, its serialized bytes, the
@@ -340,20 +327,15 @@ class ReplyBudgetInterceptor(grpc.aio.ServerInterceptor):
 
     Goes inside `MetricsInterceptor`, so a refusal is counted as what the caller saw."""
 
+    exempt = EXEMPT_PREFIXES
+
     def __init__(self, budget: int = REPLY_BUDGET_BYTES) -> None:
+        super().__init__()
         self.budget = budget
         self.ledger = ReplyLedger()
-        self._cache = _PerMethodCache()
 
-    async def intercept_service(
-        self,
-        continuation: Continuation,
-        details: grpc.HandlerCallDetails,
-    ) -> MethodHandler | None:
-        handler = await continuation(details)
-        if not _unary(handler) or details.method.startswith(EXEMPT_PREFIXES):
-            return handler
-        return self._cache.get(details.method, handler, lambda h: wrap_behaviour(h, self._counted))
+    def _build(self, method: str, handler: MethodHandler) -> MethodHandler | None:
+        return wrap_behaviour(handler, self._counted)
 
     def _counted(self, inner: Handler) -> Handler:
         ledger, budget = self.ledger, self.budget
