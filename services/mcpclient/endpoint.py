@@ -1,8 +1,9 @@
 """A session's connection to one MCP endpoint: the current `Link` (its own, or the URL's common one the pool
 hands out), its cached tool list, and tool calls.
 
-Every call goes through the link's SDK session (`Client.call_tool`), in either era. What the transport saw
-of the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
+A 2026-07-28 call is one POST on the link's transport (`stateless`, which sorts its own failures); a
+legacy-era call goes through the link's SDK session (`Client.call_tool`). There, what the transport saw of
+the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
 never reached the upstream is retried: a failed handshake, a connection that was never made, a link found
 dead before sending, or a -32600 session rejection (the server refused the request without running it).
 A JSON-RPC error the server answered is its answer, whatever its code: the SDK's own "connection closed"
@@ -25,6 +26,7 @@ from mcp import Client, MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
+from rlgate.mcpclient import stateless
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -34,7 +36,7 @@ from rlgate.mcpclient.errors import (
     UpstreamUnavailable,
 )
 from rlgate.mcpclient.link import Link, SharedTools
-from rlgate.mcpclient.transport import Exchange, exchange
+from rlgate.mcpclient.transport import Exchange, UpstreamTransport, exchange
 from rlgate.runtime import metrics, tracing
 
 if TYPE_CHECKING:
@@ -245,6 +247,8 @@ class EndpointClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
+            if link.stateless and link.transport is not None:
+                return await self._call_stateless(link, link.transport, name, arguments, remaining)
             with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
                 try:
                     return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
@@ -262,6 +266,18 @@ class EndpointClient:
                         continue
                     raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
         raise CallNotSent(f"{self.url}: could not send {name!r}")
+
+    async def _call_stateless(
+        self, link: Link, transport: UpstreamTransport, name: str, arguments: dict[str, Any], timeout_s: float
+    ) -> mt.CallToolResult:
+        """A stateless-era call: one POST on the link's transport (`stateless`), outside the SDK's session."""
+        request = stateless.request_for(self.url, link.era, name, arguments, link.shared.header_map(name))
+        connect_timeout_s = self._pool.settings.http.timeout.connect
+        try:
+            return await stateless.call_tool(transport, request, timeout_s, connect_timeout_s)
+        except CallLost:
+            self._discard(link, "connection_lost")
+            raise
 
     async def _list_before_call(self, link: Link, name: str, deadline: float, *, last: bool) -> bool:
         """List the tools on `link` before calling `name`; False: the link died, try again on a new one.

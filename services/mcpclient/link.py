@@ -19,13 +19,14 @@ import weakref
 import anyio
 import mcp_types as mt
 from mcp import Client, MCPError
+from mcp.shared.inbound import x_mcp_header_map
 from mcp_types import METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from rlgate.mcpclient.catalog import listing_key
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
-from rlgate.mcpclient.transport import HttpSettings, exchange
+from rlgate.mcpclient.transport import HttpSettings, UpstreamTransport, exchange
 from rlgate.runtime import metrics
 from rlgate.runtime.errors import MAX_MESSAGE, clip
 
@@ -38,12 +39,22 @@ STATELESS_ERAS = frozenset(MODERN_PROTOCOL_VERSIONS)  # no session on the server
 
 
 class SharedTools:
-    """A tool list shared by every client whose endpoint lists exactly these tools (same env version)."""
+    """A tool list shared by every client whose endpoint lists exactly these tools (same env version), and
+    each tool's `x-mcp-header` positions, found on its first stateless-era call."""
 
-    __slots__ = ("__weakref__", "tools")
+    __slots__ = ("__weakref__", "_header_maps", "tools")
 
     def __init__(self, tools: list[mt.Tool]) -> None:
         self.tools = tools
+        self._header_maps: dict[str, dict[tuple[str, ...], str]] = {}
+
+    def header_map(self, name: str) -> dict[tuple[str, ...], str]:
+        """The `Mcp-Param-*` header positions of tool `name` (none for a tool this list lacks)."""
+        found = self._header_maps.get(name)
+        if found is None:
+            tool = next((t for t in self.tools if t.name == name), None)
+            found = self._header_maps[name] = x_mcp_header_map(tool.input_schema) if tool is not None else {}
+        return found
 
 
 class ToolListInterner:
@@ -64,9 +75,10 @@ class ToolListInterner:
 
 
 class Link:
-    """One mcp `Client` living inside its owner task (entered and exited there). Connecting includes the
-    tool discovery (every page): the session's catalog needs it, and on 2026-07-28 connections the SDK
-    mirrors `x-mcp-header` arguments into request headers only for tools this client has listed."""
+    """One mcp `Client` living inside its owner task (entered and exited there), and the transport under it
+    (a 2026-07-28 call is sent on it directly). Connecting includes the tool discovery (every page): the
+    session's catalog needs it, and a 2026-07-28 call mirrors `x-mcp-header` arguments into request headers
+    from the listed tool's schema."""
 
     def __init__(
         self, url: str, http: HttpSettings, timeout_s: float, interner: ToolListInterner, *, common: bool = False
@@ -76,6 +88,7 @@ class Link:
         self._timeout = timeout_s
         self._interner = interner
         self.client: Client | None = None
+        self.transport: UpstreamTransport | None = None  # under `client`: stateless-era calls go on it
         self.era = ""
         self.dead = False
         self.common = common  # serves every session on its URL (the pool counts `users`), else one session's
@@ -115,9 +128,10 @@ class Link:
     async def run(self) -> None:
         opened = False
         try:
-            async with open_client(self.url, self._http, self._timeout) as client:
+            async with open_client(self.url, self._http, self._timeout) as entered:
+                client = entered.client
                 self.set_tools(await self._first_listing(client))
-                self.client, self.era, opened = client, client.protocol_version, True
+                self.client, self.transport, self.era, opened = client, entered.transport, client.protocol_version, True
                 _open_clients.inc()
                 _connects.labels("ok").inc()
                 self.ready.set_result(None)
@@ -136,7 +150,7 @@ class Link:
                 log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, clip(leaf, MAX_MESSAGE))
         finally:
             self.dead = True
-            self.client = None
+            self.client = self.transport = None
             if opened:
                 _open_clients.dec()
 

@@ -384,10 +384,15 @@ class HttpSettings:
             cls._shared = cls.create()
         return cls._shared
 
-    def client(self) -> httpx2.AsyncClient:
+    def transport(self) -> UpstreamTransport:
+        """A bounded transport over a connection pool of its own."""
         pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
+        return UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes)
+
+    def client(self, transport: UpstreamTransport | None = None) -> httpx2.AsyncClient:
+        """An httpx2 client on `transport` (a new one by default), which it closes."""
         return httpx2.AsyncClient(
-            transport=UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes),
+            transport=transport or self.transport(),
             timeout=self.timeout,
             trust_env=self.trust_env,
             headers={"accept-encoding": "identity"},

@@ -224,8 +224,7 @@ async def test_one_trace_spans_client_orchestrator_gateway_and_upstreams(
         "rlgate.verify": {step},
         "rlgate.release": {close},
         "upstream tools/call star_note": {call_tool},
-        "MCP send tools/call star_note": {"upstream tools/call star_note"},  # the mcp SDK's CLIENT span
-        "tools/call star_note": {"MCP send tools/call star_note"},  # the upstream's SERVER span, from `_meta`
+        "tools/call star_note": {"upstream tools/call star_note"},  # the upstream's SERVER span, from `_meta`
         "server/discover": {reset, call_tool},  # the upstreams' handshakes (2026-07-28 era)
     }
     for name, ancestors in below.items():
@@ -234,12 +233,12 @@ async def test_one_trace_spans_client_orchestrator_gateway_and_upstreams(
         for span in found:
             assert span.context.trace_id == trace_id, name
             assert ancestors & set(_ancestors(span, by_id)), (name, _ancestors(span, by_id))
-    sends = {s.context.span_id for s in named("MCP send tools/call star_note")}
+    sends = {s.context.span_id for s in named("upstream tools/call star_note")}
     upstream_parents = {s.parent.span_id for s in named("tools/call star_note") if s.parent is not None}
     assert len(sends) == 2 and upstream_parents == sends  # each upstream request parented by `_meta`
     assert all(s.context.trace_id == trace_id for s in spans if s.kind == SpanKind.SERVER)
 
-    # The same trace context reached localfleet as HTTP headers: the MCP requests (parent: the SDK's span,
+    # The same trace context reached localfleet as HTTP headers: the MCP requests (parent: the upstream span,
     # as in `_meta`) and Fleet's API (instance create, instance reset).
     traced = [r for r in stack.fleet.seen if r.traceparent]
     assert {r.traceparent.split("-")[1] for r in traced} == {trace_hex}

@@ -15,11 +15,12 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
 from mcp.server import MCPServer
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlgate.localfleet.connections import ConnectionTracker
@@ -29,7 +30,7 @@ from tests.support.ports import free_port
 
 CHUNK = 64 * 1024
 ERAS = ["modern", "legacy"]  # 2026-07-28, and initialize + Mcp-Session-Id (the modern probe answered 400)
-HOSTILE_TOOLS = ["flood", "hang", "drop", "squeezed"]
+HOSTILE_TOOLS = ["flood", "hang", "drop", "squeezed", "asks", "status"]
 
 
 @dataclass(eq=False)
@@ -140,11 +141,38 @@ async def squeezed(call: HostileCall) -> None:
     await call.body(body, more=False)
 
 
+async def asks(call: HostileCall) -> None:
+    """A 2026-07-28 InputRequiredResult: the tool wants the client to answer an elicitation first."""
+    result = {
+        "resultType": "input_required",
+        "inputRequests": {"confirm": {"method": "elicitation/create", "params": {"message": "sure?"}}},
+        "requestState": "opaque",
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": call.message["id"], "result": result}).encode()
+    await call.head("application/json")
+    await call.body(body, more=False)
+
+
+async def status(call: HostileCall) -> None:
+    """HTTP `status` (and a JSON-RPC error body, unless `code` is 0): how a server refuses a call at the HTTP
+    level."""
+    code, http_status = call.arguments.get("code", 0), call.arguments.get("status", 400)
+    body = b""
+    if code:
+        error = {"code": code, "message": f"refused with {code}"}
+        body = json.dumps({"jsonrpc": "2.0", "id": call.message["id"], "error": error}).encode()
+    headers = [(b"content-type", b"application/json" if code else b"text/plain")]
+    await call.send({"type": "http.response.start", "status": http_status, "headers": headers})
+    await call.send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 BEHAVIOURS: dict[str, Callable[[HostileCall], Awaitable[None]]] = {
     "flood": flood,
     "hang": hang,
     "drop": drop,
     "squeezed": squeezed,
+    "asks": asks,
+    "status": status,
 }
 
 
@@ -156,7 +184,14 @@ def mcp_server() -> MCPServer:
         """n + 1."""
         return str(n + 1)
 
-    def hostile(kind: str = "json", total: int | None = None, when: str = "before") -> str:
+    @server.tool()
+    def forecast(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})], days: int = 1) -> str:
+        """The region's argument is mirrored in an `Mcp-Param-Region` header, which the server checks."""
+        return f"{region}: sunny for {days} day(s)"
+
+    def hostile(
+        kind: str = "json", total: int | None = None, when: str = "before", code: int = 0, status: int = 400
+    ) -> str:
         return ""  # never reached: the front answers these calls
 
     for name in HOSTILE_TOOLS:
@@ -173,6 +208,7 @@ class HostileUpstream:
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
         self.hostile: list[HostileCall] = []
+        self.requests: list[tuple[dict[bytes, bytes], dict[str, Any]]] = []  # every tools/call: headers, message
         self.tracker = ConnectionTracker(Counters())
         self._changed = asyncio.Condition()
         self._app: ASGIApp = mcp_server().streamable_http_app(json_response=era == "legacy")
@@ -211,6 +247,7 @@ class HostileUpstream:
         name = request.get("params", {}).get("name") if request.get("method") == "tools/call" else None
         if name is not None:
             self.calls[name] += 1
+            self.requests.append((dict(scope["headers"]), request))
         await self.note()
         if name not in BEHAVIOURS:
             await self._app(scope, replay(body, receive), send)

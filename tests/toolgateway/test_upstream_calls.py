@@ -1,7 +1,8 @@
-"""Tool calls through the one upstream path (the mcp SDK session, both eras) against a misbehaving upstream
-(`http_server`): what a failure means (never sent / lost / timed out / answered with an error), the reply
-limit, and that a call that ends stops reading its reply; tool listings: lost or answered with an error,
-and the bound of one page. The server's side of the wire is observed: bytes it got out, the client leaving.
+"""Tool calls (the mcp SDK session in the legacy era, one POST of `mcpclient.stateless` in the 2026-07-28 era)
+against a misbehaving upstream (`http_server`): what a failure means (never sent / lost / timed out /
+answered with an error), the reply limit, and that a call that ends stops reading its reply; tool listings:
+lost or answered with an error, and the bound of one page. The server's side of the wire is observed: bytes
+it got out, the client leaving.
 
 Behaviours this module adds to the front (`server_error`, `sse_ends`) are registered in its `BEHAVIOURS`
 here; `ListingUpstream` answers `tools/list` itself when told to."""
@@ -18,9 +19,11 @@ from typing import Any
 
 import grpc
 import pytest
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+from mcp_types.jsonrpc import HEADER_MISMATCH
 from starlette.types import Receive, Scope, Send
 
+from rlgate.mcpclient import stateless
 from rlgate.mcpclient.catalog import MAX_TOOL_BYTES, MAX_TOOLS
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import (
@@ -79,7 +82,7 @@ async def ups(upstream: HostileUpstream) -> AsyncIterator[SessionUpstreams]:
     await pool.close()
 
 
-async def test_calls_go_through_the_sdk_session_in_either_era(upstream: HostileUpstream, ups: SessionUpstreams) -> None:
+async def test_calls_work_in_either_era(upstream: HostileUpstream, ups: SessionUpstreams) -> None:
     result = await ups.call(upstream.url, "add", {"n": 1}, 10.0)
     assert result.content[0].text == "2"  # type: ignore[union-attr]
     link = ups.clients[upstream.url]._link
@@ -507,3 +510,70 @@ async def test_gateway_answers_a_server_error_with_tool_failed(lister: ListingUp
     assert SERVER_ERROR in result.error_message and str(CONNECTION_CLOSED) in result.error_message
     assert again.replayed and again.result == result
     assert lister.calls["server_error"] == 1
+
+
+# 7. A stateless-era (2026-07-28) call is one POST outside the SDK's session (`mcpclient.stateless`): it carries
+# what the SDK's client would send (the SDK's server checks it), and what a server answers is sorted.
+
+
+@pytest.fixture
+async def modern() -> AsyncIterator[HostileUpstream]:
+    async with hostile_upstream("modern") as up:
+        yield up
+
+
+@pytest.fixture
+async def modern_ups(modern: HostileUpstream) -> AsyncIterator[SessionUpstreams]:
+    pool, session = await session_on(modern)
+    yield session
+    await pool.close()
+
+
+async def test_a_stateless_call_carries_the_envelope_and_headers_the_server_checks(
+    modern: HostileUpstream, modern_ups: SessionUpstreams
+) -> None:
+    big = 2**70  # past 64 bits: sent as the integer it is
+    result = await modern_ups.call(modern.url, "forecast", {"region": "eu-west", "days": big}, 10.0)
+    assert result.content[0].text == f"eu-west: sunny for {big} day(s)", result  # type: ignore[union-attr]
+    headers, message = modern.requests[-1]
+    assert headers[b"mcp-param-region"] == b"eu-west"  # from the tool's x-mcp-header annotation
+    assert (headers[b"mcp-method"], headers[b"mcp-name"]) == (b"tools/call", b"forecast")
+    assert headers[b"mcp-protocol-version"] == b"2026-07-28"
+    meta = message["params"]["_meta"]
+    assert meta["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "rlgate"
+    assert message["params"]["arguments"] == {"region": "eu-west", "days": big}
+    link = modern_ups.clients[modern.url]._link
+    assert link is not None and link.transport is not None
+    # The check is real: the same call without its Mcp-Param header is refused by the server, not run.
+    request = stateless.request_for(modern.url, link.era, "forecast", {"region": "eu-west"}, {})
+    with pytest.raises(CallRejected, match=r"(?i)header") as err:
+        await stateless.call_tool(link.transport, request, 10.0, 5.0)
+    assert err.value.code == HEADER_MISMATCH
+    assert modern.calls["forecast"] == 2
+
+
+async def test_a_stateless_call_answered_input_required_is_rejected(
+    modern: HostileUpstream, modern_ups: SessionUpstreams
+) -> None:
+    with pytest.raises(CallRejected, match="InputRequiredResult"):
+        await modern_ups.call(modern.url, "asks", {}, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected", "match"),
+    [
+        (400, -32602, -32602, "refused with -32602"),  # a JSON-RPC error carried by an HTTP error
+        (500, 0, INTERNAL_ERROR, "HTTP 500"),
+        (404, 0, METHOD_NOT_FOUND, "Not Found"),
+        (202, 0, INVALID_REQUEST, "202 Accepted"),
+    ],
+)
+async def test_a_stateless_call_refused_at_the_http_level_is_rejected_with_a_code(
+    modern: HostileUpstream, modern_ups: SessionUpstreams, status: int, code: int, expected: int, match: str
+) -> None:
+    with pytest.raises(CallRejected, match=match) as err:
+        await modern_ups.call(modern.url, "status", {"status": status, "code": code}, 10.0)
+    assert err.value.code == expected
+    assert modern.calls["status"] == 1  # answered: never retried
+    assert (await modern_ups.call(modern.url, "add", {"n": 1}, 10.0)).content[0].text == "2"  # type: ignore[union-attr]
