@@ -265,6 +265,33 @@ async def test_retry_info_from_either_service_paces_the_retry(
     assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
 
 
+@pytest.mark.parametrize("method", ["Step", "CallTool"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+async def test_a_reply_budget_refusal_is_retried_with_the_same_request_id(
+    server: ScriptedServer, method: str, asynchronous: bool
+) -> None:
+    """A connection over its reply budget is refused before any work (RESOURCE_EXHAUSTED, REPLY_BUDGET,
+    RetryInfo): the client retries after the RetryInfo's delay, CallTool included, with the same request_id."""
+    status = service_errors.ResourceExhausted(
+        "this connection has 400 bytes of replies unread",
+        subject="connection 127.0.0.1:1",
+        reason="REPLY_BUDGET",
+        retry_after_s=0.3,
+    ).to_status()
+    server.script.push(method, Rich(status))
+    call = _one_call(method)
+    started = time.monotonic()
+    if asynchronous:
+        async with AsyncClient(server.address, retry=FAST) as aclient:
+            await call(aclient, server.address)
+    else:
+        with Client(server.address, retry=FAST) as client:
+            await asyncio.to_thread(call, client, server.address)
+    assert time.monotonic() - started >= 0.3
+    seen = server.script.seen[method]
+    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
+
+
 @pytest.mark.parametrize(
     ("method", "error", "expected"),
     [

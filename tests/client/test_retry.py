@@ -124,3 +124,25 @@ def test_a_status_of_another_code_or_garbage_is_not_this_calls() -> None:
         state = _state("Step", timeout=60.0)
         state.attempt_timeout()
         assert state.on_error(error) == pytest.approx(0.1)  # the policy's own backoff
+
+
+@pytest.mark.parametrize("method", ["Reset", "Step", "State", "ListTools", "CallTool"])
+def test_a_reply_budget_refusal_is_retried_by_every_rpc_after_its_retry_info(method: str) -> None:
+    """RESOURCE_EXHAUSTED with reason REPLY_BUDGET was refused before any work (the connection left too
+    many replies unread): safe to retry for every RPC, CallTool's too, once the RetryInfo's delay passed."""
+    budget = error_details_pb2.ErrorInfo(reason="REPLY_BUDGET", domain="rlgate.dev")
+    info = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=1))
+    trailer = _rich(code_pb2.RESOURCE_EXHAUSTED, "replies unread", budget, info)
+    state = _state(method, timeout=60.0)
+    state.attempt_timeout()
+    error = FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, (("grpc-status-details-bin", trailer),))
+    assert state.on_error(error) == pytest.approx(1.0)
+
+
+def test_another_resource_exhausted_is_not_retried() -> None:
+    quota = error_details_pb2.ErrorInfo(reason="SESSION_LIMIT", domain="rlgate.dev")
+    trailer = _rich(code_pb2.RESOURCE_EXHAUSTED, "too many sessions", quota)
+    state = _state("CallTool", timeout=60.0)
+    state.attempt_timeout()
+    with pytest.raises(rlgate.ResourceExhausted):
+        state.on_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, (("grpc-status-details-bin", trailer),)))

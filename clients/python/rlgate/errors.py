@@ -210,6 +210,15 @@ def retry_delay(status: status_pb2.Status | None) -> float:
     return 0.0
 
 
+def error_reason(status: status_pb2.Status | None) -> str:
+    """The ErrorInfo reason in a google.rpc.Status (e.g. "REPLY_BUDGET"); "" when it has none."""
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
 def status_code(err: BaseException) -> grpc.StatusCode | None:
     """The gRPC status code of a grpc / grpc.aio error, or None for anything else; never raises."""
     code = getattr(err, "code", None)

@@ -13,8 +13,12 @@ Why each RPC retries what it does:
   owner died mid-call; the tool never runs twice. A DEADLINE_EXCEEDED CallTool is not retried (the tool may
   still be running and the caller's time is spent).
 
-A RetryInfo in the status details (the orchestrator and the toolgateway both attach one to UNAVAILABLE) sets
-the minimum delay before the retry."""
+Every RPC also retries RESOURCE_EXHAUSTED with reason REPLY_BUDGET: the server refused it before any work
+because this connection left too many replies unread (a burst of large replies still leaving), so a retry
+once they are read is safe, CallTool's included.
+
+A RetryInfo in the status details (the orchestrator and the toolgateway both attach one to UNAVAILABLE and
+to REPLY_BUDGET) sets the minimum delay before the retry."""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, retry_delay, status_code
+from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, error_reason, retry_delay, status_code
 
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 _UNAVAILABLE_OR_DEADLINE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -90,6 +94,11 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+REFUSED_BEFORE_WORK = "REPLY_BUDGET"  # the ErrorInfo reason of a refusal any RPC may retry
+
+
+def _refused_before_work(code: grpc.StatusCode | None, mapped: RlgateError) -> bool:
+    return code is grpc.StatusCode.RESOURCE_EXHAUSTED and error_reason(mapped.rich_status) == REFUSED_BEFORE_WORK
 
 
 @dataclass
@@ -135,7 +144,8 @@ class RetryState:
         code = status_code(err)
         mapped = error_from_rpc(err, trace_id=self.trace_id, context=self.method)
         self.errors.append(str(mapped))
-        if code not in RETRYABLE.get(self.method, frozenset()) or self.attempts >= self.policy.max_attempts:
+        retryable = code in RETRYABLE.get(self.method, frozenset()) or _refused_before_work(code, mapped)
+        if not retryable or self.attempts >= self.policy.max_attempts:
             raise self._final(mapped)
         if code is grpc.StatusCode.DEADLINE_EXCEEDED and self.policy.attempt_timeout is None:
             # The attempt already used all the time there was.
