@@ -12,7 +12,7 @@ import it, and it imports neither. Modules, each with one job:
 - `connect`    `open_client` (an entered SDK `Client`, as a forwarder) and what a failed handshake means
 - `discovery`  `discover_tools`: one-off connect, list, union, filter (the orchestrator's Reset)
 - `link`       one SDK client inside its owner task; tool lists shared between sessions
-- `stateless`  a 2026-07-28 `tools/call` as one POST on a link's transport (the legacy era's go through the SDK)
+- `stateless`  a 2026-07-28 `tools/call` as one POST on aiohttp's pooled connector (legacy-era calls: the SDK)
 - `endpoint`   `EndpointClient`: a session's link to one endpoint, its cached tools, and tool calls
 - `session`    `SessionUpstreams` (a session's endpoints) and `SessionCatalog`
 - `pool`       `UpstreamPool`: every session's upstreams, the links (common ones for stateless-era URLs),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import mcp_types as mt
 from mcp import Client, MCPError
@@ -18,7 +17,7 @@ from mcp_types import METHOD_NOT_FOUND
 
 from rlgate.mcpclient.catalog import list_all_tools
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
-from rlgate.mcpclient.transport import HttpSettings, UpstreamTransport, listing
+from rlgate.mcpclient.transport import HttpSettings, listing
 
 CLIENT_INFO = mt.Implementation(name="rlgate", version="1")  # what every upstream client says it is
 
@@ -52,36 +51,26 @@ def connect_error(url: str, exc: BaseException) -> Exception:
     return CallNotSent(f"{url} unreachable: {type(first).__name__}: {first}".rstrip(": "))
 
 
-@dataclass(frozen=True)
-class Opened:
-    """An entered SDK client and the bounded transport (its connection pool) under it."""
-
-    client: Client
-    transport: UpstreamTransport
-
-
 @contextlib.asynccontextmanager
-async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIterator[Opened]:
-    """An entered mcp `Client` (auto era detection) on a fresh httpx2 client with the shared settings, and
-    the transport under it (a stateless-era call is sent on it directly: `stateless`). Enter and exit in the
-    same task (the SDK's cancel scopes require it). Handshake failures raise EndpointNotFound /
-    CallNotSent; what the block raises is raised as it was, not wrapped in the exception group of the SDK's
-    task group."""
+async def open_client(url: str, http: HttpSettings, timeout_s: float) -> AsyncIterator[Client]:
+    """An entered mcp `Client` (auto era detection) on a fresh httpx2 client with the shared settings.
+    Enter and exit in the same task (the SDK's cancel scopes require it). Handshake failures raise
+    EndpointNotFound / CallNotSent; what the block raises is raised as it was, not wrapped in the exception
+    group of the SDK's task group."""
     try:
         async with contextlib.AsyncExitStack() as stack:
             try:
-                transport = http.transport()
-                hc = await stack.enter_async_context(http.client(transport))
+                hc = await stack.enter_async_context(http.client())
                 # SSE events may be as large as a whole reply; the transport bounds the reply itself.
-                streams = streamable_http_client(url, http_client=hc, max_sse_event_size=http.max_reply_bytes)
-                client = Client(streams, read_timeout_seconds=timeout_s, cache=None, client_info=CLIENT_INFO)
+                transport = streamable_http_client(url, http_client=hc, max_sse_event_size=http.max_reply_bytes)
+                client = Client(transport, read_timeout_seconds=timeout_s, cache=None, client_info=CLIENT_INFO)
                 entered = await stack.enter_async_context(client)
             except Exception as exc:
                 raise connect_error(url, exc) from exc
             except BaseExceptionGroup as exc:  # anyio task groups wrap transport errors
                 raise connect_error(url, exc) from exc
             _forward_only(entered)
-            yield Opened(entered, transport)
+            yield entered
     except BaseExceptionGroup as group:
         found = leaves(group)
         if len(found) == 1 and isinstance(found[0], Exception):

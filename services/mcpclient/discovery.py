@@ -37,8 +37,8 @@ async def discover_tools(
     async def one(url: str) -> list[mt.Tool]:
         attributes = {"mcp.method.name": "tools/list", "url.full": url.split("?", 1)[0]}  # a query may hold a key
         with tracing.span("upstream tools/list", attributes):
-            async with asyncio.timeout(timeout), open_client(url, settings, timeout) as opened:
-                return await list_tools_forwarding(opened.client, url)
+            async with asyncio.timeout(timeout), open_client(url, settings, timeout) as client:
+                return await list_tools_forwarding(client, url)
 
     results = await asyncio.gather(*(one(u) for u in endpoints), return_exceptions=True)
     per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []

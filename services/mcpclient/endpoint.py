@@ -1,7 +1,7 @@
 """A session's connection to one MCP endpoint: the current `Link` (its own, or the URL's common one the pool
 hands out), its cached tool list, and tool calls.
 
-A 2026-07-28 call is one POST on the link's transport (`stateless`, which sorts its own failures); a
+A 2026-07-28 call is one POST on the link's call pool (`stateless`, which sorts its own failures); a
 legacy-era call goes through the link's SDK session (`Client.call_tool`). There, what the transport saw of
 the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
 never reached the upstream is retried: a failed handshake, a connection that was never made, a link found
@@ -26,7 +26,6 @@ from mcp import Client, MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
-from rlgate.mcpclient import stateless
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -36,7 +35,8 @@ from rlgate.mcpclient.errors import (
     UpstreamUnavailable,
 )
 from rlgate.mcpclient.link import Link, SharedTools
-from rlgate.mcpclient.transport import Exchange, UpstreamTransport, exchange
+from rlgate.mcpclient.stateless import StatelessCalls
+from rlgate.mcpclient.transport import Exchange, exchange
 from rlgate.runtime import metrics, tracing
 
 if TYPE_CHECKING:
@@ -247,8 +247,8 @@ class EndpointClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
-            if link.stateless and link.transport is not None:
-                return await self._call_stateless(link, link.transport, name, arguments, remaining)
+            if link.calls is not None:
+                return await self._call_stateless(link, link.calls, name, arguments, remaining)
             with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
                 try:
                     return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
@@ -268,13 +268,11 @@ class EndpointClient:
         raise CallNotSent(f"{self.url}: could not send {name!r}")
 
     async def _call_stateless(
-        self, link: Link, transport: UpstreamTransport, name: str, arguments: dict[str, Any], timeout_s: float
+        self, link: Link, calls: StatelessCalls, name: str, arguments: dict[str, Any], timeout_s: float
     ) -> mt.CallToolResult:
-        """A stateless-era call: one POST on the link's transport (`stateless`), outside the SDK's session."""
-        request = stateless.request_for(self.url, link.era, name, arguments, link.shared.header_map(name))
-        connect_timeout_s = self._pool.settings.http.timeout.connect
+        """A 2026-07-28 call: one POST on the link's call pool (`stateless`), outside the SDK's session."""
         try:
-            return await stateless.call_tool(transport, request, timeout_s, connect_timeout_s)
+            return await calls.call(self.url, link.era, name, arguments, link.shared.header_map(name), timeout_s)
         except CallLost:
             self._discard(link, "connection_lost")
             raise

@@ -1,29 +1,41 @@
-"""tools/call on a stateless-era (2026-07-28) endpoint: one HTTP request through the link's pooled transport.
+"""tools/call on a stateless-era (2026-07-28) endpoint: one HTTP POST on aiohttp's pooled connector.
 
 That era keeps no session on the server, so a call is one POST that carries all it needs. The SDK's client
-session adds what a forwarder does not use (a dispatcher task and memory streams per request, envelope
-models, the output-schema re-validation rlgate switches off) and costs a large share of a call's CPU, so a
-call is sent here instead; discovery and listings stay with the SDK. What this sends is what the SDK's
-client sends, built from the SDK's public pieces (`mcp.shared.inbound`, `mcp_types`): the request's `_meta`
-(protocol version, client info, capabilities, and the W3C trace context, SEP-414) and the routing headers
-(`Mcp-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, and the `Mcp-Param-*` headers a tool's `x-mcp-header`
-arguments ask for). A real SDK server checks all of them (tests/mcpclient/test_stateless.py).
+session (a dispatcher task and memory streams per request, envelope models, httpx2 over httpcore2 and h11 in
+pure Python) cost most of the gateway's CPU per call, so a link whose server speaks this era sends its calls
+here, on a connection pool of its own (`StatelessCalls`); the handshake and tool listings stay with the SDK.
+What the POST carries is what the SDK's client sends, built from the SDK's public pieces
+(`mcp.shared.inbound`, `mcp_types`): the request's `_meta` (protocol version, client info, capabilities, and
+the W3C trace context, SEP-414) and the routing headers (`Mcp-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
+and the `Mcp-Param-*` headers a tool's `x-mcp-header` arguments ask for). A real SDK server checks them
+(tests/toolgateway/test_upstream_calls.py).
 
-Everything about bytes on the wire is the transport's (`transport.UpstreamTransport`): the reply cap, an
-abandoned reply no longer read, whether a failed request could have reached the server. This module reads
-the reply (JSON, or an SSE stream parsed incrementally by httpx2's `EventSource`) and sorts the outcome into
-the `errors` a caller can act on: CallNotSent (provably not sent), CallLost (may have run), CallTimedOut,
-CallRejected (the server answered with an error, or with a reply that is not a tool result).
+What this keeps of the transport's promises for the other requests (`transport.UpstreamTransport`):
+- the same reply limit (`HttpSettings.max_reply_bytes`), counted as bytes arrive, for a JSON body and an SSE
+  stream alike; past it the connection is closed and the reply dropped unread (`ReplyTooLarge`);
+- a reply is read in the caller's task, so a call that times out or is cancelled stops reading at once, and
+  a reply not read to its end closes its connection (never reused);
+- compressed replies are refused (asked for uncompressed, never decompressed: the bytes counted are the bytes
+  parsed);
+- what a failure means: a request whose headers never left (no connection could be made, or none came from
+  the pool in time) is `CallNotSent` or an unsent `CallTimedOut`; after that, `CallLost` or a sent
+  `CallTimedOut`. aiohttp's `on_request_headers_sent` signal marks the moment.
+No HTTP is parsed here (aiohttp's parser), nor SSE (httpx2's `EventSource` over the counted bytes), nor JSON
+by hand (the standard decoder, which keeps integers of any size exact).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, TypeGuard
 
+import aiohttp
 import httpx2
 import mcp_types as mt
 from mcp.shared.inbound import (
@@ -36,20 +48,110 @@ from mcp.shared.inbound import (
 from pydantic import ValidationError
 
 from rlgate.mcpclient.connect import CLIENT_INFO
-from rlgate.mcpclient.errors import CallLost, CallNotSent, CallRejected, CallTimedOut
-from rlgate.mcpclient.transport import Exchange, UpstreamTransport, exchange
+from rlgate.mcpclient.errors import CallLost, CallNotSent, CallRejected, CallTimedOut, ReplyTooLarge
+from rlgate.mcpclient.transport import HttpSettings, too_large
 from rlgate.runtime import jsoncodec, tracing
 
 _CLIENT_INFO_JSON = CLIENT_INFO.model_dump(mode="json", exclude_none=True)
 _ACCEPT = "application/json, text/event-stream"
-_ids = itertools.count(1)  # JSON-RPC ids: the era correlates a reply with its POST, the id only echoes
+_ids = itertools.count(1)  # JSON-RPC ids: the era pairs a reply with its POST; the id is only echoed
+# Failures that prove the request's headers never left: no connection, or not even a well-formed request.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidUrlClientError)
+
+
+@dataclass
+class _Progress:
+    """What one POST got to (set from aiohttp's trace signals)."""
+
+    url: str
+    sent: bool = False  # the request's headers were written to a connection
+
+
+async def _headers_sent(
+    _session: aiohttp.ClientSession, context: SimpleNamespace, _params: aiohttp.TraceRequestHeadersSentParams
+) -> None:
+    progress = context.trace_request_ctx
+    if isinstance(progress, _Progress):
+        progress.sent = True
+
+
+class StatelessCalls:
+    """The connection pool and the calls of one 2026-07-28 link. Open and close it in the link's owner task."""
+
+    def __init__(self, http: HttpSettings) -> None:
+        self._http = http
+        limit = http.limits.max_connections or 0
+        keepalive = http.limits.keepalive_expiry
+        connector = aiohttp.TCPConnector(
+            limit=limit,
+            limit_per_host=0,
+            keepalive_timeout=keepalive if keepalive is not None else 0,
+            ssl=http.ssl_context,
+        )
+        tracer = aiohttp.TraceConfig()
+        tracer.on_request_headers_sent.append(_headers_sent)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            # Only connecting has a timeout of its own: the call's deadline bounds the rest (asyncio.timeout).
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=http.timeout.connect),
+            auto_decompress=False,
+            trust_env=http.trust_env,
+            trace_configs=[tracer],
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def call(
+        self,
+        url: str,
+        era: str,
+        name: str,
+        arguments: Mapping[str, Any],
+        header_map: Mapping[tuple[str, ...], str],
+        timeout_s: float,
+    ) -> mt.CallToolResult:
+        """Call tool `name` within `timeout_s`. `header_map`: the tool's `x-mcp-header` positions
+        (`mcp.shared.inbound.x_mcp_header_map` of its input schema). Raises CallNotSent, CallLost,
+        CallTimedOut, CallRejected (ReplyTooLarge among them)."""
+        request_id, body, headers = request_for(era, name, arguments, header_map)
+        progress = _Progress(url)
+        try:
+            async with asyncio.timeout(timeout_s), self._post(url, body, headers, progress) as response:
+                return _result(await _reply(response, request_id, self._http.max_reply_bytes))
+        except TimeoutError:
+            raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=progress.sent) from None
+        except _NOT_SENT as exc:
+            if progress.sent:  # cannot happen for these, but a lost call must never be retried
+                raise CallLost(f"{url}: connection lost during {name!r}: {_describe(exc)}") from exc
+            raise CallNotSent(f"{url}: request not sent: {_describe(exc)}") from exc
+        except (aiohttp.ClientError, httpx2.SSEError, httpx2.StreamError, OSError) as exc:
+            if not progress.sent:
+                raise CallNotSent(f"{url}: request not sent: {_describe(exc)}") from exc
+            raise CallLost(f"{url}: connection lost during {name!r}: {_describe(exc)}") from exc
+
+    @contextlib.asynccontextmanager
+    async def _post(
+        self, url: str, body: bytes, headers: dict[str, str], progress: _Progress
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The POST's response; on the way out a reply not read to its end closes its connection."""
+        response = await self._session.post(
+            url, data=body, headers=headers, allow_redirects=False, trace_request_ctx=progress
+        )
+        try:
+            yield response
+        finally:
+            if response.content.at_eof():
+                response.release()  # read whole: the connection goes back to the pool
+            else:
+                response.close()  # abandoned, cut off or failed: never reused
 
 
 def request_for(
-    url: str, era: str, name: str, arguments: Mapping[str, Any], header_map: Mapping[tuple[str, ...], str]
-) -> tuple[int, httpx2.Request]:
-    """(JSON-RPC id, the POST) of a tools/call. `header_map`: the tool's `x-mcp-header` positions
-    (`mcp.shared.inbound.x_mcp_header_map` of its input schema)."""
+    era: str, name: str, arguments: Mapping[str, Any], header_map: Mapping[tuple[str, ...], str]
+) -> tuple[int, bytes, dict[str, str]]:
+    """(JSON-RPC id, body, headers) of a tools/call, as the SDK's client would send it."""
     meta: dict[str, Any] = {
         mt.PROTOCOL_VERSION_META_KEY: era,
         mt.CLIENT_INFO_META_KEY: _CLIENT_INFO_JSON,
@@ -65,95 +167,97 @@ def request_for(
     }
     headers = {
         "accept": _ACCEPT,
-        "accept-encoding": "identity",  # the transport refuses a compressed reply
+        "accept-encoding": "identity",  # a compressed reply is refused
         "content-type": "application/json",
         MCP_PROTOCOL_VERSION_HEADER: era,
         MCP_METHOD_HEADER: "tools/call",
         MCP_NAME_HEADER: encode_header_value(name),
         **mcp_param_headers(header_map, arguments),
     }
-    return request_id, httpx2.Request("POST", url, content=jsoncodec.dumps_bytes(message), headers=headers)
+    tracing.inject_headers(headers)
+    return request_id, jsoncodec.dumps_bytes(message), headers
 
 
-async def call_tool(
-    transport: UpstreamTransport,
-    request: tuple[int, httpx2.Request],
-    timeout_s: float,
-    connect_timeout_s: float | None,
-) -> mt.CallToolResult:
-    """Send a `request_for` POST and read its reply, all within `timeout_s`. Raises CallNotSent, CallLost,
-    CallTimedOut, CallRejected (ReplyTooLarge among them)."""
-    request_id, http_request = request
-    name = http_request.headers.get(MCP_NAME_HEADER, "")
-    http_request.extensions["timeout"] = {"connect": connect_timeout_s, "read": None, "write": None, "pool": None}
-    with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
-        try:
-            async with asyncio.timeout(timeout_s):
-                response = await transport.handle_async_request(http_request)
-                try:
-                    return _result(await _reply(response, ex, request_id), ex)
-                finally:
-                    await response.aclose()
-        except TimeoutError:
-            raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=ex.started > 0) from None
-        except (httpx2.StreamError, httpx2.SSEError, httpx2.TransportError) as exc:
-            raise _read_failure(ex, http_request, exc) from exc
-
-
-def _read_failure(ex: Exchange, request: httpx2.Request, exc: Exception) -> Exception:
-    """What a reply that could not be read to its end means."""
-    if ex.refused is not None:  # cut off past the reply cap, or compressed: the server answered
-        return ex.refused
-    return CallLost(ex.lost or f"{request.url}: the reply broke off: {type(exc).__name__}: {exc}")
-
-
-async def _reply(response: httpx2.Response, ex: Exchange, request_id: int) -> dict[str, Any]:
+async def _reply(response: aiohttp.ClientResponse, request_id: int, limit: int) -> dict[str, Any]:
     """The JSON-RPC response to `request_id` (a dict with "result" or "error")."""
-    status = response.status_code
+    status = response.status
     content_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if status >= 400 or status == 202 or 300 <= status < 400:
-        return await _error_reply(response, ex, status, content_type)
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise CallRejected(
+            f"its server compressed the reply ({encoding}) although an uncompressed one was asked for; the "
+            "reply was refused unread (the tool ran)",
+            mt.INTERNAL_ERROR,
+        )
+    if status >= 300 or status == 202:
+        return await _error_reply(response, status, content_type, limit)
     if content_type == "application/json":
-        message = _parse(await response.aread())
+        message = _parse(await _body(response, limit))
         if not _is_response(message):
             raise CallRejected("the tools/call reply is not a JSON-RPC response", mt.PARSE_ERROR)
         return message
     if content_type == "text/event-stream":
-        # Events may be as large as a whole reply; the transport bounds the reply itself.
-        async for event in httpx2.EventSource(response, max_event_size=None):
+        # httpx2's SSE decoder reads the counted bytes as they come; an event may be as large as the reply.
+        events = httpx2.Response(
+            status,
+            headers={"content-type": content_type},
+            stream=_Counted(response, limit),
+            request=httpx2.Request("POST", str(response.url)),  # EventSource names it in its errors
+        )
+        async for event in httpx2.EventSource(events, max_event_size=None):
             if event.event != "message" or not event.data:
                 continue  # priming events, keep-alives, other event types
             message = _parse(event.data)
             if _is_response(message) and message.get("id") in (request_id, None):
                 return message
             # Anything else (progress, log notifications, server requests) has no reader in a forwarder.
-        raise CallLost(f"{response.request.url}: connection lost: the SSE stream ended before the reply came")
+        raise CallLost(f"{response.url}: connection lost: the SSE stream ended before the reply came")
     raise CallRejected(f"unexpected content type {content_type!r} in the tools/call reply", mt.INVALID_REQUEST)
 
 
-async def _error_reply(response: httpx2.Response, ex: Exchange, status: int, content_type: str) -> dict[str, Any]:
-    """A non-2xx answer (or 202, or a redirect, neither followed): the JSON-RPC error it carries, or one that
-    says what happened. The transport answers its own failures as 5xx JSON-RPC errors and notes them in `ex`."""
-    if ex.never_sent:
-        raise CallNotSent(ex.unsent)
-    if ex.lost:
-        raise CallLost(ex.lost)
-    if ex.refused is not None:
-        raise ex.refused
+async def _error_reply(response: aiohttp.ClientResponse, status: int, content_type: str, limit: int) -> dict[str, Any]:
+    """A non-2xx answer (or a 202, or a redirect, never followed): the JSON-RPC error it carries, or one
+    that says what happened."""
     if status == 202:
         raise CallRejected("the server answered the tools/call with 202 Accepted and no result", mt.INVALID_REQUEST)
-    if 300 <= status < 400:
+    if status < 400:
         raise CallRejected(f"the server redirected the tools/call (HTTP {status}); not followed", mt.INVALID_REQUEST)
     if content_type == "application/json":
         try:
-            message = _parse(await response.aread())
-        except CallRejected:
+            message = _parse(await _body(response, limit))
+        except CallRejected as exc:
+            if isinstance(exc, ReplyTooLarge):
+                raise
             message = None
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             return message
     if status == 404:
         raise CallRejected("Not Found", mt.METHOD_NOT_FOUND)
     raise CallRejected(f"Server returned an error response (HTTP {status})", mt.INTERNAL_ERROR)
+
+
+class _Counted(httpx2.AsyncByteStream):
+    """A reply's bytes as they arrive, cut off past `limit` (ReplyTooLarge)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, limit: int) -> None:
+        self._response = response
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        received = 0
+        async for chunk in self._response.content.iter_any():
+            received += len(chunk)
+            if received > self._limit:
+                raise too_large(self._limit, listing=False)
+            yield chunk
+
+
+async def _body(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole body, bounded by `limit`."""
+    length = response.content_length
+    if length is not None and length > limit:
+        raise too_large(limit, listing=False)  # refused before reading a byte of it
+    return b"".join([chunk async for chunk in _Counted(response, limit)])
 
 
 def _is_response(message: Any) -> TypeGuard[dict[str, Any]]:
@@ -170,17 +274,15 @@ def _parse(raw: bytes | str) -> Any:
         raise CallRejected("the tools/call reply nests too deeply to be read", mt.PARSE_ERROR) from None
 
 
-def _result(message: dict[str, Any], ex: Exchange) -> mt.CallToolResult:
+def _result(message: dict[str, Any]) -> mt.CallToolResult:
     """The tool result of a JSON-RPC response, or CallRejected for an error or a result that is not one."""
-    ex.replied = True
     error = message.get("error")
     if error is not None:
         if not isinstance(error, dict):
             raise CallRejected(f"malformed JSON-RPC error: {str(error)[:200]}", mt.PARSE_ERROR)
-        code = error.get("code")
-        text = error.get("message")
-        return_code = code if isinstance(code, int) and not isinstance(code, bool) else mt.INTERNAL_ERROR
-        raise CallRejected(text if isinstance(text, str) else "error without a message", return_code)
+        code, text = error.get("code"), error.get("message")
+        code = code if isinstance(code, int) and not isinstance(code, bool) else mt.INTERNAL_ERROR
+        raise CallRejected(text if isinstance(text, str) else "error without a message", code)
     result = message.get("result")
     if isinstance(result, dict) and result.get("resultType", "complete") != "complete":
         kind = result.get("resultType")
@@ -194,3 +296,8 @@ def _result(message: dict[str, Any], ex: Exchange) -> mt.CallToolResult:
         return mt.CallToolResult.model_validate(result)
     except ValidationError as exc:
         raise CallRejected(f"malformed tools/call result: {exc}", mt.PARSE_ERROR) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -196,24 +196,9 @@ class ReplyStream(httpx2.AsyncByteStream):
         if self.received > self._limit:
             self._failed = True
             if self._exchange is not None:
-                self._exchange.refused = self._too_large(self._exchange.listing)
+                self._exchange.refused = too_large(self._limit, listing=self._exchange.listing)
             raise ReplyCut(f"{self._url}: reply larger than {self._limit} bytes; cut off")
         return chunk
-
-    def _too_large(self, listing: bool) -> ReplyTooLarge:
-        if listing:
-            return ReplyTooLarge(
-                f"its tools/list reply was larger than {self._limit} bytes (rlgate's limit for one page of a "
-                "tool listing) and was cut off, so none of its tools are listed; a server with this many tools "
-                "must page its listing (tools/list cursors)",
-                INTERNAL_ERROR,
-            )
-        return ReplyTooLarge(
-            f"its reply was larger than {self._limit} bytes (the gateway's limit for one upstream reply) "
-            "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
-            "(a narrower query, fewer items, a page)",
-            INTERNAL_ERROR,
-        )
 
     async def _next(self, chunks: AsyncIterator[bytes]) -> bytes:
         # A cancel scope per read, entered and left in the reading task, so `abandon` (from the caller's
@@ -240,6 +225,23 @@ class ReplyStream(httpx2.AsyncByteStream):
             if self._sse and self.received and not (self._ended or self._failed or _unwinding()):
                 self._exchange.replied = True
         await self._inner.aclose()
+
+
+def too_large(limit: int, *, listing: bool) -> ReplyTooLarge:
+    """What a reply cut off past `limit` means: a call's (the tool ran) or a tool listing page's."""
+    if listing:
+        return ReplyTooLarge(
+            f"its tools/list reply was larger than {limit} bytes (rlgate's limit for one page of a "
+            "tool listing) and was cut off, so none of its tools are listed; a server with this many tools "
+            "must page its listing (tools/list cursors)",
+            INTERNAL_ERROR,
+        )
+    return ReplyTooLarge(
+        f"its reply was larger than {limit} bytes (the gateway's limit for one upstream reply) "
+        "and was cut off; the tool ran, but its output was not kept. Ask for less output at once "
+        "(a narrower query, fewer items, a page)",
+        INTERNAL_ERROR,
+    )
 
 
 def _unwinding() -> bool:
@@ -384,15 +386,10 @@ class HttpSettings:
             cls._shared = cls.create()
         return cls._shared
 
-    def transport(self) -> UpstreamTransport:
-        """A bounded transport over a connection pool of its own."""
+    def client(self) -> httpx2.AsyncClient:
         pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
-        return UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes)
-
-    def client(self, transport: UpstreamTransport | None = None) -> httpx2.AsyncClient:
-        """An httpx2 client on `transport` (a new one by default), which it closes."""
         return httpx2.AsyncClient(
-            transport=transport or self.transport(),
+            transport=UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes),
             timeout=self.timeout,
             trust_env=self.trust_env,
             headers={"accept-encoding": "identity"},

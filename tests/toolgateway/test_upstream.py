@@ -18,8 +18,7 @@ from tests.toolgateway.test_gateway import call, text, tool_names
 
 async def test_clients_forward_results_without_schema_copies(fleet: LocalfleetProcess, era: str) -> None:
     url = create_instance(fleet, era)["urls"]["mcp"]["api"]
-    async with open_client(url, HttpSettings.create(), 15.0) as opened:
-        client = opened.client
+    async with open_client(url, HttpSettings.create(), 15.0) as client:
         tools = await list_tools_forwarding(client)
         add = next(t for t in tools if t.name == "add")
         assert add.output_schema is not None  # the SDK would validate every `add` result against it

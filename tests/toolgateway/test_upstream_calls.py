@@ -23,7 +23,6 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD
 from mcp_types.jsonrpc import HEADER_MISMATCH
 from starlette.types import Receive, Scope, Send
 
-from rlgate.mcpclient import stateless
 from rlgate.mcpclient.catalog import MAX_TOOL_BYTES, MAX_TOOLS
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import (
@@ -36,6 +35,7 @@ from rlgate.mcpclient.errors import (
 )
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.session import SessionUpstreams
+from rlgate.mcpclient.stateless import StatelessCalls
 from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, HttpSettings
 from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
@@ -172,7 +172,8 @@ async def test_a_call_timing_out_before_any_reply_closes_its_request(
 async def test_a_connection_that_cannot_be_made_is_never_sent(upstream: HostileUpstream, ups: SessionUpstreams) -> None:
     assert (await ups.call(upstream.url, "add", {"n": 1}, 10.0)).content[0].text == "2"  # type: ignore[union-attr]
     await upstream.stop()
-    with pytest.raises(CallNotSent, match="request not sent: ConnectError"):
+    # httpx2's ConnectError under the SDK (legacy era), aiohttp's ClientConnectorError for a 2026-07-28 call.
+    with pytest.raises(CallNotSent, match=r"request not sent: (ConnectError|ClientConnectorError)"):
         await ups.call(upstream.url, "add", {"n": 1}, 10.0)
 
 
@@ -544,11 +545,10 @@ async def test_a_stateless_call_carries_the_envelope_and_headers_the_server_chec
     assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "rlgate"
     assert message["params"]["arguments"] == {"region": "eu-west", "days": big}
     link = modern_ups.clients[modern.url]._link
-    assert link is not None and link.transport is not None
+    assert link is not None and link.calls is not None
     # The check is real: the same call without its Mcp-Param header is refused by the server, not run.
-    request = stateless.request_for(modern.url, link.era, "forecast", {"region": "eu-west"}, {})
     with pytest.raises(CallRejected, match=r"(?i)header") as err:
-        await stateless.call_tool(link.transport, request, 10.0, 5.0)
+        await link.calls.call(modern.url, link.era, "forecast", {"region": "eu-west"}, {}, 10.0)
     assert err.value.code == HEADER_MISMATCH
     assert modern.calls["forecast"] == 2
 
@@ -577,3 +577,21 @@ async def test_a_stateless_call_refused_at_the_http_level_is_rejected_with_a_cod
     assert err.value.code == expected
     assert modern.calls["status"] == 1  # answered: never retried
     assert (await modern_ups.call(modern.url, "add", {"n": 1}, 10.0)).content[0].text == "2"  # type: ignore[union-attr]
+
+
+async def test_a_stateless_call_that_never_got_a_pooled_connection_is_not_sent(modern: HostileUpstream) -> None:
+    """With the pool's one connection held by a hanging call, a second call's deadline passes in the pool's
+    queue: its headers never left, so it is an unsent CallTimedOut (its record is released, a retry is
+    safe), while the hanging call's timeout is a sent one."""
+    calls = StatelessCalls(HttpSettings.create(max_connections=1))
+    try:
+        hanging = asyncio.create_task(calls.call(modern.url, "2026-07-28", "hang", {}, {}, 3.0))
+        await modern.wait(lambda: modern.calls["hang"] == 1)
+        with pytest.raises(CallTimedOut) as queued:
+            await calls.call(modern.url, "2026-07-28", "add", {"n": 1}, {}, 0.3)
+        assert not queued.value.sent and modern.calls["add"] == 0
+        with pytest.raises(CallTimedOut) as hung:
+            await hanging
+        assert hung.value.sent
+    finally:
+        await calls.close()
