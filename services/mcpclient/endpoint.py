@@ -1,7 +1,7 @@
 """A session's connection to one MCP endpoint: the current `Link` (its own, or the URL's common one the pool
 hands out), its cached tool list, and tool calls.
 
-A 2026-07-28 call is one POST on the link's call pool (`stateless`, which sorts its own failures); a
+A 2026-07-28 call is one POST on the pool's `StatelessCalls` (`stateless`, which sorts its failures); a
 legacy-era call goes through the link's SDK session (`Client.call_tool`). There, what the transport saw of
 the call's requests (`transport.Exchange`) decides what a failure means, and only a call that provably
 never reached the upstream is retried: a failed handshake, a connection that was never made, a link found
@@ -35,7 +35,6 @@ from rlgate.mcpclient.errors import (
     UpstreamUnavailable,
 )
 from rlgate.mcpclient.link import Link, SharedTools
-from rlgate.mcpclient.stateless import StatelessCalls
 from rlgate.mcpclient.transport import Exchange, exchange
 from rlgate.runtime import metrics, tracing
 
@@ -247,8 +246,8 @@ class EndpointClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
-            if link.calls is not None:
-                return await self._call_stateless(link, link.calls, name, arguments, remaining)
+            if link.stateless:
+                return await self._call_stateless(link, name, arguments, remaining)
             with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
                 try:
                     return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
@@ -268,11 +267,13 @@ class EndpointClient:
         raise CallNotSent(f"{self.url}: could not send {name!r}")
 
     async def _call_stateless(
-        self, link: Link, calls: StatelessCalls, name: str, arguments: dict[str, Any], timeout_s: float
+        self, link: Link, name: str, arguments: dict[str, Any], timeout_s: float
     ) -> mt.CallToolResult:
-        """A 2026-07-28 call: one POST on the link's call pool (`stateless`), outside the SDK's session."""
+        """A 2026-07-28 call: one POST on the pool's `stateless.StatelessCalls`, outside the SDK's session."""
+        calls = self._pool.stateless_calls()
+        header_map = link.shared.header_map(name)
         try:
-            return await calls.call(self.url, link.era, name, arguments, link.shared.header_map(name), timeout_s)
+            return await calls.call(self.url, link.era, name, arguments, header_map, timeout_s, link.call_slots)
         except CallLost:
             self._discard(link, "connection_lost")
             raise

@@ -26,7 +26,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from rlgate.mcpclient.catalog import listing_key
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
-from rlgate.mcpclient.stateless import StatelessCalls
+from rlgate.mcpclient.stateless import MAX_CONNECTIONS
 from rlgate.mcpclient.transport import HttpSettings, exchange
 from rlgate.runtime import metrics
 from rlgate.runtime.errors import MAX_MESSAGE, clip
@@ -76,8 +76,8 @@ class ToolListInterner:
 
 
 class Link:
-    """One mcp `Client` living inside its owner task (entered and exited there), and for a 2026-07-28 server
-    the connection pool its calls go on (`stateless.StatelessCalls`). Connecting includes the tool discovery
+    """One mcp `Client` living inside its owner task (entered and exited there); a 2026-07-28 link's calls
+    go on the pool's `stateless.StatelessCalls`, at most `call_slots` at once. Connecting includes the tool discovery
     (every page): the session's catalog needs it, and a 2026-07-28 call mirrors `x-mcp-header` arguments
     into request headers from the listed tool's schema."""
 
@@ -89,7 +89,8 @@ class Link:
         self._timeout = timeout_s
         self._interner = interner
         self.client: Client | None = None
-        self.calls: StatelessCalls | None = None  # a 2026-07-28 link's calls (`stateless`)
+        # A 2026-07-28 link's calls in flight, at most its client's connection limit (`stateless`).
+        self.call_slots = asyncio.Semaphore(http.limits.max_connections or MAX_CONNECTIONS)
         self.era = ""
         self.dead = False
         self.common = common  # serves every session on its URL (the pool counts `users`), else one session's
@@ -131,10 +132,7 @@ class Link:
         try:
             async with open_client(self.url, self._http, self._timeout) as client:
                 self.set_tools(await self._first_listing(client))
-                self.era = client.protocol_version
-                if self.stateless:
-                    self.calls = StatelessCalls(self._http)
-                self.client, opened = client, True
+                self.client, self.era, opened = client, client.protocol_version, True
                 _open_clients.inc()
                 _connects.labels("ok").inc()
                 self.ready.set_result(None)
@@ -153,9 +151,7 @@ class Link:
                 log.info("upstream %s connection ended: %s: %s", self.url, type(leaf).__name__, clip(leaf, MAX_MESSAGE))
         finally:
             self.dead = True
-            self.client, calls, self.calls = None, self.calls, None
-            if calls is not None:
-                await _closed(calls)
+            self.client = None
             if opened:
                 _open_clients.dec()
 
@@ -174,13 +170,3 @@ class Link:
     def stop(self) -> None:
         self.dead = True
         self._stop.set()
-
-
-async def _closed(calls: StatelessCalls) -> None:
-    """Close a link's call pool on the way out of its owner task, even while that task is being cancelled."""
-    closing = asyncio.ensure_future(calls.close())
-    try:
-        await asyncio.shield(closing)
-    except asyncio.CancelledError:
-        await asyncio.wait([closing], timeout=5.0)
-        raise

@@ -29,6 +29,7 @@ import httpx2
 from rlgate.mcpclient.errors import CallNotSent
 from rlgate.mcpclient.link import Link, ToolListInterner
 from rlgate.mcpclient.session import SessionUpstreams
+from rlgate.mcpclient.stateless import StatelessCalls
 from rlgate.mcpclient.transport import HttpSettings
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,15 @@ class UpstreamPool:
             max_connections=n, max_keepalive_connections=n, keepalive_expiry=http.limits.keepalive_expiry
         )
         self._common_http = dataclasses.replace(http, limits=limits)
+        self._calls: StatelessCalls | None = None  # 2026-07-28 calls, opened on the first
+
+    def stateless_calls(self) -> StatelessCalls:
+        """The connection pool of every 2026-07-28 call of this process."""
+        if self._closed:
+            raise CallNotSent("shutting down")
+        if self._calls is None:
+            self._calls = StatelessCalls(self.settings.http)
+        return self._calls
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         if self._closed:
@@ -226,3 +236,6 @@ class UpstreamPool:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        calls, self._calls = self._calls, None
+        if calls is not None:
+            await calls.close()

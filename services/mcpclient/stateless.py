@@ -3,7 +3,8 @@
 That era keeps no session on the server, so a call is one POST that carries all it needs. The SDK's client
 session (a dispatcher task and memory streams per request, envelope models, httpx2 over httpcore2 and h11 in
 pure Python) cost most of the gateway's CPU per call, so a link whose server speaks this era sends its calls
-here, on a connection pool of its own (`StatelessCalls`); the handshake and tool listings stay with the SDK.
+here, on one connection pool for the process (`StatelessCalls`); the handshake and tool listings stay with
+the SDK.
 What the POST carries is what the SDK's client sends, built from the SDK's public pieces
 (`mcp.shared.inbound`, `mcp_types`): the request's `_meta` (protocol version, client info, capabilities, and
 the W3C trace context, SEP-414) and the routing headers (`Mcp-Protocol-Version`, `Mcp-Method`, `Mcp-Name`,
@@ -18,8 +19,8 @@ What this keeps of the transport's promises for the other requests (`transport.U
 - compressed replies are refused (asked for uncompressed, never decompressed: the bytes counted are the bytes
   parsed);
 - what a failure means: a request whose headers never left (no connection could be made, or none came from
-  the pool in time) is `CallNotSent` or an unsent `CallTimedOut`; after that, `CallLost` or a sent
-  `CallTimedOut`. aiohttp's `on_request_headers_sent` signal marks the moment.
+  the pool, or no slot of its link, in time) is `CallNotSent` or an unsent `CallTimedOut`; after that,
+  `CallLost` or a sent `CallTimedOut`. aiohttp's `on_request_headers_sent` signal marks the moment.
 No HTTP is parsed here (aiohttp's parser), nor SSE (httpx2's `EventSource` over the counted bytes), nor JSON
 by hand (the standard decoder, which keeps integers of any size exact).
 """
@@ -75,15 +76,19 @@ async def _headers_sent(
         progress.sent = True
 
 
-class StatelessCalls:
-    """The connection pool and the calls of one 2026-07-28 link. Open and close it in the link's owner task."""
+MAX_CONNECTIONS = 16_384  # upstream connections of all 2026-07-28 calls of a process, in use or idle
 
-    def __init__(self, http: HttpSettings) -> None:
+
+class StatelessCalls:
+    """2026-07-28 calls: one connection pool for every such upstream of the process (the `UpstreamPool`'s),
+    so sessions on one server share its connections whatever their URL. Each link bounds its own calls in
+    flight (`slots`, its client's connection limit)."""
+
+    def __init__(self, http: HttpSettings, max_connections: int = MAX_CONNECTIONS) -> None:
         self._http = http
-        limit = http.limits.max_connections or 0
         keepalive = http.limits.keepalive_expiry
         connector = aiohttp.TCPConnector(
-            limit=limit,
+            limit=max_connections,
             limit_per_host=0,
             keepalive_timeout=keepalive if keepalive is not None else 0,
             ssl=http.ssl_context,
@@ -111,14 +116,16 @@ class StatelessCalls:
         arguments: Mapping[str, Any],
         header_map: Mapping[tuple[str, ...], str],
         timeout_s: float,
+        slots: asyncio.Semaphore | None = None,
     ) -> mt.CallToolResult:
-        """Call tool `name` within `timeout_s`. `header_map`: the tool's `x-mcp-header` positions
-        (`mcp.shared.inbound.x_mcp_header_map` of its input schema). Raises CallNotSent, CallLost,
-        CallTimedOut, CallRejected (ReplyTooLarge among them)."""
+        """Call tool `name` within `timeout_s`, holding one of `slots` (the caller's bound on its calls in
+        flight) if given. `header_map`: the tool's `x-mcp-header` positions (`mcp.shared.inbound.
+        x_mcp_header_map` of its input schema). Raises CallNotSent, CallLost, CallTimedOut, CallRejected
+        (ReplyTooLarge among them)."""
         request_id, body, headers = request_for(era, name, arguments, header_map)
         progress = _Progress(url)
         try:
-            async with asyncio.timeout(timeout_s), self._post(url, body, headers, progress) as response:
+            async with asyncio.timeout(timeout_s), _held(slots), self._post(url, body, headers, progress) as response:
                 return _result(await _reply(response, request_id, self._http.max_reply_bytes))
         except TimeoutError:
             raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=progress.sent) from None
@@ -146,6 +153,15 @@ class StatelessCalls:
                 response.release()  # read whole: the connection goes back to the pool
             else:
                 response.close()  # abandoned, cut off or failed: never reused
+
+
+@contextlib.asynccontextmanager
+async def _held(slots: asyncio.Semaphore | None) -> AsyncIterator[None]:
+    if slots is None:
+        yield
+        return
+    async with slots:
+        yield
 
 
 def request_for(

@@ -545,10 +545,14 @@ async def test_a_stateless_call_carries_the_envelope_and_headers_the_server_chec
     assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "rlgate"
     assert message["params"]["arguments"] == {"region": "eu-west", "days": big}
     link = modern_ups.clients[modern.url]._link
-    assert link is not None and link.calls is not None
+    assert link is not None
     # The check is real: the same call without its Mcp-Param header is refused by the server, not run.
-    with pytest.raises(CallRejected, match=r"(?i)header") as err:
-        await link.calls.call(modern.url, link.era, "forecast", {"region": "eu-west"}, {}, 10.0)
+    calls = StatelessCalls(HttpSettings.create())
+    try:
+        with pytest.raises(CallRejected, match=r"(?i)header") as err:
+            await calls.call(modern.url, link.era, "forecast", {"region": "eu-west"}, {}, 10.0)
+    finally:
+        await calls.close()
     assert err.value.code == HEADER_MISMATCH
     assert modern.calls["forecast"] == 2
 
@@ -582,16 +586,22 @@ async def test_a_stateless_call_refused_at_the_http_level_is_rejected_with_a_cod
 async def test_a_stateless_call_that_never_got_a_pooled_connection_is_not_sent(modern: HostileUpstream) -> None:
     """With the pool's one connection held by a hanging call, a second call's deadline passes in the pool's
     queue: its headers never left, so it is an unsent CallTimedOut (its record is released, a retry is
-    safe), while the hanging call's timeout is a sent one."""
-    calls = StatelessCalls(HttpSettings.create(max_connections=1))
+    safe), while the hanging call's timeout is a sent one. The same for a link's own bound (`slots`)."""
+    calls = StatelessCalls(HttpSettings.create(), max_connections=1)
+    other = StatelessCalls(HttpSettings.create())
     try:
         hanging = asyncio.create_task(calls.call(modern.url, "2026-07-28", "hang", {}, {}, 3.0))
         await modern.wait(lambda: modern.calls["hang"] == 1)
         with pytest.raises(CallTimedOut) as queued:
             await calls.call(modern.url, "2026-07-28", "add", {"n": 1}, {}, 0.3)
         assert not queued.value.sent and modern.calls["add"] == 0
+        slots = asyncio.Semaphore(0)  # a link with all of its calls in flight
+        with pytest.raises(CallTimedOut) as waiting:
+            await other.call(modern.url, "2026-07-28", "add", {"n": 1}, {}, 0.3, slots)
+        assert not waiting.value.sent and modern.calls["add"] == 0
         with pytest.raises(CallTimedOut) as hung:
             await hanging
         assert hung.value.sent
     finally:
         await calls.close()
+        await other.close()
