@@ -126,6 +126,21 @@ class Link:
                 if client is None:
                     raise CallNotSent(f"{self.url}: connection closed before tools/list was sent")
                 self.set_tools(await list_tools_forwarding(client, self.url))
+                await self._drop_held_reply(client)
+
+    async def _drop_held_reply(self, client: Client) -> None:
+        """The SDK's message reader holds the last reply it read until the next one arrives. A legacy-era
+        call's reply soon replaces a listing's; a 2026-07-28 link's calls bypass the SDK (`stateless`), so
+        a ping's small reply replaces the parsed listing instead (about 100 KiB per link, so per session
+        where every session has an instance of its own). Best effort: a failed ping changes nothing else."""
+        if not self.stateless:
+            return
+        try:
+            # The session's ping: the SDK's Client marks its own as removed in this era (a server may answer
+            # METHOD_NOT_FOUND, which replaces the held reply as well).
+            await client.session.send_ping()
+        except Exception as exc:  # the next request on this link says what is wrong, if anything is
+            log.debug("ping to %s after listing failed: %s: %s", self.url, type(exc).__name__, clip(exc, 200))
 
     async def run(self) -> None:
         opened = False
@@ -136,7 +151,14 @@ class Link:
                 _open_clients.inc()
                 _connects.labels("ok").inc()
                 self.ready.set_result(None)
-                await self._stop.wait()
+                # Beside the wait for `stop`: calls need not wait for it, nor a stop for a ping nobody answers.
+                dropping = asyncio.create_task(self._drop_held_reply(client), name=f"mcp-ping {self.url}")
+                try:
+                    await self._stop.wait()
+                finally:
+                    if not dropping.done():
+                        dropping.cancel()
+                        await asyncio.wait([dropping], timeout=1.0)
         except asyncio.CancelledError:
             if not self.ready.done():
                 self.ready.set_exception(CallNotSent(f"{self.url}: connection closed while connecting"))

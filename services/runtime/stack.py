@@ -31,7 +31,7 @@ SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
 
 def _ephemeral_low() -> int:
     try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
 
