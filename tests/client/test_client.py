@@ -243,15 +243,29 @@ def _one_call(method: str) -> Callable[[Any, str], Any]:
     return call
 
 
+# Refusals the client retries after their RetryInfo: UNAVAILABLE from either service
+# (rlgate.runtime.errors.Unavailable), and a connection over its reply budget, refused before any work
+# (RESOURCE_EXHAUSTED with reason REPLY_BUDGET), which CallTool retries too.
+RETRIED_REFUSALS = {
+    "unavailable": service_errors.Unavailable("upstream busy", retry_after_s=0.4),
+    "reply-budget": service_errors.ResourceExhausted(
+        "this connection has 400 bytes of replies unread",
+        subject="connection 127.0.0.1:1",
+        reason="REPLY_BUDGET",
+        retry_after_s=0.4,
+    ),
+}
+
+
+@pytest.mark.parametrize("refusal", list(RETRIED_REFUSALS))
 @pytest.mark.parametrize("method", ["Step", "CallTool"])
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-async def test_retry_info_from_either_service_paces_the_retry(
-    server: ScriptedServer, method: str, asynchronous: bool
+async def test_retry_info_paces_the_retry_with_the_same_request_id(
+    server: ScriptedServer, method: str, asynchronous: bool, refusal: str
 ) -> None:
-    """Both services end UNAVAILABLE with RetryInfo (rlgate.runtime.errors.Unavailable); the client waits
-    at least that long before its retry, whichever plane sent it."""
-    status = service_errors.Unavailable("upstream busy", retry_after_s=0.4).to_status()
-    server.script.push(method, Rich(status))
+    """The client waits at least the RetryInfo's delay before its retry, whichever plane refused, and the
+    retry carries the same request_id."""
+    server.script.push(method, Rich(RETRIED_REFUSALS[refusal].to_status()))
     call = _one_call(method)
     started = time.monotonic()
     if asynchronous:
@@ -261,33 +275,6 @@ async def test_retry_info_from_either_service_paces_the_retry(
         with Client(server.address, retry=FAST) as client:
             await asyncio.to_thread(call, client, server.address)
     assert time.monotonic() - started >= 0.4  # FAST alone would retry after ~0.01 s
-    seen = server.script.seen[method]
-    assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
-
-
-@pytest.mark.parametrize("method", ["Step", "CallTool"])
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-async def test_a_reply_budget_refusal_is_retried_with_the_same_request_id(
-    server: ScriptedServer, method: str, asynchronous: bool
-) -> None:
-    """A connection over its reply budget is refused before any work (RESOURCE_EXHAUSTED, REPLY_BUDGET,
-    RetryInfo): the client retries after the RetryInfo's delay, CallTool included, with the same request_id."""
-    status = service_errors.ResourceExhausted(
-        "this connection has 400 bytes of replies unread",
-        subject="connection 127.0.0.1:1",
-        reason="REPLY_BUDGET",
-        retry_after_s=0.3,
-    ).to_status()
-    server.script.push(method, Rich(status))
-    call = _one_call(method)
-    started = time.monotonic()
-    if asynchronous:
-        async with AsyncClient(server.address, retry=FAST) as aclient:
-            await call(aclient, server.address)
-    else:
-        with Client(server.address, retry=FAST) as client:
-            await asyncio.to_thread(call, client, server.address)
-    assert time.monotonic() - started >= 0.3
     seen = server.script.seen[method]
     assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
 
