@@ -56,8 +56,6 @@ from rlgate.runtime import jsoncodec, tracing
 _CLIENT_INFO_JSON = CLIENT_INFO.model_dump(mode="json", exclude_none=True)
 _ACCEPT = "application/json, text/event-stream"
 _ids = itertools.count(1)  # JSON-RPC ids: the era pairs a reply with its POST; the id is only echoed
-# Failures that prove the request's headers never left: no connection, or not even a well-formed request.
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidUrlClientError)
 
 
 @dataclass
@@ -127,14 +125,11 @@ class StatelessCalls:
         try:
             async with asyncio.timeout(timeout_s), _held(slots), self._post(url, body, headers, progress) as response:
                 return _result(await _reply(response, request_id, self._http.max_reply_bytes))
-        except TimeoutError:
-            raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=progress.sent) from None
-        except _NOT_SENT as exc:
-            if progress.sent:  # cannot happen for these, but a lost call must never be retried
-                raise CallLost(f"{url}: connection lost during {name!r}: {_describe(exc)}") from exc
-            raise CallNotSent(f"{url}: request not sent: {_describe(exc)}") from exc
         except (aiohttp.ClientError, httpx2.SSEError, httpx2.StreamError, OSError) as exc:
-            if not progress.sent:
+            if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                # The call's deadline (aiohttp's own timeouts, connecting's, are ClientErrors).
+                raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=progress.sent) from None
+            if not progress.sent:  # no connection, or it failed before the request's headers were written
                 raise CallNotSent(f"{url}: request not sent: {_describe(exc)}") from exc
             raise CallLost(f"{url}: connection lost during {name!r}: {_describe(exc)}") from exc
 
