@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from mcp import Client
@@ -113,16 +114,22 @@ async def test_mcp_404(lf: LocalfleetProcess) -> None:
 async def test_hang_until_cancelled(lf: LocalfleetProcess, env_key: str) -> None:
     lf.set_faults(only(env_key, hang_tools=["count_notes"]))
     inst = create(lf, env_key)
-    async with Client(inst["urls"]["root"] + "mcp", read_timeout_seconds=60) as client:
-        assert not (await client.call_tool("whoami", {})).is_error  # other tools are unaffected
-        call = asyncio.create_task(client.call_tool("count_notes", {}))
-        await wait_for(lambda: lf.counters()["tool_calls"] == 2)
-        finished, _ = await asyncio.wait({call}, timeout=0.3)  # it may not answer: it hangs until cancelled
-        assert not finished
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-        await wait_for(lambda: lf.counters()["cancellations"] == 1)
+    try:
+        async with Client(inst["urls"]["root"] + "mcp", read_timeout_seconds=60) as client:
+            assert not (await client.call_tool("whoami", {})).is_error  # other tools are unaffected
+            call = asyncio.create_task(client.call_tool("count_notes", {}))
+            await wait_for(lambda: lf.counters()["tool_calls"] == 2)
+            finished, _ = await asyncio.wait({call}, timeout=0.3)  # it may not answer: it hangs until cancelled
+            assert not finished
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await wait_for(lambda: lf.counters()["cancellations"] == 1)
+    except* anyio.ClosedResourceError:
+        # The mcp SDK's race, not localfleet's: a legacy server's answer to the cancelled request can come
+        # while the client closes (its reader has gone; the POST's task fails in the client's task group,
+        # seen once in CI). What this test checks, the cancellation upstream, was seen before.
+        assert lf.counters()["cancellations"] == 1
     lf.set_faults({})
     _, result = await timed_call(inst["urls"]["root"] + "mcp", "count_notes", {})
     assert result.content[0].text == "50"
