@@ -62,7 +62,6 @@ _ids = itertools.count(1)  # JSON-RPC ids: the era pairs a reply with its POST; 
 class _Progress:
     """What one POST got to (set from aiohttp's trace signals)."""
 
-    url: str
     sent: bool = False  # the request's headers were written to a connection
 
 
@@ -121,7 +120,7 @@ class StatelessCalls:
         x_mcp_header_map` of its input schema). Raises CallNotSent, CallLost, CallTimedOut, CallRejected
         (ReplyTooLarge among them)."""
         request_id, body, headers = request_for(era, name, arguments, header_map)
-        progress = _Progress(url)
+        progress = _Progress()
         try:
             async with asyncio.timeout(timeout_s), _held(slots), self._post(url, body, headers, progress) as response:
                 return _result(await _reply(response, request_id, self._http.max_reply_bytes))
