@@ -9,7 +9,6 @@ Layout (all under one port; `{root}` = `{public_url}/instances/{id}/`):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -25,6 +24,7 @@ from rlgate.localfleet.config import LocalfleetConfig
 from rlgate.localfleet.connections import ConnectionTracker
 from rlgate.localfleet.environments.base import EnvironmentSpec
 from rlgate.localfleet.platform import Platform
+from rlgate.runtime import eventloop
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 
 log = logging.getLogger(__name__)
@@ -122,4 +122,4 @@ def run(config: LocalfleetConfig) -> None:
     from rlgate.runtime.logs import setup_logging
 
     setup_logging(config.log_level, service="localfleet")
-    asyncio.run(serve(config))
+    eventloop.run(serve(config))

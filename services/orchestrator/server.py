@@ -24,7 +24,7 @@ import grpc
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
-from rlgate.runtime import tracing
+from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
@@ -282,6 +282,6 @@ def run(config: OrchestratorConfig) -> None:
             await handle.stop(drain=False)  # the server has stopped: loops cancelled, the rest handed back
 
     try:
-        asyncio.run(main())
+        eventloop.run(main())
     except StoreError as exc:  # e.g. a corrupt store refused at open: one line, no traceback
         raise SystemExit(f"rlgate orchestrator: {exc}") from None

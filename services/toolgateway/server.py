@@ -14,7 +14,7 @@ import grpc
 
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.transport import HttpSettings
-from rlgate.runtime import tracing
+from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor, ReplyBudgetInterceptor
@@ -166,6 +166,6 @@ def run(config: GatewayConfig) -> None:
     log.info("toolgateway config: %s", redacted(config))
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_main(config))
+            eventloop.run(_main(config))
     except StoreError as exc:  # e.g. a corrupt store refused at open: one line, no traceback
         raise SystemExit(f"rlgate toolgateway: {exc}") from None

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from rlgate.runtime import eventloop
 from rlgate.runtime.auth import mint_agent_token
 from rlgate.runtime.grpc_server import start_server, watch_dependency
 from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
@@ -244,3 +246,29 @@ async def test_health_follows_a_failing_dependency_and_its_recovery() -> None:
     finally:
         watcher.cancel()
         await running.shutdown(grace=0)
+
+
+def test_services_run_on_uvloop_and_leave_nothing_running() -> None:
+    """`eventloop.run`, what every service's command runs under: a uvloop loop on which the grpc.aio
+    server, its interceptors and a client work, and which cancels what is left when its coroutine ends."""
+    leftovers: list[asyncio.Task[None]] = []
+
+    async def main() -> tuple[type[asyncio.AbstractEventLoop], int]:
+        leftovers.append(asyncio.create_task(asyncio.sleep(3600)))
+        running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+        try:
+            async with grpc.aio.insecure_channel(running.address) as channel:
+                status = await _health(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as failed:
+                    await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).CallTool(
+                        toolgateway_pb2.CallToolRequest(name="x"), timeout=5
+                    )
+                assert failed.value.code() == grpc.StatusCode.INTERNAL
+        finally:
+            await running.shutdown(grace=1.0)
+        return type(asyncio.get_running_loop()), status
+
+    loop_type, status = eventloop.run(main())
+    assert issubclass(loop_type, uvloop.Loop)
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert leftovers[0].cancelled()
