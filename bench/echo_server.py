@@ -2,6 +2,7 @@
 
 Run as `python -m bench.echo_server`; it binds 127.0.0.1 on a free port, prints the port on stdout and
 serves until SIGTERM. No interceptors, no health service, no (de)serialization: the request bytes go back.
+It runs on the services' event loop (`rlgate.runtime.eventloop`), so the comparison is of the work alone.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import asyncio
 import signal
 
 import grpc
+
+from rlgate.runtime import eventloop
 
 METHOD = "/bench.Echo/Echo"
 
@@ -46,4 +49,4 @@ async def serve() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve())
+    eventloop.run(serve())

@@ -18,6 +18,8 @@ What this keeps of the transport's promises for the other requests (`transport.U
   a reply not read to its end closes its connection (never reused);
 - compressed replies are refused (asked for uncompressed, never decompressed: the bytes counted are the bytes
   parsed);
+- a pooled connection the server has already closed is never used (`_Connector`), so a call is not lost to
+  the race between a server's idle timeout and the pool's keep-alive;
 - what a failure means: a request whose headers never left (no connection could be made, or none came from
   the pool, or no slot of its link, in time) is `CallNotSent` or an unsent `CallTimedOut`; after that,
   `CallLost` or a sent `CallTimedOut`. aiohttp's `on_request_headers_sent` signal marks the moment.
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import select
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -73,6 +76,36 @@ async def _headers_sent(
         progress.sent = True
 
 
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, except that a pooled connection with something to read is closed, not reused.
+
+    aiohttp learns that a server closed an idle connection (its keep-alive timeout) only when the event loop
+    gets to the FIN; on a busy loop that can be seconds later. A POST written to such a connection fails
+    after it was sent, which must be reported as a call that may have run (OUTCOME_UNKNOWN) although the
+    server never read it. An idle HTTP/1.1 connection has nothing to read unless the server closed it (EOF)
+    or broke the protocol, so the socket is polled first, as urllib3 and httpcore do before reusing one.
+    `_get` is aiohttp's own hook for taking a connection from the pool (private; pinned by constraints.txt,
+    and tests/toolgateway/test_upstream_calls.py fails if it stops being called)."""
+
+    async def _get(self, key: Any, traces: Any) -> aiohttp.connector.Connection | None:
+        while (conn := await super()._get(key, traces)) is not None:
+            if not _dropped(conn):
+                return conn
+            conn.close()  # aiohttp's way to discard it: the transport is closed, the slot freed
+        return None
+
+
+def _dropped(conn: aiohttp.connector.Connection) -> bool:
+    """The server closed this idle connection (or sent what no request asked for): its socket is readable."""
+    transport = conn.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return True
+    poller = select.poll()  # not select(): descriptors past 1,024 are common with thousands of connections
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
+
+
 MAX_CONNECTIONS = 16_384  # upstream connections of all 2026-07-28 calls of a process, in use or idle
 
 
@@ -84,7 +117,7 @@ class StatelessCalls:
     def __init__(self, http: HttpSettings, max_connections: int = MAX_CONNECTIONS) -> None:
         self._http = http
         keepalive = http.limits.keepalive_expiry
-        connector = aiohttp.TCPConnector(
+        connector = _Connector(
             limit=max_connections,
             limit_per_host=0,
             keepalive_timeout=keepalive if keepalive is not None else 0,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -605,3 +607,77 @@ async def test_a_stateless_call_that_never_got_a_pooled_connection_is_not_sent(m
     finally:
         await calls.close()
         await other.close()
+
+
+class ClosingServer:
+    """An HTTP/1.1 server on a thread of its own that closes each connection right after answering its
+    first request (a keep-alive connection whose idle timeout ends at once), and counts connections and
+    requests. Its own thread, so it closes while the test's event loop is held up and cannot see the FIN."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/mcp"
+        self.connections = 0
+        self.answered = threading.Semaphore(0)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(
+                    next(
+                        v
+                        for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                        if k.lower() == b"content-length"
+                    )
+                )
+                while len(body) < length:
+                    body += conn.recv(65536)
+                reply = json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": json.loads(body)["id"],
+                        "result": {"content": [{"type": "text", "text": "ok"}]},
+                    }
+                ).encode()
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(reply)}\r\n\r\n".encode()
+                    + reply
+                )
+            self.answered.release()
+
+    def close(self) -> None:
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
+        self._listener.close()
+        self._thread.join(5)
+        assert not self._thread.is_alive()
+
+
+async def test_a_pooled_connection_the_server_has_closed_is_not_used() -> None:
+    """aiohttp learns of a server's close when its loop reads the FIN, which a busy loop does late. A call made
+    before that goes out on a new connection and is answered, instead of being written to the closed one and
+    lost (the server never read it, yet it would count as a call that may have run: OUTCOME_UNKNOWN)."""
+    server = ClosingServer()
+    calls = StatelessCalls(HttpSettings.create())
+    try:
+        for _ in range(3):
+            result = await calls.call(server.url, "2026-07-28", "add", {"n": 1}, {}, 5.0)
+            assert result.content[0].text == "ok"  # type: ignore[union-attr]
+            # Hold the loop (as a busy one is) while the server closes: the FIN waits unread in our socket.
+            assert server.answered.acquire(timeout=5)
+            time.sleep(0.05)  # noqa: ASYNC251  # holding the loop is the point
+        assert server.connections == 3
+    finally:
+        await calls.close()
+        server.close()
