@@ -18,8 +18,8 @@ What this keeps of the transport's promises for the other requests (`transport.U
   a reply not read to its end closes its connection (never reused);
 - compressed replies are refused (asked for uncompressed, never decompressed: the bytes counted are the bytes
   parsed);
-- a pooled connection the server has already closed is never used (`_Connector`), so a call is not lost to
-  the race between a server's idle timeout and the pool's keep-alive;
+- a pooled connection the server may be closing for idleness, or has closed, is never used (`_Connector`),
+  so a call is not lost to the race between a server's idle timeout and the pool's keep-alive;
 - what a failure means: a request whose headers never left (no connection could be made, or none came from
   the pool, or no slot of its link, in time) is `CallNotSent` or an unsent `CallTimedOut`; after that,
   `CallLost` or a sent `CallTimedOut`. aiohttp's `on_request_headers_sent` signal marks the moment.
@@ -34,6 +34,8 @@ import contextlib
 import itertools
 import json
 import select
+import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -77,19 +79,37 @@ async def _headers_sent(
 
 
 class _Connector(aiohttp.TCPConnector):
-    """aiohttp's connector, except that a pooled connection with something to read is closed, not reused.
+    """aiohttp's connector, with two checks before a pooled connection is used again.
 
-    aiohttp learns that a server closed an idle connection (its keep-alive timeout) only when the event loop
-    gets to the FIN; on a busy loop that can be seconds later. A POST written to such a connection fails
-    after it was sent, which must be reported as a call that may have run (OUTCOME_UNKNOWN) although the
-    server never read it. An idle HTTP/1.1 connection has nothing to read unless the server closed it (EOF)
-    or broke the protocol, so the socket is polled first, as urllib3 and httpcore do before reusing one.
-    `_get` is aiohttp's own hook for taking a connection from the pool (private; pinned by constraints.txt,
-    and tests/toolgateway/test_upstream_calls.py fails if it stops being called)."""
+    A server closes a connection once it has been idle for its keep-alive timeout, counted from its last
+    reply; a request that reaches it as it closes is reset unread, and since it was sent it must be reported
+    as a call that may have run (OUTCOME_UNKNOWN). aiohttp counts a connection's idle time from when its reply
+    was read and learns of a close when its loop reads the FIN; on a busy loop both come late, so it would
+    reuse connections the server is closing or has closed (`scale_sessions` lost calls this way). So:
+    - the keep-alive clock starts when the connection's last request went out: the server read that request
+      before its own clock started, so however late a busy loop reads the reply, the connection never looks
+      younger than the server thinks it is;
+    - a connection with something to read is closed: an idle HTTP/1.1 connection has nothing to read unless
+      the server closed it (EOF) or broke the protocol (urllib3 and httpcore check the same).
+    `connect` is aiohttp's public connector method; `_get`, its hook for taking a connection from the pool, is
+    private (aiohttp is pinned by constraints.txt; tests/toolgateway/test_upstream_calls.py fails without it)."""
+
+    def __init__(self, *, keepalive_s: float, **kwargs: Any) -> None:
+        super().__init__(keepalive_timeout=keepalive_s, **kwargs)
+        self._keepalive_s = keepalive_s
+        self._sent_at: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> aiohttp.connector.Connection:  # noqa: ASYNC109  # aiohttp's signature
+        conn = await super().connect(req, traces, timeout)
+        if conn.protocol is not None:
+            self._sent_at[conn.protocol] = time.monotonic()  # its request is written next
+        return conn
 
     async def _get(self, key: Any, traces: Any) -> aiohttp.connector.Connection | None:
         while (conn := await super()._get(key, traces)) is not None:
-            if not _dropped(conn):
+            sent_at = self._sent_at.get(conn.protocol)
+            fresh = sent_at is not None and time.monotonic() - sent_at <= self._keepalive_s
+            if fresh and not _dropped(conn):
                 return conn
             conn.close()  # aiohttp's way to discard it: the transport is closed, the slot freed
         return None
@@ -120,7 +140,7 @@ class StatelessCalls:
         connector = _Connector(
             limit=max_connections,
             limit_per_host=0,
-            keepalive_timeout=keepalive if keepalive is not None else 0,
+            keepalive_s=keepalive if keepalive is not None else 0,
             ssl=http.ssl_context,
         )
         tracer = aiohttp.TraceConfig()

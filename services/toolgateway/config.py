@@ -49,7 +49,8 @@ class GatewayConfig:
     upstream_keepalive_s: float = setting(
         4.0,
         "RLGATE_UPSTREAM_KEEPALIVE_S",
-        "Reuse an idle upstream connection at most this long after its last response; keep it below the "
+        "Reuse an idle upstream connection at most this long (counted from its last request for 2026-07-28 "
+        "tool calls, from its last response otherwise); keep it below the "
         "upstream servers' idle timeout (uvicorn: 5 s), or a call racing the server's close is reported "
         "OUTCOME_UNKNOWN",
     )

@@ -609,16 +609,17 @@ async def test_a_stateless_call_that_never_got_a_pooled_connection_is_not_sent(m
         await other.close()
 
 
-class ClosingServer:
-    """An HTTP/1.1 server on a thread of its own that closes each connection right after answering its
-    first request (a keep-alive connection whose idle timeout ends at once), and counts connections and
-    requests. Its own thread, so it closes while the test's event loop is held up and cannot see the FIN."""
+class ThreadServer:
+    """An HTTP/1.1 server on a thread of its own, so it acts while the test's event loop is held up: it
+    answers each tools/call after `delay_s`, and closes each connection after its first answer when
+    `close_after` (a keep-alive connection whose idle timeout ends at once); it counts connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, close_after: bool, delay_s: float = 0.0) -> None:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/mcp"
         self.connections = 0
         self.answered = threading.Semaphore(0)
+        self._close_after, self._delay_s = close_after, delay_s
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -629,33 +630,34 @@ class ClosingServer:
             except OSError:
                 return  # closed
             self.connections += 1
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = int(
-                    next(
-                        v
-                        for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
-                        if k.lower() == b"content-length"
-                    )
-                )
-                while len(body) < length:
-                    body += conn.recv(65536)
-                reply = json.dumps(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": json.loads(body)["id"],
-                        "result": {"content": [{"type": "text", "text": "ok"}]},
-                    }
-                ).encode()
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            buffered = b""
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return  # the client closed it
+                    buffered += chunk
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
+                length = int(next(v for k, _, v in fields if k.strip().lower() == b"content-length"))
+                while len(buffered) < length:
+                    buffered += conn.recv(65536)
+                body, buffered = buffered[:length], buffered[length:]
+                time.sleep(self._delay_s)
+                result = {"content": [{"type": "text", "text": "ok"}]}
+                reply = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"], "result": result}).encode()
                 conn.sendall(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                     + f"content-length: {len(reply)}\r\n\r\n".encode()
                     + reply
                 )
-            self.answered.release()
+                self.answered.release()
+                if self._close_after:
+                    return
 
     def close(self) -> None:
         self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
@@ -668,7 +670,7 @@ async def test_a_pooled_connection_the_server_has_closed_is_not_used() -> None:
     """aiohttp learns of a server's close when its loop reads the FIN, which a busy loop does late. A call made
     before that goes out on a new connection and is answered, instead of being written to the closed one and
     lost (the server never read it, yet it would count as a call that may have run: OUTCOME_UNKNOWN)."""
-    server = ClosingServer()
+    server = ThreadServer(close_after=True)
     calls = StatelessCalls(HttpSettings.create())
     try:
         for _ in range(3):
@@ -678,6 +680,29 @@ async def test_a_pooled_connection_the_server_has_closed_is_not_used() -> None:
             assert server.answered.acquire(timeout=5)
             time.sleep(0.05)  # noqa: ASYNC251  # holding the loop is the point
         assert server.connections == 3
+    finally:
+        await calls.close()
+        server.close()
+
+
+async def test_a_pooled_connection_counts_its_keep_alive_from_its_last_request() -> None:
+    """The server's idle clock starts at its reply; the pool's starts when the request went out (never later
+    than the server's, however late a busy loop reads the reply). A call that took longer than the keep-alive
+    leaves a connection too old to reuse, whatever aiohttp's own clock (from the reply's reading) says."""
+    server = ThreadServer(close_after=False, delay_s=0.4)
+    calls = StatelessCalls(HttpSettings.create(keepalive_s=0.3))
+    try:
+        for _ in range(2):
+            result = await calls.call(server.url, "2026-07-28", "add", {"n": 1}, {}, 5.0)
+            assert result.content[0].text == "ok"  # type: ignore[union-attr]
+        assert server.connections == 2  # the second call's connection was 0.4 s old: not reused
+        fast = ThreadServer(close_after=False)
+        try:
+            for _ in range(3):
+                await calls.call(fast.url, "2026-07-28", "add", {"n": 1}, {}, 5.0)
+            assert fast.connections == 1  # young connections are reused
+        finally:
+            fast.close()
     finally:
         await calls.close()
         server.close()
