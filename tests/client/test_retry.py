@@ -49,6 +49,20 @@ def test_unavailable_is_retried_everywhere(method: str) -> None:
     assert state.on_error(FakeRpcError(grpc.StatusCode.UNAVAILABLE)) == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize(("method", "retried"), [("Reset", True), ("Step", True), ("State", True), ("CallTool", False)])
+def test_a_call_the_server_cancelled_is_retried_except_for_call_tool(method: str, retried: bool) -> None:
+    """CANCELLED as a status is the server's doing (a caller's own cancel raises CancelledError instead):
+    Reset and Step repeat under their request_id, reads and Close are safe; a CallTool may have run."""
+    state = _state(method)
+    state.attempt_timeout()
+    error = FakeRpcError(grpc.StatusCode.CANCELLED)
+    if retried:
+        assert state.on_error(error) == pytest.approx(0.1)
+    else:
+        with pytest.raises(rlgate.Cancelled):
+            state.on_error(error)
+
+
 @pytest.mark.parametrize(("method", "retried"), [("Reset", True), ("Step", True), ("CallTool", False)])
 def test_attempt_deadline_is_retried_except_for_call_tool(method: str, retried: bool) -> None:
     state = _state(method, attempt_timeout=1.0)

@@ -161,7 +161,8 @@ CALLS = {
 def test_a_status_is_its_error_class_with_message_trace_and_details(
     server: FakeServer, code: grpc.StatusCode, cls: type[errors.RlgateError]
 ) -> None:
-    client = server.run(reset(server.client(), trace_id="trace-1"))
+    # One attempt: the mapping, not the retry policy (Reset retries CANCELLED), is what this checks.
+    client = server.run(reset(server.client(retry=RetryPolicy(max_attempts=1)), trace_id="trace-1"))
     info = error_details_pb2.ErrorInfo(reason="SOME_REASON", domain="rlgate.dev", metadata={"k": "v"})
     server.take(ORCHESTRATOR, "Reset", client).fail(code, "what went wrong", info)
     err = error_of(client)
@@ -193,6 +194,9 @@ RETRIED = [
     ("Step", grpc.StatusCode.UNAVAILABLE, True),
     ("State", grpc.StatusCode.UNAVAILABLE, True),
     ("CallTool", grpc.StatusCode.UNAVAILABLE, True),
+    ("Reset", grpc.StatusCode.CANCELLED, True),  # the server cancelled it: the request_id makes a repeat safe
+    ("Step", grpc.StatusCode.CANCELLED, True),
+    ("CallTool", grpc.StatusCode.CANCELLED, False),  # the tool may have run
     ("Reset", grpc.StatusCode.INTERNAL, False),
     ("Step", grpc.StatusCode.FAILED_PRECONDITION, False),
     ("CallTool", grpc.StatusCode.RESOURCE_EXHAUSTED, False),

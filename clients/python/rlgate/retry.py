@@ -5,8 +5,9 @@ The clients drive a `RetryState` in a small loop (sync: time.sleep, async: async
 decides lives here so both clients behave identically.
 
 Why each RPC retries what it does:
-- Reset/Step carry a request_id, so the orchestrator answers a retry with the recorded result: UNAVAILABLE
-  and a per-attempt DEADLINE_EXCEEDED (when the caller's deadline still has time) are safe to retry.
+- Reset/Step carry a request_id, so the orchestrator answers a retry with the recorded result: UNAVAILABLE,
+  CANCELLED (the server cancelled the call: a caller's own cancellation never arrives as a status) and a
+  per-attempt DEADLINE_EXCEEDED (when the caller's deadline still has time) are safe to retry.
 - State/ListTasks/ListSessions/ListTools are reads; Close/CloseSessions are idempotent.
 - CallTool is retried on UNAVAILABLE only, always with the same request_id: the gateway records the id
   before running the tool, so a retry gets the recorded result, or OUTCOME_UNKNOWN when the first attempt's
@@ -39,8 +40,8 @@ _IDEMPOTENT = _UNAVAILABLE_OR_DEADLINE | {grpc.StatusCode.CANCELLED}
 
 # Per RPC: the codes a retry is safe for (see the module docstring).
 RETRYABLE: dict[str, frozenset[grpc.StatusCode]] = {
-    "Reset": _UNAVAILABLE_OR_DEADLINE,
-    "Step": _UNAVAILABLE_OR_DEADLINE,
+    "Reset": _IDEMPOTENT,  # not idempotent by nature: made so by the request_id every attempt reuses
+    "Step": _IDEMPOTENT,
     "State": _IDEMPOTENT,
     "Close": _IDEMPOTENT,
     "CloseSessions": _IDEMPOTENT,
