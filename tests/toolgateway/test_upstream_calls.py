@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import pytest
+import uvicorn
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 from mcp_types.jsonrpc import HEADER_MISMATCH
 from starlette.types import Receive, Scope, Send
@@ -610,67 +611,50 @@ async def test_a_stateless_call_that_never_got_a_pooled_connection_is_not_sent(m
 
 
 class ThreadServer:
-    """An HTTP/1.1 server on a thread of its own, so it acts while the test's event loop is held up: it
-    answers each tools/call after `delay_s`, and closes each connection after its first answer when
-    `close_after` (a keep-alive connection whose idle timeout ends at once); it counts connections."""
+    """uvicorn on a thread with a loop of its own, so it acts while the test's event loop is held up: it answers
+    each tools/call with "ok" after `delay_s`, and closes a connection idle for `keep_alive_s` (uvicorn's
+    idle timeout, counted from its last answer). Connections are counted by the client's port."""
 
-    def __init__(self, *, close_after: bool, delay_s: float = 0.0) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}/mcp"
-        self.connections = 0
+    def __init__(self, *, keep_alive_s: float, delay_s: float = 0.0) -> None:
+        self._delay_s = delay_s
+        self.clients: set[int] = set()
         self.answered = threading.Semaphore(0)
-        self._close_after, self._delay_s = close_after, delay_s
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}/mcp"
+        config = uvicorn.Config(self._app, interface="asgi3", log_level="warning", access_log=False, lifespan="off")
+        config.timeout_keep_alive = keep_alive_s  # type: ignore[assignment]  # uvicorn's call_later takes a float
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=asyncio.run, args=(self._server.serve([self._socket]),), daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:  # uvicorn offers no started event: poll, bounded
+            assert time.monotonic() < deadline and self._thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            self.connections += 1
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+    @property
+    def connections(self) -> int:
+        return len(self.clients)
 
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            buffered = b""
-            while True:
-                while b"\r\n\r\n" not in buffered:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        return  # the client closed it
-                    buffered += chunk
-                head, _, buffered = buffered.partition(b"\r\n\r\n")
-                fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
-                length = int(next(v for k, _, v in fields if k.strip().lower() == b"content-length"))
-                while len(buffered) < length:
-                    buffered += conn.recv(65536)
-                body, buffered = buffered[:length], buffered[length:]
-                time.sleep(self._delay_s)
-                result = {"content": [{"type": "text", "text": "ok"}]}
-                reply = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"], "result": result}).encode()
-                conn.sendall(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(reply)}\r\n\r\n".encode()
-                    + reply
-                )
-                self.answered.release()
-                if self._close_after:
-                    return
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.clients.add(scope["client"][1])
+        message = json.loads(await read_body(receive))
+        await asyncio.sleep(self._delay_s)
+        result = {"content": [{"type": "text", "text": "ok"}]}
+        await answer(send, json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode())
+        self.answered.release()
 
     def close(self) -> None:
-        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (close alone does not)
-        self._listener.close()
-        self._thread.join(5)
+        self._server.should_exit = True
+        self._thread.join(10)
         assert not self._thread.is_alive()
+        self._socket.close()
 
 
 async def test_a_pooled_connection_the_server_has_closed_is_not_used() -> None:
     """aiohttp learns of a server's close when its loop reads the FIN, which a busy loop does late. A call made
     before that goes out on a new connection and is answered, instead of being written to the closed one and
     lost (the server never read it, yet it would count as a call that may have run: OUTCOME_UNKNOWN)."""
-    server = ThreadServer(close_after=True)
+    server = ThreadServer(keep_alive_s=0.01)
     calls = StatelessCalls(HttpSettings.create())
     try:
         for _ in range(3):
@@ -678,7 +662,7 @@ async def test_a_pooled_connection_the_server_has_closed_is_not_used() -> None:
             assert result.content[0].text == "ok"  # type: ignore[union-attr]
             # Hold the loop (as a busy one is) while the server closes: the FIN waits unread in our socket.
             assert server.answered.acquire(timeout=5)
-            time.sleep(0.05)  # noqa: ASYNC251  # holding the loop is the point
+            time.sleep(0.2)  # noqa: ASYNC251  # holding the loop is the point
         assert server.connections == 3
     finally:
         await calls.close()
@@ -689,14 +673,14 @@ async def test_a_pooled_connection_counts_its_keep_alive_from_its_last_request()
     """The server's idle clock starts at its reply; the pool's starts when the request went out (never later
     than the server's, however late a busy loop reads the reply). A call that took longer than the keep-alive
     leaves a connection too old to reuse, whatever aiohttp's own clock (from the reply's reading) says."""
-    server = ThreadServer(close_after=False, delay_s=0.4)
+    server = ThreadServer(keep_alive_s=30, delay_s=0.4)
     calls = StatelessCalls(HttpSettings.create(keepalive_s=0.3))
     try:
         for _ in range(2):
             result = await calls.call(server.url, "2026-07-28", "add", {"n": 1}, {}, 5.0)
             assert result.content[0].text == "ok"  # type: ignore[union-attr]
         assert server.connections == 2  # the second call's connection was 0.4 s old: not reused
-        fast = ThreadServer(close_after=False)
+        fast = ThreadServer(keep_alive_s=30)
         try:
             for _ in range(3):
                 await calls.call(fast.url, "2026-07-28", "add", {"n": 1}, {}, 5.0)
