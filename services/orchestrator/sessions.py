@@ -13,7 +13,7 @@ from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.runtime.errors import InvalidArgument, NotFound, clip
 from rlgate.runtime.logs import session_id_var
-from rlgate.store import OPEN_STATUSES, ConflictError, RequestExists, Session, SessionStore
+from rlgate.store import OPEN_STATUSES, ConflictError, RequestExists, Session, SessionStore, Writes
 
 
 class Sessions:
@@ -50,7 +50,18 @@ class Sessions:
     ) -> tuple[Session, bool]:
         """Compare-and-set loop: `change` edits a fresh copy (the first time `start`, when the caller has just
         read or written it) and returns whether to write it; `write` writes it (default `update_session`).
-        A lost compare-and-set reads the session again; `RequestExists` (the ledger's) propagates."""
+        A lost compare-and-set reads the session again; `RequestExists` (the ledger's) propagates.
+
+        Without `start` and `write`, the read, `change` and the write are the store's `change_session`: one
+        round trip where the store can (`change` may then run on its thread: it must only edit the session)."""
+        if start is None and write is None:
+            if not session_id:
+                raise InvalidArgument("session_id", "required")
+            changed, written = await self.store.change_session(session_id, lambda s: Writes() if change(s) else None)
+            if changed is None:
+                raise unknown_session(session_id)
+            session_id_var.set(session_id)
+            return changed, written
         session = start
         while True:
             if session is None:

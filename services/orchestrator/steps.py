@@ -77,11 +77,14 @@ class Steps:
             return True
 
         responses: list[orchestrator_pb2.StepResponse] = []
+        as_read: list[Session] = []  # the session before a turn that ends the episode: where its write starts
 
         def turn(s: Session) -> orchestrator_pb2.StepResponse | None:
             """An ordinary turn's response, recorded with the turn; None for a turn that ends the episode."""
+            before = s.copy()  # `count` sets fields only: a shallow copy stays as read
             count(s)
             if s.status == SessionStatus.DONE:
+                as_read.append(before)
                 return None
             responses.append(step_response(s))  # the write changes no field of it (version, updated_at)
             return responses[-1]
@@ -110,7 +113,10 @@ class Steps:
                     raise
             return await claim.commit(session=s, response=step_response(s))
 
-        session, _ = await self._sessions.mutate(request.session_id, count, write=write)
+        # From the session as the first call read it (no second read); a write in between fails the
+        # compare-and-set and the turn is counted again on a fresh read.
+        start = as_read[-1] if as_read else None
+        session, _ = await self._sessions.mutate(request.session_id, count, start=start, write=write)
         _log_turn(session, request)
         if session.status != SessionStatus.DONE:
             return step_response(session)

@@ -20,7 +20,7 @@ from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, InvalidArgument
 from rlgate.runtime.ledger import decode_result, scope
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, open_store
-from rlgate.v1 import orchestrator_pb2
+from rlgate.v1 import common_pb2, orchestrator_pb2
 
 SID = "s-step-writes"
 STEPS = scope("step", "")  # the anonymous caller's Step records
@@ -146,11 +146,35 @@ async def test_the_ending_turn_claims_first_and_a_repeat_replays_its_score(parts
         await episodes.steps.step(step(), deadline())
     counting.calls.clear()
     last = await episodes.steps.step(step("end"), deadline())  # turn 5 of max 5: the episode ends, then is scored
-    assert last.done and last.truncated and "claim_request" in counting.calls
+    assert last.done and last.truncated
+    # One read (the first call's), then the claim before the write: the write starts from what was read.
+    assert counting.calls[:3] == ["change_session", "claim_request", "update_session"]
+    assert "get_session" not in counting.calls
     with pytest.raises(FailedPrecondition):
         await episodes.steps.step(step(), deadline())
     assert (await episodes.steps.step(step("end"), deadline())) == last  # a repeat of the ending turn replays it
     assert (await store.get_session(SID)).turn == 5
+
+
+async def test_an_ending_turn_counts_again_when_another_write_lands_before_its_own(parts: Any) -> None:
+    # The ending turn's write starts from the session its first call read; another replica's write in
+    # between loses it the compare-and-set, and the turn is counted again on a fresh read: the other write
+    # is kept, not overwritten.
+    episodes, counting, store = parts
+    for _ in range(4):
+        await episodes.steps.step(step(), deadline())
+
+    async def another_replica_takes_a_turn() -> None:
+        other = await store.get_session(SID)
+        other.turn += 1
+        await store.update_session(other)
+
+    counting.calls.clear()
+    counting.before["claim_request"] = another_replica_takes_a_turn  # after this turn's read, before its write
+    last = await episodes.steps.step(step("late"), deadline())  # read turn 4: this would be turn 5 of 5
+    assert (last.turn, last.done, last.truncated) == (6, True, True)  # counted after the other replica's 5th
+    assert (await store.get_session(SID)).turn == 6
+    assert counting.calls[:4] == ["change_session", "claim_request", "update_session", "get_session"]
 
 
 async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_away(parts: Any) -> None:
@@ -179,3 +203,18 @@ async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_awa
     assert retry.verification.status  # scored (SKIPPED: the mcp provider has no verifier for this session)
     record = await store.get_request(STEPS, "held")
     assert record is not None and record.state == RequestState.DONE
+
+
+async def test_closing_a_session_changes_it_in_one_store_call(parts: Any) -> None:
+    # Sessions.mutate without a custom write is the store's change_session: read, change and write in one
+    # round trip (one transaction on SQLite), where it used to be a read and then a compare-and-set.
+    episodes, counting, store = parts
+    closed = await episodes.closing.close(SID)
+    assert counting.calls[0] == "change_session"
+    assert "get_session" not in counting.calls and "update_session" not in counting.calls
+    assert not closed.already_closed and closed.status == common_pb2.SESSION_STATUS_CLOSED
+    session = await store.get_session(SID)
+    assert session.status == SessionStatus.CLOSED and session.token_hash == ""  # the token is revoked
+    counting.calls.clear()
+    again = await episodes.closing.close(SID)
+    assert again.already_closed and counting.calls == ["change_session"]  # nothing to write: nothing written
