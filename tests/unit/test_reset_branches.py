@@ -208,17 +208,19 @@ async def test_store_failing_to_record_the_instance_deletes_it(orch: Orch) -> No
 async def test_store_failing_on_the_done_record_answers_the_retry_then_records_it_in_the_background(
     orch: Orch,
 ) -> None:
-    orch.store.fail("commit", times=None)  # the DONE record cannot be written (a full disk)
+    orch.store.fail("commit", times=None)  # the DONE record cannot be written (the store refuses writes)
     with pytest.raises(StoreError):
         await orch.reset()
     assert await orch.record_state() == RequestState.PENDING  # kept with the session it answers for
+    with pytest.raises(StoreError):  # the fresh token a repeat needs cannot be written either
+        await orch.reset()
+
+    orch.store.heal()
     retry = await orch.reset()  # the answer this process holds, with a fresh token
     assert retry.session_id == session_id_for_request("", "r1") and retry.episode == 1
     session = await orch.store.get_session(retry.session_id)
     assert session is not None and session.token_hash == token_hash(retry.agent_token)
-
-    orch.store.heal()
-    async with asyncio.timeout(10):  # written in the background once the store takes writes (polled)
+    async with asyncio.timeout(10):  # written in the background now that the store takes writes (polled)
         while True:
             if await orch.record_state() == RequestState.DONE:
                 break
