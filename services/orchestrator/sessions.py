@@ -32,13 +32,7 @@ class Sessions:
 
     async def get(self, session_id: str) -> Session:
         """The session, named in this RPC's log lines from here on; NOT_FOUND (SESSION_NOT_FOUND) if unknown."""
-        if not session_id:
-            raise InvalidArgument("session_id", "required")
-        session = await self.store.get_session(session_id)
-        if session is None:
-            raise unknown_session(session_id)
-        session_id_var.set(session_id)
-        return session
+        return _found(session_id, await self.store.get_session(_required(session_id)))
 
     async def mutate(
         self,
@@ -55,13 +49,10 @@ class Sessions:
         Without `start` and `write`, the read, `change` and the write are the store's `change_session`: one
         round trip where the store can (`change` may then run on its thread: it must only edit the session)."""
         if start is None and write is None:
-            if not session_id:
-                raise InvalidArgument("session_id", "required")
-            changed, written = await self.store.change_session(session_id, lambda s: Writes() if change(s) else None)
-            if changed is None:
-                raise unknown_session(session_id)
-            session_id_var.set(session_id)
-            return changed, written
+            changed, written = await self.store.change_session(
+                _required(session_id), lambda s: Writes() if change(s) else None
+            )
+            return _found(session_id, changed), written
         session = start
         while True:
             if session is None:
@@ -91,6 +82,20 @@ class Sessions:
             out.extend(s for s in page if not orchestrator_run or s.orchestrator_run == orchestrator_run)
             if not cursor:
                 return out
+
+
+def _required(session_id: str) -> str:
+    if not session_id:
+        raise InvalidArgument("session_id", "required")
+    return session_id
+
+
+def _found(session_id: str, session: Session | None) -> Session:
+    """The session read, named in this RPC's log lines from here on; NOT_FOUND when there was none."""
+    if session is None:
+        raise unknown_session(session_id)
+    session_id_var.set(session_id)
+    return session
 
 
 def unknown_session(session_id: str) -> NotFound:
