@@ -118,6 +118,7 @@ async def main(argv: list[str]) -> int:
         for entry in entries:
             entry.extra.setdefault("mode", mode)
             entry.extra.setdefault("seconds", round(time.perf_counter() - t0, 1))
+            entry.extra.setdefault("started_at", run_info["started_at"])  # `_run` is the last run's, not every entry's
         everything.extend(entries)
         run_info["seconds"] = round(time.perf_counter() - started, 1)
         run_info["load_avg_1m_last"] = round(os.getloadavg()[0], 2)  # the machine is shared: how busy it was

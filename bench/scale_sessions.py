@@ -344,13 +344,16 @@ async def measure(
                 if mode == "forward":
                     pids["upstream"] = upstream_proc.pid
                 suts.append(SystemUnderTest(name, run_batch, pids))
+        # Every system's processes, not only the next one's: a batch is not timed while another system's
+        # last batch is still closing its sessions or writing its logs on the same cores.
+        every_pid = sorted({pid for sut in suts for pid in sut.pids.values()})
         for wait in waits:
             for index, n in enumerate(grid):
                 order = suts if index % 2 == 0 else suts[::-1]  # the machine's drift lands on every system
                 for sut in order:
                     if wait in sut.stopped:
                         continue
-                    await quiesce(list(set(sut.pids.values())))
+                    await quiesce(every_pid)
                     async with Monitor(sut.pids) as monitor:
                         records, wall_s = await sut.run_batch(n, wait)
                     batch = Batch(sut.name, n, wait, records, wall_s, monitor.rss_kb, monitor.cpu_s)
