@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from typing import Any
 
 import mcp_types as mt
@@ -16,9 +17,13 @@ from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
 TRUNCATION_MARKER = "\n…[output truncated by rlgate: {cut} of {total} bytes removed]"
+ASK_FOR_LESS = "Ask for less (filters, pagination) if you need the rest"  # ends every OUTPUT_TRUNCATED message
 # An error message past the output limit whose text the content also carries (cut to the limit there) is
 # kept to its head in error_message, so a result holds it once, however long the tool or upstream made it.
 ERROR_HEAD_BYTES = 1024
+# Content blocks passed on per result. An upstream can send hundreds of thousands of empty blocks under its
+# reply cap; each would be converted, measured and held, and none adds a byte for the output limit to cut.
+MAX_CONTENT_BLOCKS = 1024
 
 
 def _b64(data: str) -> bytes:
@@ -64,24 +69,52 @@ def content_block(block: Any) -> common_pb2.ContentBlock:
     return common_pb2.ContentBlock(text=common_pb2.TextContent(text=text))
 
 
-def tool_result(result: mt.CallToolResult) -> common_pb2.ToolResult:
+def tool_result(result: mt.CallToolResult, max_bytes: int = 0) -> common_pb2.ToolResult:
     """Convert faithfully; an upstream isError becomes TOOL_FAILED with the tool's own text as message
-    (cut to the output limit by `truncate`, as the output is)."""
-    out = common_pb2.ToolResult(content=[content_block(b) for b in result.content], is_error=result.is_error)
+    (cut to the output limit by `truncate`, as the output is).
+
+    Two cuts happen here, before conversion, since converting would cost more than the result is allowed to
+    carry: blocks past MAX_CONTENT_BLOCKS become one note, and structured content whose JSON is larger than
+    `max_bytes` (the output limit; 0: none) is dropped unconverted (`truncate` would drop it anyway, after
+    the exact conversion had walked every value of it on the event loop). Either sets OUTPUT_TRUNCATED on a
+    result that is not an error."""
+    out = common_pb2.ToolResult(
+        content=[content_block(b) for b in result.content[:MAX_CONTENT_BLOCKS]], is_error=result.is_error
+    )
+    cuts: list[str] = []
+    if (extra := len(result.content) - MAX_CONTENT_BLOCKS) > 0:
+        cuts.append(f"{extra} content blocks past the first {MAX_CONTENT_BLOCKS} were omitted")
+        out.content.append(_note(f"[{extra} more content blocks omitted by rlgate: at most {MAX_CONTENT_BLOCKS}]"))
     if result.structured_content is not None:
-        try:
-            out.structured_content_json = json_text(result.structured_content)
-        except InvalidJsonValue as exc:  # e.g. NaN, which a lenient JSON parser let through upstream
-            out.content.append(
-                common_pb2.ContentBlock(
-                    text=common_pb2.TextContent(text=f"[structured content omitted by rlgate: not valid JSON: {exc}]")
-                )
-            )
+        if max_bytes > 0 and (size := _json_size(result.structured_content)) > max_bytes:
+            cuts.append(f"the structured content ({size} bytes) exceeded {max_bytes} bytes and was dropped")
+        else:
+            try:
+                out.structured_content_json = json_text(result.structured_content)
+            except InvalidJsonValue as exc:  # e.g. NaN, which a lenient JSON parser let through upstream
+                out.content.append(_note(f"[structured content omitted by rlgate: not valid JSON: {exc}]"))
     if result.is_error:
         out.error_kind = Kind.TOOL_ERROR_KIND_TOOL_FAILED
-        text = " ".join(b.text for b in result.content if isinstance(b, mt.TextContent)).strip()
-        out.error_message = text or "the tool reported a failure without a message"
+        text = " ".join(b.text for b in result.content[:MAX_CONTENT_BLOCKS] if isinstance(b, mt.TextContent))
+        out.error_message = text.strip() or "the tool reported a failure without a message"
+    elif cuts:
+        out.error_kind = Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED
+        out.error_message = "output truncated: " + "; ".join(cuts) + f". {ASK_FOR_LESS}"
     return out
+
+
+def _note(text: str) -> common_pb2.ContentBlock:
+    return common_pb2.ContentBlock(text=common_pb2.TextContent(text=text))
+
+
+def _json_size(value: Any) -> int:
+    """The size of `value`'s compact JSON text, from the C encoder (no checks: this only decides whether the
+    exact, checked conversion is worth running); 0 for what it cannot encode (`json_text` then says why)."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, check_circular=False)
+    except (TypeError, ValueError, RecursionError):
+        return 0
+    return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def error_result(kind: common_pb2.ToolErrorKind, message: str) -> common_pb2.ToolResult:
@@ -165,10 +198,11 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
         out.structured_content_json = ""
         removed += structured
     if not out.is_error:
+        # What `tool_result` cut already (blocks past the count, structured content) stays said.
+        before = result.error_message.removesuffix(f". {ASK_FOR_LESS}") + "; " if result.error_kind else ""
         out.error_kind = Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED
         out.error_message = (
-            f"output exceeded {max_bytes} bytes and was truncated ({removed} bytes removed); "
-            "ask for less (filters, pagination) if you need the rest"
+            f"{before}output exceeded {max_bytes} bytes and was truncated ({removed} bytes removed). {ASK_FOR_LESS}"
         )
     return out
 
@@ -177,7 +211,9 @@ def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
     """Short text for the tool-call log: the result's text (binary blocks as a note, the structured content
     when there is no text), whitespace collapsed, cut to `limit` characters."""
     parts: list[str] = []
+    used = 0  # characters so far, a space after each part: the loop ends once past `limit`
     for block in result.content:
+        before = len(parts)
         kind = block.WhichOneof("kind")
         if kind == "text":
             parts.append(block.text.text[:limit])
@@ -192,9 +228,10 @@ def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
             parts.append(
                 res.text[:limit] if contents == "text" else f"[resource: {res.uri[:limit]}, {len(res.blob)} bytes]"
             )
-        if sum(map(len, parts)) > limit:
+        used += (len(parts[-1]) if len(parts) > before else 0) + 1  # an empty block costs a step too
+        if used > limit:
             break
-    if not parts:
-        parts.append(result.structured_content_json[:limit] or result.error_message[:limit])
     text = " ".join(" ".join(parts).split())
+    if not text:  # no text (or only blank blocks): what else the result says
+        text = " ".join((result.structured_content_json[:limit] or result.error_message[:limit]).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

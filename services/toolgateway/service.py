@@ -461,7 +461,7 @@ class ToolGateway:
                 f"Tool '{name}' was rejected by its server (JSON-RPC error {exc.code}): {exc}",
             )
         else:
-            result = results.tool_result(mcp_result)
+            result = results.tool_result(mcp_result, self.settings.max_output_bytes)
         finally:
             _latency.labels(name, endpoint_label(tool.endpoint)).observe(time.perf_counter() - start)
         return results.truncate(result, self.settings.max_output_bytes), tool.endpoint

@@ -37,6 +37,7 @@ import pytest
 from rlgate.mcpclient.catalog import MAX_TOOLS
 from rlgate.mcpclient.transport import MAX_PAGE_BYTES
 from rlgate.runtime.stack import free_port
+from rlgate.toolgateway.results import MAX_CONTENT_BLOCKS
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.reliability.conftest import FULL, Figures
 from tests.reliability.harness import API_KEY, REPO, Audit, AuditedStack, bearer, error_reason, start_stack
@@ -635,6 +636,38 @@ async def test_nested_structured_content(stack: AuditedStack, clients: Clients, 
     assert deep.is_error and deep.error_kind == common_pb2.TOOL_ERROR_KIND_TOOL_FAILED, deep
     assert not deepish.is_error and deepish.structured_content_json == "", deepish
     assert "structured content omitted" in deepish.content[-1].text.text, deepish
+
+
+@pytest.mark.parametrize("era", ERA_NAMES)
+@pytest.mark.parametrize("attack", ["many-blocks", "big-structured"])
+async def test_results_large_in_count_or_structure(
+    stack: AuditedStack, clients: Clients, figures: Figures, era: str, attack: str
+) -> None:
+    """Results under the reply cap that cost the gateway by their shape: 20,000 empty content blocks (no
+    bytes for the output limit to cut) and structured content of 200,000 numbers (over the output limit).
+    Each is answered with what fits and OUTPUT_TRUNCATED, and other sessions' calls go on meanwhile."""
+    replies: dict[str, Any] = {}
+
+    async def steps(case: Case) -> None:
+        session = await reset(stack, clients, case, task_key(era, attack, "call"))
+        try:
+            if session is not None:
+                replies["call"] = await call_tool(stack, clients, case, session.agent_token, "echo", {"text": "x"})
+        finally:
+            await close(stack, clients, session)
+
+    case = await run_case(stack, clients, era, attack, "call", steps)
+    check(case, figures)
+    assert all(p.status == "OK" for p in case.probes), case
+    result = replies["call"].result
+    assert not result.is_error, result.error_message
+    assert result.error_kind == common_pb2.TOOL_ERROR_KIND_OUTPUT_TRUNCATED, result.error_message
+    if attack == "many-blocks":
+        assert len(result.content) == MAX_CONTENT_BLOCKS + 1, len(result.content)
+        assert "more content blocks omitted" in result.content[-1].text.text
+    else:
+        assert result.structured_content_json == "" and [b.text.text for b in result.content] == ["big"]
+        assert "structured content" in result.error_message
 
 
 @pytest.mark.parametrize("era", ERA_NAMES)

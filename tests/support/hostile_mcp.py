@@ -14,8 +14,10 @@ URL: `/{era}/{attack}/{phase}/{nonce}/mcp`
 
 Attacks (`ATTACKS`): endless body, huge body, one-byte drip, SSE without newlines, giant (10 MB) and big
 (4 MB) JSON-RPC errors, schemas nested past any parser's limit or past rlgate's bound only, `$ref` cycles,
-10,000 tools, deeply nested structured content, tool names and errors carrying forged log lines, and a
-JSON-RPC error in the servers' own range (-32000). `none` is a well-behaved server (one tool, `echo`).
+10,000 tools, deeply nested structured content, tool names and errors carrying forged log lines, a
+JSON-RPC error in the servers' own range (-32000), and results under the reply cap that are large in other
+ways: 20,000 empty content blocks, structured content of 200,000 numbers. `none` is a well-behaved
+server (one tool, `echo`).
 
 Run: `python -m tests.support.hostile_mcp --port N [--huge-bytes B] [--tools N] [--depth D]`; GET /health
 answers 200 once it serves; GET /stats counts requests per attack and what the streams sent.
@@ -58,6 +60,8 @@ CONTENT_ATTACKS = (
     "forged-names",
     "nested-structured",
     "server-error",
+    "many-blocks",
+    "big-structured",
 )
 ATTACKS = ("none", *TRANSPORT_ATTACKS, *CONTENT_ATTACKS)
 
@@ -69,6 +73,10 @@ class Sizes:
     big_error_bytes: int = 4 * 2**20  # an error message under the reply limit (it reaches rlgate whole)
     tools: int = 10_000  # tools in the many-tools listing
     depth: int = 10_000  # nesting of the deep schema and of the deep structured content
+    # Empty text blocks in the many-blocks result (~0.5 MB). The legacy era's SDK parses a reply whole
+    # before rlgate sees it, ~0.7 KiB per block: the reply cap bounds that, not the block count.
+    blocks: int = 20_000
+    structured_items: int = 200_000  # numbers in the big-structured result's structuredContent (~400 KB)
     endless_cap_bytes: int = 4 * 2**30  # an endless stream stops here (a peer that never stops reading)
     drip_interval_s: float = 0.2  # between the drip's bytes
     drip_cap_s: float = 600.0
@@ -206,6 +214,13 @@ class HostileMcp:
         if attack == "nested-structured":
             value = DEEP_VALUE if text != "deepish" else DEEPISH_VALUE
             return {"content": [{"type": "text", "text": "deep"}], "structuredContent": value, "isError": False,
+                    **_modern_extras(era)}  # fmt: skip
+        if attack == "many-blocks":  # no bytes for an output limit to cut, only a count
+            blocks = [{"type": "text", "text": ""}] * self.sizes.blocks + [{"type": "text", "text": "end"}]
+            return {"content": blocks, "isError": False, **_modern_extras(era)}
+        if attack == "big-structured":  # under the reply cap, far over the output limit
+            numbers = {"items": [0] * self.sizes.structured_items}
+            return {"content": [{"type": "text", "text": "big"}], "structuredContent": numbers, "isError": False,
                     **_modern_extras(era)}  # fmt: skip
         if attack == "server-error":  # -32000: the JSON-RPC range servers use for their own errors
             return {"error": {"code": -32000, "message": "Server error: database is locked"}}

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import mcp_types as mt
 import pytest
 
 from rlgate.mcpclient.catalog import tool_allowed, tool_spec, union_tools
+from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import arguments_problem
-from rlgate.toolgateway.results import summary, tool_result, truncate
+from rlgate.toolgateway.results import MAX_CONTENT_BLOCKS, summary, tool_result, truncate
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
@@ -148,6 +150,58 @@ def test_truncation_marks_and_keeps_within_limit() -> None:
     assert "truncated" in out.error_message
     small = tool_result(mt.CallToolResult(content=[mt.TextContent(text="ok")]))
     assert truncate(small, 100) == small
+
+
+def test_blocks_past_the_count_become_one_note() -> None:
+    """Empty blocks add no bytes for the output limit to cut: the count bounds what an upstream makes the
+    gateway convert and hold."""
+    many = mt.CallToolResult(content=[mt.TextContent(text="") for _ in range(MAX_CONTENT_BLOCKS + 5000)])
+    out = truncate(tool_result(many, 262144), 262144)
+    assert len(out.content) == MAX_CONTENT_BLOCKS + 1
+    assert out.content[-1].text.text == f"[5000 more content blocks omitted by rlgate: at most {MAX_CONTENT_BLOCKS}]"
+    assert not out.is_error and out.error_kind == Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED
+    assert "5000 content blocks" in out.error_message
+    # A tool's failure stays TOOL_FAILED with its own text; the note is still there.
+    boom: list[mt.ContentBlock] = [mt.TextContent(text="boom")] * (MAX_CONTENT_BLOCKS + 1)
+    failed = tool_result(mt.CallToolResult(content=boom, is_error=True))
+    assert failed.error_kind == Kind.TOOL_ERROR_KIND_TOOL_FAILED
+    assert "more content blocks omitted" in failed.content[-1].text.text
+
+
+def test_structured_content_past_the_limit_is_dropped_unconverted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact conversion walks every value on the event loop: for content `truncate` would drop, it never
+    runs. Under the limit it does, and integers stay integers."""
+    walked: list[object] = []
+
+    def json_text(value: object) -> str:
+        walked.append(value)
+        return json.dumps(value)
+
+    monkeypatch.setattr(results, "json_text", json_text)
+    big = tool_result(mt.CallToolResult(content=[], structured_content={"a": [0] * 100_000}), 1000)
+    assert big.structured_content_json == "" and walked == []
+    assert big.error_kind == Kind.TOOL_ERROR_KIND_OUTPUT_TRUNCATED
+    assert "structured content (200007 bytes)" in big.error_message
+    # Cut again by the byte limit: both cuts are named.
+    text_and_numbers = mt.CallToolResult(content=[mt.TextContent(text="x" * 2000)], structured_content={"a": [0] * 999})
+    both = truncate(tool_result(text_and_numbers, 1000), 1000)
+    assert "structured content" in both.error_message and "output exceeded 1000 bytes" in both.error_message
+    small = tool_result(mt.CallToolResult(content=[], structured_content={"n": 3}), 1000)
+    assert small.structured_content_json == '{"n": 3}' and small.error_kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED
+
+
+def test_summary_reads_a_bounded_number_of_blocks() -> None:
+    """A result of many empty blocks (each adds nothing to the text) is summarised in time linear in what it
+    reads, not quadratic in the blocks."""
+    empty = common_pb2.ToolResult(
+        content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text="")) for _ in range(50_000)],
+        structured_content_json='{"k":1}',
+    )
+    started = time.perf_counter()
+    assert summary(empty) == '{"k":1}'
+    assert time.perf_counter() - started < 1.0  # generous: quadratic here took minutes
+    words = common_pb2.ToolResult(content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text="word"))] * 300)
+    assert summary(words) == " ".join(["word"] * 100)[:499] + "…"
     img = tool_result(
         mt.CallToolResult(content=[mt.ImageContent(data=base64.b64encode(b"x" * 500).decode(), mime_type="image/png")])
     )
