@@ -74,6 +74,9 @@ class EndpointClient:
         self._shared: SharedTools | None = None
         self.tools_at = 0.0
         self.not_found = ""  # set when the endpoint answered 404 (dropped until the next refresh)
+        # Set once it has listed tools: a 404 after that is not an endpoint this instance lacks (dropped, as
+        # at discovery) but one that went away under a live session (its instance deleted): unavailable.
+        self.served = False
         self.calls = 0  # calls in flight on this endpoint
 
     @property
@@ -114,12 +117,16 @@ class EndpointClient:
             return
         exc = ready.exception()
         if isinstance(exc, EndpointNotFound):
+            if self.served:  # gone, not absent: listed again (and refused as unavailable) on the next look
+                self.tools, self.tools_at = None, 0.0
+                return
             if not self.not_found:
                 log.info("endpoint dropped from the session's tools: %s", exc)
             self.not_found, self.tools, self.tools_at = str(exc), None, time.monotonic()
         elif exc is None:
             self.not_found, self.tools, self.tools_at = "", link.tools, link.listed_at
             self._shared = link.shared  # keeps the interned list alive while this endpoint caches it
+            self.served = True
 
     def retire(self) -> bool:
         """Close the connection of an endpoint that owns no tool the session can call, keeping its cached
@@ -156,6 +163,7 @@ class EndpointClient:
         await link.relist(since)
         self.not_found, self.tools, self.tools_at = "", link.tools, link.listed_at
         self._shared = link.shared
+        self.served = True
 
     def cached(self) -> list[mt.Tool] | EndpointNotFound | None:
         """The fresh cached listing (tools, or the 404 that dropped the endpoint), or None when it must be
@@ -179,7 +187,12 @@ class EndpointClient:
             # age (e.g. the URL's common link, listed for another session).
             since = time.monotonic() - (0.0 if refresh else self._pool.settings.tools_refresh_s)
             with tracing.span("upstream tools/list", self._span_attributes("tools/list")):
-                return await self._list(timeout_s, since)
+                try:
+                    return await self._list(timeout_s, since)
+                except EndpointNotFound as exc:
+                    if self.served:
+                        raise UpstreamUnavailable(f"{exc}, after serving tools: its instance is gone") from exc
+                    raise
 
     async def _list(self, timeout_s: float, since: float) -> list[mt.Tool]:
         for attempt in range(2):
@@ -238,7 +251,10 @@ class EndpointClient:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False)
-            link, client = await self._get_link(remaining)
+            try:
+                link, client = await self._get_link(remaining)
+            except EndpointNotFound as exc:  # a new link's handshake answered 404: the endpoint went away
+                raise CallNotSent(f"{exc}; {name!r} was not sent") from exc
             # A client that has not listed the tool lists first (idempotent), so the SDK knows its
             # x-mcp-header arguments and never has to re-list around the call.
             if name not in link.names and not await self._list_before_call(link, name, deadline, last=attempt == 1):
@@ -289,7 +305,7 @@ class EndpointClient:
             raise CallTimedOut(f"deadline passed before {name!r} could be sent", sent=False) from exc
         except CallNotSent:
             raise
-        except UpstreamUnavailable as exc:
+        except (UpstreamUnavailable, EndpointNotFound) as exc:
             raise CallNotSent(f"{exc} (listing before {name!r})") from exc
 
     def _failure(

@@ -209,6 +209,7 @@ class HostileUpstream:
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
         self.hostile: list[HostileCall] = []
         self.requests: list[tuple[dict[bytes, bytes], dict[str, Any]]] = []  # every tools/call: headers, message
+        self.gone = False  # set: every request answers 404, as an instance that was deleted does
         self.tracker = ConnectionTracker(Counters())
         self._changed = asyncio.Condition()
         self._app: ASGIApp = mcp_server().streamable_http_app(json_response=era == "legacy")
@@ -230,6 +231,10 @@ class HostileUpstream:
             await self._changed.wait_for(predicate)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.gone:
+            await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"Not Found"})
+            return
         if scope["type"] != "http" or scope["method"] != "POST":
             await self._app(scope, receive, send)
             return

@@ -244,6 +244,43 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
     assert upstream.calls["flood"] == 1
 
 
+async def test_a_call_to_a_legacy_endpoint_that_went_away_is_never_sent(store: SessionStore) -> None:
+    """The instance is deleted under a live session: its session is refused (404), and so is the handshake of
+    the new one. Nothing ran: UNAVAILABLE, the request_id released (a retry is answered the same way, not
+    OUTCOME_UNKNOWN), never INTERNAL, and never an agent's mistake (an unknown tool) for what the
+    infrastructure did: an endpoint that served tools and then answers 404 went away, it is not one the
+    instance lacks (dropped at discovery)."""
+    async with hostile_upstream("legacy") as upstream:
+        pool, ups = await session_on(upstream)
+        try:
+            upstream.gone = True
+            with pytest.raises(CallNotSent, match="404"):
+                await ups.call(upstream.url, "add", {"n": 1}, 10.0)
+        finally:
+            await pool.close()
+        upstream.gone = False
+        handle = await start_gateway(gateway_config(), store)
+        token = await open_session(store, upstream)
+        request = toolgateway_pb2.CallToolRequest(name="add", request_id="gone-1", arguments_json='{"n": 1}')
+        try:
+            async with grpc.aio.insecure_channel(handle.address) as channel:
+                stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+                metadata = (("authorization", f"Bearer {token}"),)
+                assert (await stub.CallTool(request, metadata=metadata, timeout=30)).result.content[0].text.text == "2"
+                upstream.gone = True
+                for _ in range(2):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await stub.CallTool(
+                            toolgateway_pb2.CallToolRequest(name="add", request_id="gone-2", arguments_json='{"n": 1}'),
+                            metadata=metadata,
+                            timeout=30,
+                        )
+                    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE, caught.value.details()
+                    assert "answered 404" in (caught.value.details() or "")  # by the call, then by its listing
+        finally:
+            await handle.stop(grace=0)
+
+
 # 5. An error the server answers is its answer, also with the codes the SDK uses for its own failures: -32000
 # (its "connection closed") and -32001 (its "request timed out") open the range servers use for their own
 # errors. A reply that never came is still a lost connection.
