@@ -589,8 +589,13 @@ class ToolGateway:
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Let bookkeeping of cancelled calls and DONE writes the store refused finish (shutdown), within
-        `timeout_s`; writes still failing then are cancelled (a retry elsewhere takes their records over)."""
+        `timeout_s`; what is still running then is cancelled (a retry elsewhere takes its records over)."""
         end = time.monotonic() + timeout_s
         if self._background:
-            await asyncio.wait(set(self._background), timeout=timeout_s)
+            late = set(self._background)
+            if timeout_s > 0:
+                _, late = await asyncio.wait(late, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         await self.ledger.drain(end - time.monotonic())

@@ -327,3 +327,12 @@ async def test_a_gateway_that_dies_holding_an_unwritten_answer_leaves_outcome_un
     assert await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
     assert gw.upstream.runs("echo") == 1
     await other.gateway.drain()
+
+
+async def test_drain_cancels_bookkeeping_that_outlives_it(gw: Gateway) -> None:
+    """Shutdown waits for the gateway's own background work up to its bound, then cancels what is left, so
+    no task outlives the loop it runs on."""
+    stuck = gw.gateway._in_background(asyncio.Event().wait())
+    started = time.monotonic()
+    await gw.gateway.drain(0.2)
+    assert stuck.cancelled() and time.monotonic() - started < 5
