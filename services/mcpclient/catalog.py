@@ -9,7 +9,8 @@ at debug). Within an endpoint, tools keep the server's order, every page include
 deterministic for a given set of upstream lists.
 
 Bounds: an upstream chooses what it lists, so a listing is cut to MAX_TOOLS tools and MAX_LISTING_BYTES of
-specs (MAX_PAGES pages at most), and a tool is left out when its spec is larger than MAX_TOOL_BYTES, its
+specs (MAX_PAGES pages at most, and no page after the one that left out MAX_LEFT_OUT tools), and a tool is
+left out when its spec is larger than MAX_TOOL_BYTES, its
 schemas are JSON text cannot carry (nested past its depth bound, NaN), or its name is one CallTool refuses.
 Left-out tools are logged once per distinct listing (one warning naming a few of them) and remembered by
 name (`ToolList.left_out`), so a call of one is told why. One page's reply is bounded before the SDK parses
@@ -50,6 +51,10 @@ MAX_TOOLS = 10_000  # tools kept of one listing, and of a session's union
 MAX_TOOL_BYTES = 256 * 1024  # one tool's spec: name, description, schemas and annotations
 MAX_LISTING_BYTES = 8 * 1024 * 1024  # specs kept of one listing, and of a session's union (gRPC sends 16 MiB)
 NAMED_IN_WARNING = 5  # left-out tools a warning names
+# Left-out tools remembered by name (and why) per listing; a listing that leaves out more stops after the page
+# that reached it. Left-out tools add nothing to MAX_TOOLS or MAX_LISTING_BYTES, so without this an upstream
+# listing only tools it cannot serve would make every page be parsed and every name kept.
+MAX_LEFT_OUT = 1_000
 ANY_OBJECT: Mapping[str, Any] = {"type": "object"}  # the input schema of a tool that declares none
 
 
@@ -242,16 +247,23 @@ def _kept(
     out: list[tuple[mt.Tool, _Prepared]] = []
     for tool, prepared in tools:
         if prepared.problem:
-            left_out[tool.name] = prepared.problem
+            _leave_out(left_out, tool.name, prepared.problem)
         elif count >= MAX_TOOLS:
-            left_out[tool.name] = f"listed past {MAX_TOOLS} tools"
+            _leave_out(left_out, tool.name, f"listed past {MAX_TOOLS} tools")
         elif size + prepared.size > MAX_LISTING_BYTES:
-            left_out[tool.name] = f"listed past {MAX_LISTING_BYTES} bytes of tool specs"
+            _leave_out(left_out, tool.name, f"listed past {MAX_LISTING_BYTES} bytes of tool specs")
         else:
             out.append((tool, prepared))
             count += 1
             size += prepared.size
     return out, count, size
+
+
+def _leave_out(left_out: dict[str, str], name: str, why: str) -> None:
+    """Remember a left-out tool, up to MAX_LEFT_OUT of them (one past that is not named: a call of it is an
+    unknown tool)."""
+    if len(left_out) < MAX_LEFT_OUT:
+        left_out[name] = why
 
 
 def union_tools(
@@ -326,8 +338,10 @@ async def list_all_tools(client: Client, *, max_pages: int = MAX_PAGES) -> ToolL
         cursor = page.next_cursor
         if not cursor:
             break
-        if count >= MAX_TOOLS or size >= MAX_LISTING_BYTES:
-            left_out["(later pages)"] = f"not listed: the listing reached {count} tools and {size} bytes"
+        if count >= MAX_TOOLS or size >= MAX_LISTING_BYTES or len(left_out) >= MAX_LEFT_OUT:
+            left_out["(later pages)"] = (
+                f"not listed: the listing reached {count} tools, {size} bytes and {len(left_out)} tools left out"
+            )
             break
     else:
         left_out["(later pages)"] = f"not listed: tools/list did not end after {max_pages} pages"
