@@ -78,6 +78,7 @@ class EndpointClient:
         # at discovery) but one that went away under a live session (its instance deleted): unavailable.
         self.served = False
         self.calls = 0  # calls in flight on this endpoint
+        self.closed = False  # set by `close`: no new link after it (nothing would release one)
 
     @property
     def connected(self) -> bool:
@@ -89,6 +90,8 @@ class EndpointClient:
     # -- the link -------------------------------------------------------------------------------------------
     async def _get_link(self, timeout_s: float) -> tuple[Link, Client]:
         async with self._lock:  # single flight: concurrent callers share one handshake
+            if self.closed:  # the session ended while this call or listing was on its way
+                raise CallNotSent(f"{self.url}: the session's upstream connections were closed (it ended)")
             link = self._link
             if link is None or link.dead:
                 if link is not None:
@@ -330,6 +333,7 @@ class EndpointClient:
         return CallRejected(exc.message, exc.code)  # the server answered with an error
 
     async def close(self) -> None:
+        self.closed = True
         link, self._link = self._link, None
         if link is not None:
             self._pool.release(link)

@@ -244,6 +244,19 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
     assert upstream.calls["flood"] == 1
 
 
+async def test_a_call_after_its_session_was_closed_opens_no_connection(upstream: HostileUpstream) -> None:
+    """The janitor closes a session's upstream clients while one of its calls is still on its way (authorized,
+    checking its arguments): the call is not sent, and no connection is opened that nothing would close."""
+    pool, ups = await session_on(upstream)
+    try:
+        await ups.close()
+        with pytest.raises(CallNotSent, match="closed"):
+            await ups.call(upstream.url, "add", {"n": 1}, 10.0)
+        assert ups.clients[upstream.url]._link is None and upstream.calls["add"] == 0
+    finally:
+        await pool.close()
+
+
 async def test_a_call_to_a_legacy_endpoint_that_went_away_is_never_sent(store: SessionStore) -> None:
     """The instance is deleted under a live session: its session is refused (404), and so is the handshake of
     the new one. Nothing ran: UNAVAILABLE, the request_id released (a retry is answered the same way, not
