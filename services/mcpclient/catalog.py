@@ -36,6 +36,7 @@ from mcp import Client
 
 from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.runtime.errors import clip
+from rlgate.runtime.redact import public_url
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,7 @@ def tool_spec(tool: mt.Tool, endpoint: str) -> common_pb2.ToolSpec:
         input_schema_json=json_text(tool.input_schema or ANY_OBJECT),
         output_schema_json=json_text(tool.output_schema) if tool.output_schema is not None else "",
         annotations_json=json_text(annotations) if annotations else "",
-        endpoint=endpoint,
+        endpoint=public_url(endpoint),
     )
 
 
@@ -290,7 +291,7 @@ def union_tools(
         kept, count, size = _kept(unique, count, size, fresh)
         for tool, prepared in kept:
             assert prepared.spec is not None
-            wire = common_pb2.ToolSpec(endpoint=endpoint)
+            wire = common_pb2.ToolSpec(endpoint=public_url(endpoint))  # an agent sees no key the URL carries
             wire.MergeFrom(prepared.spec)
             out.append(CatalogTool(name=tool.name, endpoint=endpoint, tool=tool, wire=wire))
     if fresh:

@@ -15,6 +15,7 @@ from rlgate.mcpclient.errors import EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import tracing
 from rlgate.runtime.errors import MAX_MESSAGE, clip
+from rlgate.runtime.redact import public_url
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ async def discover_tools(
     settings = http or HttpSettings.shared()
 
     async def one(url: str) -> list[mt.Tool]:
-        attributes = {"mcp.method.name": "tools/list", "url.full": url.split("?", 1)[0]}  # a query may hold a key
+        attributes = {"mcp.method.name": "tools/list", "url.full": public_url(url)}
         with tracing.span("upstream tools/list", attributes):
             async with asyncio.timeout(timeout), open_client(url, settings, timeout) as client:
                 return await list_tools_forwarding(client, url)

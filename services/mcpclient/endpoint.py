@@ -37,6 +37,7 @@ from rlgate.mcpclient.errors import (
 from rlgate.mcpclient.link import Link, SharedTools
 from rlgate.mcpclient.transport import Exchange, exchange
 from rlgate.runtime import metrics, tracing
+from rlgate.runtime.redact import public_url
 
 if TYPE_CHECKING:
     from rlgate.mcpclient.pool import UpstreamPool
@@ -243,7 +244,7 @@ class EndpointClient:
 
     def _span_attributes(self, method: str, tool: str = "") -> dict[str, str]:
         """An upstream call's span attributes (the URL without its query, which may carry a credential)."""
-        attributes = {"mcp.method.name": method, "url.full": self.url.split("?", 1)[0]}
+        attributes = {"mcp.method.name": method, "url.full": public_url(self.url)}
         if tool:
             attributes["gen_ai.tool.name"] = tool
         return attributes

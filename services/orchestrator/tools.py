@@ -29,6 +29,7 @@ import mcp_types as mt
 from rlgate.mcpclient.catalog import NO_MODALITY_FILTER, union_tools
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.runtime.errors import FailedPrecondition, Unavailable
+from rlgate.runtime.redact import public_url
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class ToolCache:
         for spec, index in cached:
             copy = common_pb2.ToolSpec()
             copy.CopyFrom(spec)
-            copy.endpoint = endpoints[index] if 0 <= index < len(endpoints) else spec.endpoint
+            copy.endpoint = public_url(endpoints[index]) if 0 <= index < len(endpoints) else spec.endpoint
             out.append(copy)
         return out
 
@@ -118,7 +119,7 @@ class ToolCache:
                 reason="TOOLS_UNAVAILABLE",
                 retry_after_s=2.0,
             )
-        index = {url: i for i, url in enumerate(endpoints)}
+        index = {public_url(url): i for i, url in enumerate(endpoints)}  # specs name endpoints in public form
         return [(spec, index.get(spec.endpoint, -1)) for spec in specs]
 
     async def _list_own(self, url: str) -> list[mt.Tool]:

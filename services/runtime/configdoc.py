@@ -30,7 +30,9 @@ def render() -> str:
         "",
         "Generated from the config dataclasses by `python -m rlgate.runtime.configdoc docs/configuration.md`;",
         "a test fails when this file and the code disagree. Precedence: flag > environment variable > default.",
-        "Secrets are never logged (start-up logs show `***`).",
+        "Secrets are never logged (start-up logs show `***`). An MCP endpoint URL may carry a key in its userinfo",
+        "or query: wherever one leaves a process (log lines, error statuses, the tool specs an agent sees, spans)",
+        "it is shown without them, a removed query as `?…` (`rlgate.runtime.redact`); routing uses it whole.",
         "",
     ]
     for command, cls in _configs():

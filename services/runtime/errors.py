@@ -19,6 +19,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from rlgate.runtime.redact import redact_urls
+
 DOMAIN = "rlgate.dev"
 MAX_ECHO = 64  # characters of a request value repeated in an error
 MAX_MESSAGE = 1024  # characters of an error message (a backstop: call sites clip what they echo)
@@ -37,12 +39,12 @@ class RlgateError(Exception):
     reason: str = "INTERNAL"
 
     def __init__(self, message: str, *, reason: str | None = None, metadata: dict[str, Any] | None = None) -> None:
-        message = clip(message, MAX_MESSAGE)
+        message = clip(redact_urls(message), MAX_MESSAGE)  # an endpoint URL may carry a key
         super().__init__(message)
         self.message = message
         if reason:
             self.reason = reason
-        self.metadata = {k: clip(v) for k, v in (metadata or {}).items() if v is not None}
+        self.metadata = {k: clip(redact_urls(str(v))) for k, v in (metadata or {}).items() if v is not None}
 
     def details(self) -> list[Any]:
         return [error_details_pb2.ErrorInfo(reason=self.reason, domain=DOMAIN, metadata=self.metadata)]

@@ -3,7 +3,8 @@
 Every log line written while serving an RPC carries the RPC's trace id and, once known, the session id.
 `ContextInterceptor` sets the trace id: the trace-id of the caller's W3C `traceparent`, else its
 `x-rlgate-trace-id`, else the new trace's (tracing on) or a random one, so a line's trace id finds the
-RPC's spans (rlgate.runtime.tracing). Secrets never reach logs: configs are logged through `config.redacted`.
+RPC's spans (rlgate.runtime.tracing). Secrets never reach logs: configs are logged through `config.redacted`,
+and a URL in a message or a traceback is written without its userinfo and query (`redact.redact_urls`).
 
 A log line is one line whatever a message contains: tool names, arguments and upstream errors are written
 by agents and upstreams, so control characters in a message are escaped (a newline in a tool name cannot
@@ -18,6 +19,8 @@ import logging
 import re
 import sys
 import time
+
+from rlgate.runtime.redact import redact_urls
 
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("rlgate_trace_id", default="-")
 session_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("rlgate_session_id", default="-")
@@ -48,6 +51,10 @@ class _TextFormatter(logging.Formatter):
         record.message = one_line(record.message)
         return super().formatMessage(record)
 
+    def format(self, record: logging.LogRecord) -> str:
+        # The whole line, traceback included (another handler may have cached the record's traceback text).
+        return redact_urls(super().format(record))
+
 
 class _NoUndecodableMetadata(logging.Filter):
     """grpcio logs a metadata value it cannot decode as UTF-8 whole ("Invalid encoding on b'Bearer ...'"), so
@@ -71,12 +78,12 @@ class _JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": redact_urls(record.getMessage()),
             "trace_id": getattr(record, "trace_id", "-"),
             "session_id": getattr(record, "session_id", "-"),
         }
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = redact_urls(self.formatException(record.exc_info))
         return json.dumps(entry)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import mcp_types as mt
 
 from rlgate.convert import InvalidJsonValue, json_text
+from rlgate.runtime.redact import redact_urls
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind
@@ -118,7 +119,9 @@ def _json_size(value: Any) -> int:
 
 
 def error_result(kind: common_pb2.ToolErrorKind, message: str) -> common_pb2.ToolResult:
-    """An agent-visible error: is_error, kind, and the message both as text content and error_message."""
+    """An agent-visible error: is_error, kind, and the message both as text content and error_message (a URL
+    in it without what may carry a key)."""
+    message = redact_urls(message)
     return common_pb2.ToolResult(
         content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text=message))],
         is_error=True,

@@ -269,6 +269,20 @@ async def test_reset_tool_list_follows_the_endpoint(planes: Callable[..., Any], 
     assert names == ["mul", "secret_token", "div"]
 
 
+async def test_a_key_in_an_endpoint_url_reaches_no_tool_spec(planes: Callable[..., Any], upstream: Upstream) -> None:
+    """An endpoint URL may carry a key (userinfo, query): Reset's and ListTools' specs name the endpoint
+    without it, while calls still go to the URL whole."""
+    keyed = upstream.url + "?key=s3cret"
+    p = await planes(f"calc={keyed}")
+    reset = await p.reset(env_key="calc")
+    assert {t.endpoint for t in reset.tools} == {upstream.url + "?…"}
+    listed = await p.gateway.ListTools(
+        toolgateway_pb2.ListToolsRequest(), metadata=[("authorization", f"Bearer {reset.agent_token}")], timeout=30
+    )
+    assert {t.endpoint for t in listed.tools} == {upstream.url + "?…"}
+    await p.call(reset, "add", {"a": 1, "b": 2})
+
+
 async def test_a_wrong_endpoint_fails_reset_at_once_naming_it(planes: Callable[..., Any], upstream: Upstream) -> None:
     closed = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
     typo = upstream.url.replace("/mcp", "/mpc")
