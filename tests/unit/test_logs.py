@@ -3,10 +3,12 @@ process (a log line, an error status, a tool spec an agent sees) carries no user
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import time
+from collections.abc import Iterator
 
 import mcp_types as mt
 import pytest
@@ -17,6 +19,18 @@ from rlgate.runtime.logs import one_line, setup_logging
 from rlgate.runtime.redact import public_url, redact_urls
 
 
+@contextlib.contextmanager
+def logged(monkeypatch: pytest.MonkeyPatch, json_format: bool = False) -> Iterator[io.StringIO]:
+    """What the services' logging writes while the block runs (it is set back to WARNING after)."""
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    setup_logging("INFO", json_format=json_format)
+    try:
+        yield stream
+    finally:
+        setup_logging("WARNING")
+
+
 def test_one_line_escapes_control_characters() -> None:
     assert one_line("a\nb\rc\x1b[31md\u2028e\tf") == "a\\nb\\rc\\x1b[31md\\u2028e\tf"
     assert one_line("plain text ünïcode") == "plain text ünïcode"
@@ -24,14 +38,9 @@ def test_one_line_escapes_control_characters() -> None:
 
 @pytest.mark.parametrize("json_format", [False, True])
 def test_a_newline_in_a_tool_name_cannot_forge_a_log_line(json_format: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    setup_logging("INFO", json_format=json_format)
-    try:
+    with logged(monkeypatch, json_format) as stream:
         logging.getLogger("rlgate.test").warning("unknown tool %r", "x\n2026-01-01 INFO forged line")
         logging.getLogger("rlgate.test").warning("tool %s", "y\r\nERROR forged")
-    finally:
-        setup_logging("WARNING")
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2, lines
     if json_format:
@@ -44,13 +53,8 @@ def test_nel_and_other_c1_controls_are_escaped() -> None:
 
 
 def test_grpcio_never_logs_a_metadata_value_it_cannot_decode(monkeypatch: pytest.MonkeyPatch) -> None:
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    setup_logging("INFO")
-    try:
+    with logged(monkeypatch) as stream:
         logging.getLogger("grpc._cython.cygrpc").error("Invalid encoding on %s", b"Bearer sk-secret-key\xff")
-    finally:
-        setup_logging("WARNING")
     text = stream.getvalue()
     assert "sk-secret-key" not in text and "Invalid encoding on a metadata value" in text
 
@@ -76,18 +80,13 @@ def test_redacting_costs_time_linear_in_the_text() -> None:
 
 @pytest.mark.parametrize("json_format", [False, True])
 def test_a_url_in_a_log_line_or_traceback_carries_no_key(json_format: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    stream = io.StringIO()
-    monkeypatch.setattr("sys.stderr", stream)
-    setup_logging("INFO", json_format=json_format)
-    try:
+    with logged(monkeypatch, json_format) as stream:
         log = logging.getLogger("rlgate.test")
         log.warning("endpoint %s unreachable", SECRET_URL)
         try:
             raise ConnectionError(f"cannot connect to {SECRET_URL}")
         except ConnectionError:
             log.exception("listing failed")
-    finally:
-        setup_logging("WARNING")
     text = stream.getvalue()
     shown = text if not json_format else "".join(json.loads(line)["msg"] + json.loads(line).get("exc", "")
                                                  for line in text.splitlines())  # fmt: skip
