@@ -289,9 +289,10 @@ def union_tools(
             seen[tool.name] = endpoint
             unique.append((tool, _prepared_of(tool)))
         kept, count, size = _kept(unique, count, size, fresh)
+        shown = public_url(endpoint)  # an agent sees no key the URL carries
         for tool, prepared in kept:
             assert prepared.spec is not None
-            wire = common_pb2.ToolSpec(endpoint=public_url(endpoint))  # an agent sees no key the URL carries
+            wire = common_pb2.ToolSpec(endpoint=shown)
             wire.MergeFrom(prepared.spec)
             out.append(CatalogTool(name=tool.name, endpoint=endpoint, tool=tool, wire=wire))
     if fresh:

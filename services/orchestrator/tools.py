@@ -79,10 +79,11 @@ class ToolCache:
                     cached = await self._discover(endpoints, tool_filter, per_instance)
                     self._entries[key] = (time.monotonic(), cached)
         out = []
+        shown = [public_url(url) for url in endpoints]  # once per Reset, not once per tool
         for spec, index in cached:
             copy = common_pb2.ToolSpec()
             copy.CopyFrom(spec)
-            copy.endpoint = public_url(endpoints[index]) if 0 <= index < len(endpoints) else spec.endpoint
+            copy.endpoint = shown[index] if 0 <= index < len(shown) else spec.endpoint
             out.append(copy)
         return out
 

@@ -87,7 +87,7 @@ def tool_result(result: mt.CallToolResult, max_bytes: int = 0) -> common_pb2.Too
         cuts.append(f"{extra} content blocks past the first {MAX_CONTENT_BLOCKS} were omitted")
         out.content.append(_note(f"[{extra} more content blocks omitted by rlgate: at most {MAX_CONTENT_BLOCKS}]"))
     if result.structured_content is not None:
-        if max_bytes > 0 and (size := _json_size(result.structured_content)) > max_bytes:
+        if max_bytes > 0 and (size := _encoded_size(result.structured_content)) > max_bytes:
             cuts.append(f"the structured content ({size} bytes) exceeded {max_bytes} bytes and was dropped")
         else:
             try:
@@ -108,9 +108,11 @@ def _note(text: str) -> common_pb2.ContentBlock:
     return common_pb2.ContentBlock(text=common_pb2.TextContent(text=text))
 
 
-def _json_size(value: Any) -> int:
-    """The size of `value`'s compact JSON text, from the C encoder (no checks: this only decides whether the
-    exact, checked conversion is worth running); 0 for what it cannot encode (`json_text` then says why)."""
+def _encoded_size(value: Any) -> int:
+    """The exact size of `value`'s compact JSON text, from the C encoder (no checks: this only decides whether
+    the exact, checked conversion is worth running, and the agent is told the size); 0 for what it cannot
+    encode (`json_text` then says why). Not the catalog's budgeted lower bound: that one runs on a worker
+    thread and stops at its budget, this one names the size."""
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, check_circular=False)
     except (TypeError, ValueError, RecursionError):
