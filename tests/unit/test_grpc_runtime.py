@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -261,9 +261,13 @@ async def test_a_streaming_rlgate_method_is_refused(
 
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
-            calls = {
-                "WatchTools": channel.unary_stream("/rlgate.v1.StreamProbe/WatchTools")(b"hi", timeout=5),
-                "ChatTools": channel.stream_stream("/rlgate.v1.StreamProbe/ChatTools")(one(), timeout=5),
+            watch_tools: grpc.aio.UnaryStreamMultiCallable[bytes, bytes]
+            chat_tools: grpc.aio.StreamStreamMultiCallable[bytes, bytes]
+            watch_tools = channel.unary_stream("/rlgate.v1.StreamProbe/WatchTools")
+            chat_tools = channel.stream_stream("/rlgate.v1.StreamProbe/ChatTools")
+            calls: dict[str, AsyncIterable[bytes]] = {
+                "WatchTools": watch_tools(b"hi", timeout=5),
+                "ChatTools": chat_tools(one(), timeout=5),
             }
             for method, call in calls.items():
                 with pytest.raises(grpc.aio.AioRpcError) as err, caplog.at_level(logging.ERROR):
