@@ -1,5 +1,5 @@
-"""Verifier execution: a subprocess per run, with a timeout, resource limits, a scrubbed environment and
-copies of the instance's databases.
+"""Verifier execution: a subprocess per run in the services' one sandbox (`runtime.child_process`: a timeout,
+resource limits, a scrubbed environment), on copies of the instance's databases.
 
 This is isolation (a verifier cannot corrupt the instance, hang localfleet, or exhaust its memory), not a
 security boundary: task files are trusted code. The SDK's two verifier paths are served:
@@ -14,12 +14,8 @@ import asyncio
 import hashlib
 import io
 import json
-import math
-import resource
 import shutil
-import signal
 import sqlite3
-import sys
 import tempfile
 import time
 import uuid
@@ -30,7 +26,7 @@ from typing import Any
 
 from rlgate.localfleet.counters import Counters
 from rlgate.localfleet.instances import Instance, connect
-from rlgate.runtime.child_process import run_child
+from rlgate.runtime.child_process import Limits, run_child
 
 MAX_BUNDLE_BYTES = 5 << 20
 _BUNDLES_KEPT = 1000
@@ -154,7 +150,7 @@ class VerifierService:
 
     async def _spawn(self, workdir: Path, limit_s: float) -> RunOutcome:
         args = ["-m", "rlgate.localfleet.verifier_runner", str(workdir)]
-        run = await run_child(args, workdir, limit_s, preexec_fn=_limits(self.memory_mb, limit_s))
+        run = await run_child(args, workdir, limit_s, limits=Limits(memory_mb=self.memory_mb))
         if run.timed_out:
             error = {"type": "TimeoutError", "message": f"verifier timed out after {limit_s:g}s", "traceback": ""}
             return RunOutcome(False, None, error, run.stdout, 0)
@@ -167,38 +163,6 @@ class VerifierService:
             }
             return RunOutcome(False, None, error, run.stdout, 0)
         return RunOutcome(bool(result.get("success")), result.get("result"), result.get("error"), run.stdout, 0)
-
-
-def _limits(memory_mb: int, timeout: float) -> Any:
-    cpu = math.ceil(timeout) + 1
-
-    libc = _libc()
-
-    def apply() -> None:  # runs in the child between fork and exec
-        if libc is not None:  # die with localfleet (even on SIGKILL): a sleeping verifier uses no CPU time
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _libc() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-    import ctypes.util
-
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
 
 
 def _default(value: Any) -> Any:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
+from rlgate.core.backoff import Backoff
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import (
@@ -45,6 +46,9 @@ from rlgate.runtime.errors import NotFound, ResourceExhausted, RlgateError, Unav
 from rlgate.store import Intent, IntentState, SessionStore, StoreError
 
 log = logging.getLogger(__name__)
+
+# Between create attempts: 0.25 s doubling to 5 s, ±50 % (the capacity wait uses it unjittered).
+PROVISION_BACKOFF = Backoff(0.25, 5.0, jitter=0.5)
 
 INTENT_SEP = "~"
 STORE_SEP = "."
@@ -98,6 +102,7 @@ class Provisioner:
         self._creates = asyncio.Semaphore(max(1, config.max_concurrent_creates))
         self._capacity = asyncio.Event()
         self.in_flight = 0
+        self.backoff = PROVISION_BACKOFF
 
     def notify_capacity(self) -> None:
         """An instance was deleted: wake creates waiting at the instance limit."""
@@ -119,8 +124,8 @@ class Provisioner:
         state: str = IntentState.CREATING,
     ) -> tuple[InstanceHandle, Intent]:
         """A running instance and its intent (state `state`), or an RlgateError by the deadline."""
-        delay = 0.25
         last: ProviderError | None = None
+        retry = 0
         while True:
             if deadline.expired():
                 raise self._give_up(env_key, last)
@@ -133,11 +138,12 @@ class Provisioner:
                 return await self._create_once(env_key, deadline, env_variables or {}, state)
             except InstanceLimit as exc:
                 last = exc
-                wait = min(delay, deadline.remaining())
+                # Not jittered: a deleted instance wakes the waiters early, the delay only bounds the wait.
+                wait = min(replace(self.backoff, jitter=0.0).delay(retry), deadline.remaining())
                 log.info("instance limit reached creating %s (%s); waiting %.2fs for capacity", env_key, exc, wait)
             except Retryable as exc:
                 last = exc
-                wait = min(delay * (0.5 + random.random()), deadline.remaining())
+                wait = min(self.backoff.delay(retry), deadline.remaining())
                 log.warning("create %s: transient failure (%s); retrying in %.2fs", env_key, exc, wait)
             finally:
                 self._creates.release()
@@ -145,7 +151,7 @@ class Provisioner:
                 await self._wait_capacity(wait)
             else:
                 await asyncio.sleep(wait)
-            delay = min(delay * 2, 5.0)
+            retry += 1
 
     def _give_up(self, env_key: str, last: ProviderError | None) -> RlgateError:
         if isinstance(last, InstanceLimit):

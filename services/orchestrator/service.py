@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import random
 import socket
 import time
 import uuid
@@ -21,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from rlgate.core.backoff import Backoff
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import Episodes
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 STOP_STEP_S = 5.0  # bound of each step of `stop` (cancelled loops, the store and provider clients) ...
 STOP_TOTAL_S = 10.0  # ... and of all of them, each still getting STOP_FLOOR_S (the hand-back must be tried)
 STOP_FLOOR_S = 0.5
+CATALOG_BACKOFF = Backoff(0.5, 30.0, jitter=0.25)  # between loads of a task catalog that failed to load
 IN_FLIGHT_SHARE = 0.75  # of drain_s, for in-flight RPCs and endings; the rest closes or hands back sessions
 
 
@@ -120,6 +121,7 @@ class Orchestrator:
         self.heartbeater = Heartbeater(config, store, provider, self.episodes.sessions, self.pool)
         self._tasks: list[asyncio.Task[None]] = []
         self._tasks_loaded = asyncio.Event()
+        self.catalog_backoff = CATALOG_BACKOFF
 
     @classmethod
     async def create(cls, config: OrchestratorConfig, store: SessionStore | None = None) -> Orchestrator:
@@ -193,16 +195,17 @@ class Orchestrator:
         await self._tasks_loaded.wait()
 
     async def _load_tasks_until_done(self) -> None:
-        """Retry the catalog load with jittered exponential backoff (0.5 s doubling to 30 s)."""
-        delay = 0.5
+        """Retry the catalog load on `catalog_backoff` until it succeeds."""
+        delays = self.catalog_backoff.delays()
+        wait = next(delays)
         while not self._tasks_loaded.is_set():
-            await asyncio.sleep(delay * (0.75 + random.random() / 2))
-            delay = min(delay * 2, 30.0)
+            await asyncio.sleep(wait)
+            wait = next(delays)
             try:
                 await self.load_tasks()
                 log.info("loaded %d task(s); serving", len(self.catalog))
             except Exception as exc:
-                log.warning("loading tasks failed (retrying in about %.0fs): %s", delay, exc)
+                log.warning("loading tasks failed (retrying in %.1fs): %s", wait, exc)
 
     async def _reap(self) -> None:
         await self.reaper.run_once()

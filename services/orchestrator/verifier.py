@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rlgate.core.backoff import Backoff
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, Retryable, TaskDef
 from rlgate.runtime import tracing
@@ -50,7 +51,8 @@ class Verifier:
         self._provider = provider
         self._timeout = timeout_s
         self._retries = max(0, retries)
-        self._backoff = backoff_s
+        # `backoff_s` doubling before each retry, unjittered; the ceiling is the last delay a run can reach.
+        self.backoff = Backoff(backoff_s, backoff_s * 2.0 ** min(self._retries, 32), jitter=0.0)
 
     @tracing.traced("rlgate.verify")
     async def run(
@@ -100,7 +102,6 @@ class Verifier:
         tool_calls: Sequence[Any] | None,
     ) -> Outcome:
         extra = {} if tool_calls is None else {"tool_calls": tool_calls}
-        delay = self._backoff
         last = ""
         for attempt in range(1, self._retries + 2):
             attempts[0] = attempt
@@ -110,8 +111,7 @@ class Verifier:
                 last = str(exc)
                 log.warning("verifier attempt %d: infrastructure failure: %s", attempt, exc)
                 if attempt <= self._retries:
-                    await asyncio.sleep(delay)
-                    delay *= 2
+                    await asyncio.sleep(self.backoff.delay(attempt - 1))
                 continue
             except Exception as exc:  # a provider bug must not become a silent score
                 return Outcome(VerificationStatus.ERROR, message=f"{type(exc).__name__}: {exc}")

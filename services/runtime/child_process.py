@@ -1,10 +1,12 @@
-"""Running task code in a child process: a time limit, capped output, a scrubbed environment, and a result
-file. Both places that run verifiers use it (the orchestrator's mcp provider, localfleet's Fleet verifiers);
-each writes its own input and child program, this runs it.
+"""The one sandbox for task code: a child process with a time limit, resource limits, capped output, a
+scrubbed environment, and a result file. Both places that run verifiers use it (the orchestrator's mcp
+provider, localfleet's Fleet verifiers); each writes its own input and child program, this runs it.
 
 Isolation, not a security boundary: task files are trusted code. The child cannot hang its parent (killed,
-with its whole process group, when its time is up or its caller gives up), flood its memory (output past
-MAX_OUTPUT_BYTES is read and dropped) or see the parent's environment.
+with its whole process group, when its time is up or its caller gives up; and it dies with its parent),
+exhaust the machine (`Limits`: address space, CPU time, file size, open files; no core files), flood its
+parent's memory (output past MAX_OUTPUT_BYTES is read and dropped) or see the parent's environment. The
+child sets the limits on itself (`sandbox.py` runs first, then the target).
 """
 
 from __future__ import annotations
@@ -12,16 +14,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout and of stderr each
 RESULT_FILE = "result.json"  # what the child writes into its working directory
+SANDBOX = Path(__file__).with_name("sandbox.py")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a child may use besides time (CPU time is capped a second past the run's time limit)."""
+
+    memory_mb: int = 1024  # address space
+    file_mb: int = 64  # largest file it may write
+    open_files: int = 64
 
 
 @dataclass
@@ -40,17 +53,17 @@ class ChildRun:
         return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
 
-async def run_child(
-    args: Sequence[str], workdir: Path, limit_s: float, *, preexec_fn: Callable[[], None] | None = None
-) -> ChildRun:
-    """Run `python -I -u <args>` in `workdir` (also its HOME and TMPDIR) for at most `limit_s` seconds, and read
-    the RESULT_FILE it leaves there. `preexec_fn` runs in the child before exec (only in a process without
-    gRPC's threads: a fork of one may abort in the child)."""
+async def run_child(args: Sequence[str], workdir: Path, limit_s: float, *, limits: Limits = Limits()) -> ChildRun:
+    """Run `python -I -u <args>` (a script path or `-m module`, then its arguments) in `workdir` (also its HOME
+    and TMPDIR) under `limits` for at most `limit_s` seconds, and read the RESULT_FILE it leaves there."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
+    sandbox = {**asdict(limits), "cpu_s": math.ceil(limit_s) + 1, "parent_pid": os.getpid()}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-I",
         "-u",
+        str(SANDBOX),
+        json.dumps(sandbox),
         *args,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -58,7 +71,6 @@ async def run_child(
         cwd=workdir,
         env=env,
         start_new_session=True,
-        preexec_fn=preexec_fn,
     )
     assert proc.stdout is not None and proc.stderr is not None
     out_task = asyncio.create_task(_read_capped(proc.stdout))

@@ -8,8 +8,10 @@
 - `MetricsInterceptor`: RPC counts by method and status code, latency histograms (Prometheus).
 - `ReplyBudgetInterceptor`: a budget of reply bytes a connection may leave unread (see its docstring).
 
-rlgate's services are unary only; what these wrap is a unary-unary handler. Health and reflection (whose
-streams pass through untouched) are exempt from auth so probes and grpcurl `list` work.
+rlgate's services are unary only; what these wrap is a unary-unary handler, and a handler of another kind is
+refused (UNIMPLEMENTED, and an error in the log) rather than passed on unchecked. Health's and reflection's
+streams are the exception: they pass through untouched, and both are exempt from auth so probes and
+grpcurl `list` work.
 """
 
 from __future__ import annotations
@@ -76,17 +78,46 @@ class _PerMethod(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> MethodHandler | None:
         handler = await continuation(details)
-        if not _unary(handler) or details.method.startswith(self.exempt):
-            return handler
-        hit = self._wrapped.get(details.method)
+        if handler is None:
+            return None
+        method = details.method
+        unary = _unary(handler)
+        if method.startswith(EXEMPT_PREFIXES if not unary else self.exempt):
+            return handler  # health's and reflection's streams; the unary methods this interceptor exempts
+        hit = self._wrapped.get(method)
         if hit is not None and hit[0] is handler:
             return hit[1]
-        wrapped = self._build(details.method, handler)
-        self._wrapped[details.method] = (handler, wrapped)
+        wrapped = self._build(method, handler) if unary else refused_stream(method, handler)
+        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
     def _build(self, method: str, handler: MethodHandler) -> MethodHandler | None:
         raise NotImplementedError
+
+
+def refused_stream(method: str, handler: MethodHandler) -> MethodHandler:
+    """A handler of `handler`'s (streaming) kind that answers UNIMPLEMENTED: the interceptors wrap unary
+    behaviour only, so a stream passed on would skip every check they add (auth, parsing, budgets)."""
+    message = (
+        f"{method} is a streaming method: rlgate serves unary RPCs only, and its interceptors cannot check a "
+        "stream, so it is refused"
+    )
+    log.error("%s (a servicer registered a handler of a kind rlgate does not serve)", message)
+
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+    kinds = (
+        (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
+        (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
+        (handler.stream_stream, grpc.stream_stream_rpc_method_handler),
+    )
+    make = next((make for behaviour, make in kinds if behaviour is not None), grpc.stream_stream_rpc_method_handler)
+    return make(
+        cast(Any, refuse),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def _unary(handler: MethodHandler | None) -> TypeGuard[MethodHandler]:

@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from rlgate.localfleet.safe_unpickle import UnsafePayload, decode_verifier_args, loads_data, split_env_marker
+from rlgate.runtime.child_process import Limits
 from tests.support.localfleet import LocalfleetProcess
 
 AUTH = {"Authorization": "Bearer v-key"}
@@ -198,6 +199,14 @@ def test_memory_is_limited(lf: LocalfleetProcess, instance: str) -> None:
     code = "def verify(env, final_answer=None):\n    blob = bytearray(2 * 1024 ** 3)\n    return len(blob)\n"
     out = execute(lf, instance, code).json()
     assert out["success"] is False and out["error"]["type"] == "MemoryError"
+
+
+def test_open_files_are_limited(lf: LocalfleetProcess, instance: str) -> None:
+    """The sandbox's open-files cap (the mcp provider's path: tests/unit/test_child_process.py)."""
+    code = "def verify(env, final_answer=None):\n    files = [open('input.json') for _ in range({n})]\n    return 1\n"
+    out = execute(lf, instance, code.format(n=Limits().open_files)).json()
+    assert out["success"] is False and "Too many open files" in out["error"]["message"]
+    assert execute(lf, instance, code.format(n=10)).json()["result"] == 1
 
 
 def test_a_pickled_function_is_refused_over_http(lf: LocalfleetProcess, instance: str, tmp_path: Path) -> None:

@@ -546,7 +546,7 @@ async def test_a_deadline_exceeded_call_leaves_one_log_line(
         s = await byo_session(store, [f"{base}/modern/mcp"])
         call = caller(stub, s)
         assert not (await call("echo", '{"text": "warm"}')).result.is_error
-        service_log = logging.getLogger("rlgate.toolgateway.service")
+        service_log = logging.getLogger("rlgate.toolgateway.calls")
         loop, logged = asyncio.get_running_loop(), asyncio.Event()
 
         class Seen(logging.Handler):

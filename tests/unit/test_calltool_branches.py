@@ -17,7 +17,8 @@ from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, Unavailable
 from rlgate.runtime.ledger import decode_result
 from rlgate.store import MemoryStore, RequestState, Session, SessionStatus, call_scope
-from rlgate.toolgateway.service import ORPHAN_NOTE, ToolGateway
+from rlgate.toolgateway.recording import ORPHAN_NOTE
+from rlgate.toolgateway.service import ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from tests.fakes import FakeUpstreamPool, Outcome, hang, lost, not_sent, rejected, timed_out, too_large
 from tests.fakes.upstream import ENDPOINT
@@ -332,7 +333,7 @@ async def test_a_gateway_that_dies_holding_an_unwritten_answer_leaves_outcome_un
 async def test_drain_cancels_bookkeeping_that_outlives_it(gw: Gateway) -> None:
     """Shutdown waits for the gateway's own background work up to its bound, then cancels what is left, so
     no task outlives the loop it runs on."""
-    stuck = gw.gateway._in_background(asyncio.Event().wait())
+    stuck = gw.gateway.recorder.in_background(asyncio.Event().wait())
     started = time.monotonic()
     await gw.gateway.drain(0.2)
     assert stuck.cancelled() and time.monotonic() - started < 5

@@ -1,4 +1,4 @@
-"""`runtime.child_process.run_child`, which both verifier runners use: real child processes."""
+"""`runtime.child_process.run_child`, the one sandbox both verifier runners use: real child processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import psutil
 
-from rlgate.runtime.child_process import MAX_OUTPUT_BYTES, run_child
+from rlgate.orchestrator.providers.code_verifier import run_verifier_code
+from rlgate.runtime.child_process import MAX_OUTPUT_BYTES, Limits, run_child
 from tests.support.wait import wait_until
 
 
@@ -61,3 +62,42 @@ async def test_output_past_the_cap_is_read_and_dropped(tmp_path: Path) -> None:
     code = "import sys\nfor _ in range(64):\n    sys.stdout.write('x' * 65536)\n"
     run = await run_child(script(tmp_path, code), tmp_path, 30)
     assert run.returncode == 0 and len(run.stdout) == MAX_OUTPUT_BYTES  # the child was never blocked on a full pipe
+
+
+LIMITS_PROBE = """
+import json, resource
+names = ("AS", "CPU", "FSIZE", "NOFILE", "CORE")
+limits = {n: resource.getrlimit(getattr(resource, "RLIMIT_" + n)) for n in names}
+files, error = [], None
+try:
+    while len(files) < 1000:
+        files.append(open(__file__))
+except OSError as exc:
+    error = exc.strerror
+for f in files:
+    f.close()
+open("result.json", "w").write(json.dumps({"limits": limits, "opened": len(files), "error": error}))
+"""
+
+
+async def test_the_child_runs_under_the_sandboxs_limits(tmp_path: Path) -> None:
+    limits = Limits(memory_mb=512, file_mb=8, open_files=40)
+    run = await run_child(script(tmp_path, LIMITS_PROBE), tmp_path, 2.5, limits=limits)
+    assert run.result is not None, run.stderr
+    assert run.result["limits"] == {
+        "AS": [512 << 20] * 2,
+        "CPU": [4, 5],  # a second past the time limit (soft; the hard one a second later)
+        "FSIZE": [8 << 20] * 2,
+        "NOFILE": [40, 40],
+        "CORE": [0, 0],
+    }
+    assert run.result["error"] == "Too many open files" and run.result["opened"] < 40
+
+
+async def test_the_mcp_providers_verifier_runs_in_the_sandbox() -> None:
+    """The orchestrator's path (localfleet's: tests/localfleet/test_verifier.py) gets the same open-files cap."""
+    code = "def verify(env):\n    files = [open('input.json') for _ in range({n})]\n    return 1\n"
+    run = await run_verifier_code(code.format(n=Limits().open_files), {"env": {}, "tool_calls": []}, 20)
+    assert not run.success and "Too many open files" in run.message
+    run = await run_verifier_code(code.format(n=10), {"env": {}, "tool_calls": []}, 20)
+    assert run.success and run.score == 1.0

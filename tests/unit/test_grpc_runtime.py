@@ -1,12 +1,13 @@
 """The shared gRPC bootstrap: health, reflection, API keys, trace ids, request parsing, metrics, graceful
-shutdown. rlgate's RPCs are unary; health's and reflection's streams pass the interceptors untouched."""
+shutdown. rlgate's RPCs are unary; health's and reflection's streams pass the interceptors untouched, any
+other stream is refused."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 
 import grpc
 import pytest
@@ -17,7 +18,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rlgate.runtime import eventloop
 from rlgate.runtime.auth import mint_agent_token
 from rlgate.runtime.grpc_server import start_server, watch_dependency
-from rlgate.runtime.interceptors import ApiKeyInterceptor, ContextInterceptor, MetricsInterceptor, wrap_behaviour
+from rlgate.runtime.interceptors import (
+    ApiKeyInterceptor,
+    ContextInterceptor,
+    MetricsInterceptor,
+    ReplyBudgetInterceptor,
+    wrap_behaviour,
+)
 from rlgate.runtime.logs import trace_id_var
 from rlgate.store import StoreFull
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
@@ -216,6 +223,73 @@ def test_only_unary_handlers_are_wrapped() -> None:
     stream: grpc.RpcMethodHandler[bytes, bytes] = grpc.stream_stream_rpc_method_handler(behaviour)
     assert wrap_behaviour(stream, lambda inner: inner) is None
     assert wrap_behaviour(None, lambda inner: inner) is None
+
+
+@pytest.mark.parametrize(
+    "interceptor",
+    [ContextInterceptor, lambda: MetricsInterceptor(f"stream-probe-{uuid.uuid4().hex[:8]}"), ReplyBudgetInterceptor],
+    ids=["context", "metrics", "reply-budget"],
+)
+async def test_a_streaming_rlgate_method_is_refused(
+    interceptor: Callable[[], grpc.aio.ServerInterceptor], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each per-method interceptor, alone, refuses a stream it cannot wrap (UNIMPLEMENTED, and an error in
+    the log naming the method) instead of passing it on unchecked; health's stream still passes."""
+    ran: list[str] = []
+
+    async def watch(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        ran.append("watch")
+        yield request
+
+    async def chat(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        ran.append("chat")
+        async for request in requests:
+            yield request
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {
+            "WatchTools": grpc.unary_stream_rpc_method_handler(watch),
+            "ChatTools": grpc.stream_stream_rpc_method_handler(chat),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("rlgate.v1.StreamProbe", handlers),))
+        return _register(server)
+
+    running = await start_server("127.0.0.1:0", register, interceptors=[interceptor()])
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"hi"
+
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            watch_tools: grpc.aio.UnaryStreamMultiCallable[bytes, bytes]
+            chat_tools: grpc.aio.StreamStreamMultiCallable[bytes, bytes]
+            watch_tools = channel.unary_stream("/rlgate.v1.StreamProbe/WatchTools")
+            chat_tools = channel.stream_stream("/rlgate.v1.StreamProbe/ChatTools")
+            calls: dict[str, AsyncIterable[bytes]] = {
+                "WatchTools": watch_tools(b"hi", timeout=5),
+                "ChatTools": chat_tools(one(), timeout=5),
+            }
+            for method, call in calls.items():
+                with pytest.raises(grpc.aio.AioRpcError) as err, caplog.at_level(logging.ERROR):
+                    async for _ in call:
+                        pass
+                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                assert f"/rlgate.v1.StreamProbe/{method} is a streaming method" in str(err.value.details())
+                assert f"StreamProbe/{method} is a streaming method" in caplog.text
+            # types-grpcio-health-checking gives HealthStub no methods.
+            watching = health_pb2_grpc.HealthStub(channel).Watch(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
+            assert (await watching.read()).status == health_pb2.HealthCheckResponse.SERVING
+            watching.cancel()
+            await stub_list_tools(channel)  # the unary methods beside them are served
+        assert ran == []
+    finally:
+        await running.shutdown(grace=0)
+
+
+async def stub_list_tools(channel: grpc.aio.Channel) -> None:
+    await toolgateway_pb2_grpc.ToolGatewayServiceStub(channel).ListTools(toolgateway_pb2.ListToolsRequest(), timeout=5)
 
 
 async def test_health_follows_a_failing_dependency_and_its_recovery() -> None:

@@ -1,6 +1,6 @@
-"""Running a task's verifier code for the mcp provider: one subprocess per run (`verifier_child.py`), with a
-time limit, resource limits (the child sets them on itself) and a scrubbed environment, as localfleet runs
-Fleet verifiers.
+"""Running a task's verifier code for the mcp provider: one subprocess per run (`verifier_child.py`) in the
+services' one sandbox (`runtime.child_process`: a time limit, resource limits, a scrubbed environment), the
+one localfleet runs Fleet verifiers in.
 
 Isolation, not a security boundary: task files are trusted code. A verifier cannot hang the orchestrator,
 exhaust its memory or touch its state; one that raises, crashes or times out comes back as a failure with its
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlgate.orchestrator.providers.base import VerifierRun, score_of
-from rlgate.runtime.child_process import run_child
+from rlgate.runtime.child_process import Limits, run_child
 
 CHILD = Path(__file__).with_name("verifier_child.py")
 MEMORY_MB = 1024
@@ -29,9 +27,8 @@ async def run_verifier_code(code: str, payload: dict[str, Any], timeout_s: float
     """Run `code` on `payload` (env, final_answer, tool_calls). The caller bounds the run with the same
     timeout; the child's own limit is a backstop a little past it, so the caller's TIMEOUT is what shows."""
     workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="rlgate-verifier-"))
-    limits = {"memory_mb": MEMORY_MB, "cpu_s": math.ceil(timeout_s) + 2, "parent_pid": os.getpid()}
     try:
-        text = json.dumps({"code": code, "limits": limits, **payload}, default=repr)
+        text = json.dumps({"code": code, **payload}, default=repr)
         await asyncio.to_thread((workdir / "input.json").write_text, text, "utf-8")
         return await _spawn(workdir, timeout_s + 1.0)
     finally:
@@ -39,8 +36,7 @@ async def run_verifier_code(code: str, payload: dict[str, Any], timeout_s: float
 
 
 async def _spawn(workdir: Path, limit_s: float) -> VerifierRun:
-    # The child sets its limits on itself (no preexec_fn here: gRPC's threads run in this process).
-    run = await run_child([str(CHILD), str(workdir)], workdir, limit_s)
+    run = await run_child([str(CHILD), str(workdir)], workdir, limit_s, limits=Limits(memory_mb=MEMORY_MB))
     if run.timed_out:
         return VerifierRun(success=False, message=f"verifier timed out after {limit_s:g}s", stdout=run.stdout)
     result = run.result

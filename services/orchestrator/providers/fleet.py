@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -31,6 +30,7 @@ from fleet._async.exceptions import (
 from fleet._async.tasks import Task as FleetTask
 from fleet.runner_auth import RunnerTokenProvider
 
+from rlgate.core.backoff import Backoff
 from rlgate.orchestrator.providers.base import (
     EnvNotFound,
     InstanceGone,
@@ -50,6 +50,8 @@ from rlgate.runtime import tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Between attempts of an idempotent SDK call: 0.2 s doubling to 2 s, ±50 %.
+CALL_BACKOFF = Backoff(0.2, 2.0, jitter=0.5)
 
 # Placement failures Fleet reports as transient (fleet.md §5 #9).
 _RETRYABLE_HINTS = ("retryable", "in-flight", "in flight", "placement", "temporarily", "try again")
@@ -110,6 +112,7 @@ class FleetProvider(Provider):
         # One runner-token resolution per client (as the SDK intends), not one per rebuilt instance object:
         # every `_env()` would otherwise pay a control-plane round trip before its first manager call.
         self._runner_tokens = RunnerTokenProvider(self._fleet.client)
+        self.backoff = CALL_BACKOFF
 
     @property
     def sdk(self) -> AsyncFleet:
@@ -123,7 +126,6 @@ class FleetProvider(Provider):
         """Run an SDK call under `timeout_s` (total), retrying transient failures of idempotent calls."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        delay = 0.2
         for attempt in range(1, attempts + 1):
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -132,10 +134,10 @@ class FleetProvider(Provider):
                 return await asyncio.wait_for(fn(), remaining)
             except Exception as exc:
                 err = map_fleet_error(exc, what)
-                if not err.retryable or attempt == attempts or deadline - loop.time() < delay:
+                wait = self.backoff.delay(attempt - 1)
+                if not err.retryable or attempt == attempts or deadline - loop.time() < wait:
                     raise err from exc
-                await asyncio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     def _env(self, handle: InstanceHandle) -> AsyncEnv:

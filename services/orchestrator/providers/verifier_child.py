@@ -1,8 +1,9 @@
 """The verifier subprocess of the mcp provider: runs one task's verifier code and writes what it returned.
 
-Run by path (`python -I -u verifier_child.py WORKDIR`), standard library only, so a run costs an interpreter
-start and nothing of rlgate. WORKDIR holds input.json; the result goes to WORKDIR/result.json, and whatever
-the verifier prints to this process's stdout, which the parent keeps (its tail) for the verification record.
+Run by path (`verifier_child.py WORKDIR`) in the services' one sandbox (`runtime.child_process.run_child`,
+which sets the limits first), standard library only, so a run costs an interpreter start and nothing of
+rlgate. WORKDIR holds input.json; the result goes to WORKDIR/result.json, and whatever the verifier prints
+to this process's stdout, which the parent keeps (its tail) for the verification record.
 
 The verifier is the function named `verify`, else the first function the code defines (Fleet's rule). It is
 called as `verify(env, final_answer=..., tool_calls=...)`, each keyword only if its signature takes it (or
@@ -13,37 +14,14 @@ A coroutine function is awaited.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import inspect
 import json
-import os
 import re
-import resource
-import signal
 import sys
 import traceback
 import types
 from pathlib import Path
 from typing import Any
-
-
-def _limit(limits: dict[str, Any]) -> None:
-    """Bounds set by the child itself (the parent spawns without a pre-exec hook): memory, CPU time, file
-    size, no core dumps, and death with the parent."""
-    memory = int(limits["memory_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CPU, (int(limits["cpu_s"]), int(limits["cpu_s"]) + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-    if os.getppid() != limits["parent_pid"]:  # the parent died before the line above took effect
-        os._exit(1)
 
 
 def _verifier(code: str) -> Any:
@@ -83,7 +61,6 @@ def _jsonable(value: Any) -> Any:
 def main() -> None:
     workdir = Path(sys.argv[1])
     inp = json.loads((workdir / "input.json").read_text(encoding="utf-8"))
-    _limit(inp["limits"])
     try:
         out = {"success": True, "result": _jsonable(run(inp)), "error": None}
     except BaseException as exc:  # the verifier's failure is the answer, reported as such

@@ -1,0 +1,161 @@
+"""What a tool call leaves behind: its tool-call log entry, its request record, its metrics, and the owned
+background tasks those writes run in when the caller cannot wait for them.
+
+A call's entry, the session touch and its DONE record are one atomic store write (`Claim.commit`), so a
+retry never finds a DONE record whose call is missing from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
+
+from rlgate.runtime import metrics
+from rlgate.runtime.ledger import Claim
+from rlgate.store import Session, SessionStore, StoreError, ToolCallEntry
+from rlgate.toolgateway import results
+from rlgate.v1 import common_pb2, toolgateway_pb2
+
+if TYPE_CHECKING:
+    from rlgate.toolgateway.calls import ToolCall
+
+log = logging.getLogger(__name__)
+Kind = common_pb2.ToolErrorKind
+
+# How the log marks an orphaned call's entry: its name and arguments are the retry's, not the dead attempt's.
+ORPHAN_NOTE = "[tool and arguments as the retry sent them; the attempt that died did not record its own]"
+UNKNOWN_LABEL = "(unknown)"  # the metrics label of a tool name no endpoint owns: a model's invention mints no series
+
+_calls = metrics.counter("rlgate_toolgateway_calls_total", "Tool calls", ["tool", "endpoint", "outcome"])
+_errors = metrics.counter("rlgate_toolgateway_call_errors_total", "Tool call errors by kind", ["kind"])
+_latency = metrics.histogram("rlgate_toolgateway_call_seconds", "Upstream tool call latency", ["tool", "endpoint"])
+
+
+@functools.lru_cache(maxsize=4096)
+def endpoint_label(url: str) -> str:
+    """A bounded-cardinality metrics label for an endpoint URL (`mcp`, `api/v1/mcp`, ...)."""
+    path = url.split("?", 1)[0].rstrip("/")
+    if path.endswith("/api/v1/mcp"):
+        return "api/v1/mcp"
+    return path.rsplit("/", 1)[-1] or "root"
+
+
+def kind_name(kind: int) -> str:
+    return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")
+
+
+class Recorder:
+    """The tool-call log and the bookkeeping of calls, and the owner of the tasks that write them."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- metrics ------------------------------------------------------------------------------------------
+    def count(self, tool: str, endpoint: str, outcome: str) -> None:
+        label = tool if endpoint else UNKNOWN_LABEL
+        _calls.labels(label, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
+
+    def observe(self, tool: str, endpoint: str, seconds: float) -> None:
+        """The latency of one upstream call."""
+        _latency.labels(tool, endpoint_label(endpoint)).observe(seconds)
+
+    @staticmethod
+    def outcome_unknown() -> None:
+        _errors.labels("OUTCOME_UNKNOWN").inc()
+
+    # -- the log ------------------------------------------------------------------------------------------
+    def entry(
+        self, session: Session, call: ToolCall, endpoint: str, started: float, result: common_pb2.ToolResult
+    ) -> ToolCallEntry:
+        return ToolCallEntry(
+            session_id=session.session_id,
+            episode=session.episode,
+            # the log names every call; a caller without a request_id gets one made up here
+            request_id=call.request_id or f"gw-{uuid.uuid4().hex}",
+            tool=call.name,
+            arguments=call.arguments,
+            is_error=result.is_error,
+            error_kind=kind_name(result.error_kind),
+            result_summary=results.summary(result),
+            endpoint=endpoint,
+            duration_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+
+    async def record(
+        self,
+        claim: Claim,
+        session: Session,
+        call: ToolCall,
+        endpoint: str,
+        response: toolgateway_pb2.CallToolResponse,
+        started: float,
+    ) -> None:
+        """A call that ran: counted, its error kind logged, its entry and response committed."""
+        result = response.result
+        kind = kind_name(result.error_kind)
+        self.count(call.name, endpoint, "error" if result.is_error else "ok")
+        if kind:
+            _errors.labels(kind).inc()
+            log.info("tool %s -> %s: %s", call.name, kind, result.error_message[:200])
+        await self.commit(claim, self.entry(session, call, endpoint, started, result), response)
+
+    async def commit(self, claim: Claim, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
+        """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
+        atomic store write, so a retry never finds a DONE record whose call is missing from the log. If it
+        fails, the ledger writes both again (the entry is logged once per request_id): at once when the work
+        returns, then in the background until the store takes them."""
+        await self.store_quietly(claim.commit(response=response, tool_call=entry))
+
+    def finish_unknown(
+        self, claim: Claim, session: Session, call: ToolCall, endpoint: str, started: float, message: str
+    ) -> asyncio.Task[None]:
+        """The tool may have run: keep the record from now on, and log the call and make a retry of the
+        request_id answer OUTCOME_UNKNOWN in an owned task (it must finish even if the caller is gone)."""
+        claim.keep()
+        self.outcome_unknown()
+        response = toolgateway_pb2.CallToolResponse(
+            result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message)
+        )
+        entry = self.entry(session, call, endpoint, started, response.result)
+        return self.in_background(self.commit(claim, entry, response))
+
+    async def release(self, scope: str, request_id: str) -> None:
+        if request_id:
+            await self.store_quietly(self.store.release_request(scope, request_id))
+
+    @staticmethod
+    async def store_quietly(op: Awaitable[Any]) -> None:
+        try:
+            await op
+        except StoreError:
+            log.warning("session store write failed", exc_info=True)
+
+    # -- owned tasks --------------------------------------------------------------------------------------
+    def in_background(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def shielded(self, coro: Any) -> Any:
+        """Bookkeeping that must finish even if the caller's deadline cancels this RPC right now: a request
+        record left PENDING under a live owner would make every retry wait instead of answering."""
+        return await asyncio.shield(self.in_background(coro))
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let the bookkeeping still running finish within `timeout_s`; what is still running then is
+        cancelled (a retry elsewhere takes its records over)."""
+        if not self._background:
+            return
+        late = set(self._background)
+        if timeout_s > 0:
+            _, late = await asyncio.wait(late, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
