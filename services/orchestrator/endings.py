@@ -14,7 +14,7 @@ from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import step_response
-from rlgate.runtime.ledger import Claim
+from rlgate.ledger import Claim
 from rlgate.store import Session, VerificationStatus
 from rlgate.v1 import orchestrator_pb2
 

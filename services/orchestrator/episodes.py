@@ -10,7 +10,7 @@ return wire messages.
 - `closing`: Close, CloseSessions, expiry and failure;
 - `queries`: State, ListSessions, ListTasks;
 - `instances`: where an episode's instance comes from and goes back to (for resets and closing);
-- `ledger`: the request records of Reset and Step (`rlgate.runtime.ledger`).
+- `ledger`: the request records of Reset and Step (`rlgate.ledger`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rlgate.orchestrator.steps import Steps
 from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
-from rlgate.runtime.ledger import RequestLedger
+from rlgate.ledger import RequestLedger
 from rlgate.store import SessionStore
 
 

@@ -34,7 +34,7 @@ from rlgate.orchestrator.views import instance_info, task_info
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
-from rlgate.runtime.ledger import Claim, RequestLedger, scope
+from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import DoneReason, Intent, RequestRecord, Session, SessionStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2

@@ -39,7 +39,7 @@ from rlgate.runtime.errors import (
     Unavailable,
     clip,
 )
-from rlgate.runtime.ledger import Claim, RequestLedger
+from rlgate.ledger import Claim, RequestLedger
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     RequestRecord,

@@ -1,4 +1,4 @@
-"""The request ledger (`rlgate.runtime.ledger`) on a real SQLite store, without a server: two ledgers with
+"""The request ledger (`rlgate.ledger`) on a real SQLite store, without a server: two ledgers with
 different owners stand for two replicas sharing the store."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from rlgate.runtime.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
+from rlgate.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
 from rlgate.store import MemoryStore, RequestState, SessionStore, StoreError, open_store
 from rlgate.v1 import orchestrator_pb2
 from rlgate.v1.orchestrator_pb2 import StepResponse as Reply

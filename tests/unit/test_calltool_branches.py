@@ -15,7 +15,7 @@ import pytest
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, Unavailable
-from rlgate.runtime.ledger import decode_result
+from rlgate.ledger import decode_result
 from rlgate.store import MemoryStore, RequestState, Session, SessionStatus, call_scope
 from rlgate.toolgateway.service import ORPHAN_NOTE, ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2

@@ -21,7 +21,7 @@ from rlgate.orchestrator.servicer import error_status
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
-from rlgate.runtime.ledger import scope
+from rlgate.ledger import scope
 from rlgate.store import IntentState, MemoryStore, RequestState, SessionStatus, StoreError
 from rlgate.v1 import orchestrator_pb2
 from tests.fakes import FakeProvider, make_episodes

@@ -18,7 +18,7 @@ from rlgate.orchestrator.providers.base import Retryable, VerifierRun
 from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition
-from rlgate.runtime.ledger import scope
+from rlgate.ledger import scope
 from rlgate.store import MemoryStore, RequestState, StoreError
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.fakes import HANG, FakeProvider, make_episodes
