@@ -137,7 +137,7 @@ async def test_touch_does_not_bump_version(store: SessionStore) -> None:
 
 async def test_list_pagination_and_filters(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     # Small index batches make the Redis walk cross batch boundaries in the middle of created_at ties.
-    monkeypatch.setattr("rlgate.store.redis._WALK_BATCH", 3)
+    monkeypatch.setattr("rlgate.store.redis.sessions._WALK_BATCH", 3)
     base = 1_700_000_000.0
     for i in range(25):
         await store.create_session(
