@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlgate.ledger import RequestLedger
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
@@ -32,7 +33,6 @@ from rlgate.orchestrator.steps import Steps
 from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
-from rlgate.ledger import RequestLedger
 from rlgate.store import SessionStore
 
 

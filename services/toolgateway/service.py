@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.ledger import Claim, RequestLedger
 from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,
@@ -39,7 +40,6 @@ from rlgate.runtime.errors import (
     Unavailable,
     clip,
 )
-from rlgate.ledger import Claim, RequestLedger
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (
     RequestRecord,
