@@ -11,20 +11,12 @@ from dataclasses import dataclass, field
 from typing import Self, TypeVar
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    RequestRecord,
-    Session,
-    StoreError,
-)
+from rlgate.store.models import RequestRecord, Session, StoreError
 
 T = TypeVar("T")
 
 URL_PREFIX = "memory://"
-
-
 _named: weakref.WeakValueDictionary[str, MemoryData] = weakref.WeakValueDictionary()
-
-
 _named_lock = threading.Lock()
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from rlgate.store import _common
 from rlgate.store.memory.data import MemoryBase
-from rlgate.store.models import (
-    Intent,
-)
+from rlgate.store.models import Intent
 
 
 class MemoryIntents(MemoryBase):

@@ -8,15 +8,7 @@ from rlgate.store import _common
 from rlgate.store.memory.data import MemoryBase, MemoryData
 from rlgate.store.memory.sessions import apply_update, by_token, check_update, next_version, touch_record
 from rlgate.store.memory.toolcalls import append_entry
-from rlgate.store.models import (
-    RequestExists,
-    RequestRecord,
-    RequestState,
-    Session,
-    SessionStatus,
-    Writes,
-    call_scope,
-)
+from rlgate.store.models import RequestExists, RequestRecord, RequestState, Session, SessionStatus, Writes, call_scope
 
 
 def claim_record(data: MemoryData, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:

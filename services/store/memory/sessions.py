@@ -7,11 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from rlgate.store import _common
 from rlgate.store.memory.data import MemoryBase, MemoryData, current_token, session_of
-from rlgate.store.models import (
-    OPEN_STATUSES,
-    ConflictError,
-    Session,
-)
+from rlgate.store.models import OPEN_STATUSES, ConflictError, Session
 
 
 def token_taken(data: MemoryData, token_hash: str, session_id: str) -> bool:

@@ -7,10 +7,7 @@ import time
 from rlgate.store import _common
 from rlgate.store.memory.data import MemoryBase, current_token, session_of
 from rlgate.store.memory.sessions import drop_session
-from rlgate.store.models import (
-    RequestState,
-    Session,
-)
+from rlgate.store.models import RequestState, Session
 
 
 class MemoryUpkeep(MemoryBase):

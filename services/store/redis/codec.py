@@ -7,10 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    RequestRecord,
-    Session,
-)
+from rlgate.store.models import RequestRecord, Session
 
 SESSION_FIELDS = ("data", "version", "last_active")
 

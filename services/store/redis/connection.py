@@ -17,9 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rlgate.core.backoff import Backoff
 from rlgate.store.claims import BackgroundWrites
-from rlgate.store.models import (
-    StoreError,
-)
+from rlgate.store.models import StoreError
 from rlgate.store.redis import scripts
 
 T = TypeVar("T")

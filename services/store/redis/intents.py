@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    Intent,
-)
+from rlgate.store.models import Intent
 from rlgate.store.redis.codec import score
 from rlgate.store.redis.connection import RedisBase
 

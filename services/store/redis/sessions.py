@@ -8,11 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    OPEN_STATUSES,
-    ConflictError,
-    Session,
-)
+from rlgate.store.models import OPEN_STATUSES, ConflictError, Session
 from rlgate.store.redis.codec import SESSION_FIELDS, label_index, score, session_args, session_from_fields
 from rlgate.store.redis.connection import RedisBase
 

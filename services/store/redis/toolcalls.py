@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    ToolCallEntry,
-)
+from rlgate.store.models import ToolCallEntry
 from rlgate.store.redis.connection import RedisBase
 
 

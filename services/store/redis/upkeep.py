@@ -9,11 +9,7 @@ from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import RedisError
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    Session,
-    StoreError,
-    StoreFull,
-)
+from rlgate.store.models import Session, StoreError, StoreFull
 from rlgate.store.redis.codec import label_index, score, session_args
 from rlgate.store.redis.connection import RedisBase
 

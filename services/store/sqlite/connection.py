@@ -15,11 +15,7 @@ import apsw
 from rlgate.store._checkpointer import JOURNAL_SIZE_LIMIT, Checkpointer
 from rlgate.store._worker import Abandoned, ThreadWorker, WorkerStopped
 from rlgate.store.claims import BackgroundWrites
-from rlgate.store.models import (
-    StoreCorrupt,
-    StoreError,
-    StoreFull,
-)
+from rlgate.store.models import StoreCorrupt, StoreError, StoreFull
 from rlgate.store.sqlite.library import check_sqlite_library, corrupt_error
 from rlgate.store.sqlite.schema import migrate
 from rlgate.store.sqlite.sql import transaction
@@ -29,11 +25,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: ~0.1 s per 150 MB cached
-
-
 _QUICK_CHECK_STEPS = 1000  # how often (in SQLite's steps) the quick_check looks at the clock
-
-
 CORRUPT_ERRORS = (apsw.CorruptError, apsw.NotADBError)
 
 

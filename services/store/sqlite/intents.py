@@ -5,9 +5,7 @@ from __future__ import annotations
 import apsw
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    Intent,
-)
+from rlgate.store.models import Intent
 from rlgate.store.sqlite.connection import SqliteBase
 
 

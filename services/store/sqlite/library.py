@@ -7,14 +7,9 @@ import os
 
 import apsw
 
-from rlgate.store.models import (
-    StoreCorrupt,
-    StoreError,
-)
+from rlgate.store.models import StoreCorrupt, StoreError
 
 MIN_SQLITE_VERSION = (3, 51, 3)  # the first release without the WAL-reset bug (see the module's docstring)
-
-
 RECOVERY_DOC = 'docs/operations.md, "Recovering a store"'
 
 

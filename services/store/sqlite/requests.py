@@ -10,15 +10,7 @@ from typing import Any
 import apsw
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    RequestExists,
-    RequestRecord,
-    RequestState,
-    Session,
-    SessionStatus,
-    Writes,
-    call_scope,
-)
+from rlgate.store.models import RequestExists, RequestRecord, RequestState, Session, SessionStatus, Writes, call_scope
 from rlgate.store.sqlite.connection import SqliteBase
 from rlgate.store.sqlite.sessions import (
     SESSION_COLUMNS,

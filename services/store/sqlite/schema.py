@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import apsw
 
-from rlgate.store.models import (
-    OPEN_STATUSES,
-    StoreError,
-)
+from rlgate.store.models import OPEN_STATUSES, StoreError
 from rlgate.store.sqlite.sql import scalar
 
 SCHEMA_VERSION = 3  # PRAGMA user_version; a change adds a step to _MIGRATIONS and bumps it
@@ -18,8 +15,6 @@ SCHEMA_VERSION = 3  # PRAGMA user_version; a change adds a step to _MIGRATIONS a
 # condition out (SQLite uses a partial index only where the query's WHERE provably implies the index's, which
 # bound parameters never do).
 OPEN_SQL = "status IN (" + ", ".join(f"'{s}'" for s in sorted(OPEN_STATUSES)) + ")"
-
-
 OPEN_INDEX = f"CREATE INDEX IF NOT EXISTS sessions_open ON sessions(status) WHERE {OPEN_SQL}"
 
 

@@ -10,18 +10,12 @@ from typing import Any
 import apsw
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    OPEN_STATUSES,
-    ConflictError,
-    Session,
-)
+from rlgate.store.models import OPEN_STATUSES, ConflictError, Session
 from rlgate.store.sqlite.connection import SqliteBase
 from rlgate.store.sqlite.schema import BY_TOKEN_SQL, OPEN_SQL
 from rlgate.store.sqlite.sql import changed_rows, scalar
 
 SESSION_COLUMNS = "data, version, last_active_at"
-
-
 IN_BATCH = 500  # ids per IN (...) list: far below SQLite's bound on bound parameters
 
 

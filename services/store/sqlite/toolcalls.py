@@ -5,9 +5,7 @@ from __future__ import annotations
 import apsw
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    ToolCallEntry,
-)
+from rlgate.store.models import ToolCallEntry
 from rlgate.store.sqlite.connection import SqliteBase
 from rlgate.store.sqlite.sql import scalar
 

@@ -8,10 +8,7 @@ from typing import Any
 import apsw
 
 from rlgate.store import _common
-from rlgate.store.models import (
-    RequestState,
-    Session,
-)
+from rlgate.store.models import RequestState, Session
 from rlgate.store.sqlite.connection import SqliteBase
 from rlgate.store.sqlite.library import corrupt_error
 from rlgate.store.sqlite.sessions import delete_session_rows
