@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.runtime.errors import ResourceExhausted, Unavailable
-from rlgate.store import SessionStore
+from rlgate.store import SessionRecords
 
 
 class Admission:
-    def __init__(self, config: OrchestratorConfig, store: SessionStore) -> None:
+    def __init__(self, config: OrchestratorConfig, store: SessionRecords) -> None:
         self._config = config
         self._store = store
         self.accepting = True  # False once shutdown begins: new sessions are refused (SHUTTING_DOWN)

@@ -10,11 +10,11 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from rlgate.ledger import Claim
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import step_response
-from rlgate.runtime.ledger import Claim
 from rlgate.store import Session, VerificationStatus
 from rlgate.v1 import orchestrator_pb2
 

@@ -10,13 +10,14 @@ return wire messages.
 - `closing`: Close, CloseSessions, expiry and failure;
 - `queries`: State, ListSessions, ListTasks;
 - `instances`: where an episode's instance comes from and goes back to (for resets and closing);
-- `ledger`: the request records of Reset and Step (`rlgate.runtime.ledger`).
+- `ledger`: the request records of Reset and Step (`rlgate.ledger`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlgate.ledger import RequestLedger
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
@@ -32,7 +33,6 @@ from rlgate.orchestrator.steps import Steps
 from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
-from rlgate.runtime.ledger import RequestLedger
 from rlgate.store import SessionStore
 
 

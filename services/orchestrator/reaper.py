@@ -17,7 +17,7 @@ from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import InstanceGone, Provider, ProviderError
 from rlgate.orchestrator.sessions import Sessions
-from rlgate.store import Session, SessionStatus, SessionStore
+from rlgate.store import Session, SessionStatus, SessionStore, Upkeep
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Heartbeater:
         return sum(results)
 
 
-async def prune(config: OrchestratorConfig, store: SessionStore) -> int:
+async def prune(config: OrchestratorConfig, store: Upkeep) -> int:
     """Retention: drop closed sessions and finished request records older than `retention_s`."""
     cutoff = time.time() - config.retention_s
     removed = await store.prune(cutoff, cutoff)

@@ -3,6 +3,8 @@
 `open_store(url)` picks the backend: `sqlite:///path/to/file.db` (default; WAL, one machine) or
 `redis://host:port/db` (several replicas); `memory://` keeps everything in this process (logic tests, no
 file or server). All implement `SessionStore` and pass the same test suite.
+Each concern has a protocol of its own (rlgate.store.protocols: `SessionRecords`, `ToolCallLog`,
+`RequestRecords`, `IntentRecords`, `Owners`, `Leases`, `Upkeep`); `SessionStore` is all of them.
 `StoreCorrupt` and `StoreFull` (both `StoreError`s) say why a store cannot serve; `SessionStore.health()`
 probes for them.
 """
@@ -29,24 +31,40 @@ from rlgate.store.models import (
     Writes,
     call_scope,
 )
+from rlgate.store.protocols import (
+    IntentRecords,
+    Leases,
+    Owners,
+    RequestRecords,
+    SessionRecords,
+    ToolCallLog,
+    Upkeep,
+)
 
 __all__ = [
     "OPEN_STATUSES",
     "ConflictError",
     "DoneReason",
     "Intent",
+    "IntentRecords",
     "IntentState",
+    "Leases",
     "MemoryStore",
+    "Owners",
     "RequestExists",
     "RequestRecord",
+    "RequestRecords",
     "RequestState",
     "Session",
+    "SessionRecords",
     "SessionStatus",
     "SessionStore",
     "StoreCorrupt",
     "StoreError",
     "StoreFull",
     "ToolCallEntry",
+    "ToolCallLog",
+    "Upkeep",
     "Verification",
     "VerificationStatus",
     "Writes",

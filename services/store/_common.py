@@ -1,12 +1,12 @@
-"""Backend-independent pieces of the store: list cursors, page limits, retention times and the per-session
-invariants both backends check. Kept here so SQLite and Redis agree by construction."""
+"""Backend-independent pieces of the store: list cursors, page limits, pages of the tool-call log, retention
+times and the per-session invariants every backend checks. Kept here so the backends agree by construction."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from rlgate.store.models import (
@@ -64,6 +64,13 @@ def page_limit(limit: int) -> int:
     if limit <= 0:
         return DEFAULT_PAGE
     return min(limit, MAX_PAGE)
+
+
+def log_page(rows: Sequence[tuple[int, str]], limit: int) -> tuple[list[ToolCallEntry], int | None]:
+    """`ToolCallLog.tool_calls`' answer from up to `limit` + 1 (position, entry JSON) rows, in order: the first
+    `limit` entries, and the position of the last of them when another row follows."""
+    entries = [decode(ToolCallEntry, data) for _, data in rows[:limit]]
+    return entries, (rows[limit - 1][0] if len(rows) > limit else None)
 
 
 def encode_cursor(session: Session) -> str:

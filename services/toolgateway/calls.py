@@ -28,7 +28,7 @@ from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, InvalidArgument, RlgateError, Unavailable, clip
-from rlgate.runtime.ledger import Claim, RequestLedger
+from rlgate.ledger import Claim, RequestLedger
 from rlgate.store import RequestRecord, Session, SessionStore, StoreError, call_scope
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import check_arguments

@@ -16,7 +16,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from rlgate.runtime import metrics
-from rlgate.runtime.ledger import Claim
+from rlgate.ledger import Claim
 from rlgate.store import Session, SessionStore, StoreError, ToolCallEntry
 from rlgate.toolgateway import results
 from rlgate.v1 import common_pb2, toolgateway_pb2

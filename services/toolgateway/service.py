@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.ledger import RequestLedger
+from rlgate.ledger import RequestLedger
 from rlgate.store import SessionStore
 from rlgate.toolgateway.auth import Authenticator
 from rlgate.toolgateway.calls import Calls

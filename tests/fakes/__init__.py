@@ -7,10 +7,12 @@
   upstreams, with a scriptable outcome per tool call (answer, not sent, lost, timed out, rejected, reply too
   large, hang until cancelled).
 
-Pair them with the in-memory store (`rlgate.store.MemoryStore`)."""
+Pair them with the in-memory store (`rlgate.store.MemoryStore`), or `FaultyMemoryStore` (store.py): that store
+with calls that fail or wait on demand."""
 
 from tests.fakes.episodes import make_episodes
 from tests.fakes.provider import HANG, FakeProvider, FakeToolCache
+from tests.fakes.store import FaultyMemoryStore
 from tests.fakes.upstream import (
     FakeUpstreamPool,
     Outcome,
@@ -28,6 +30,7 @@ __all__ = [
     "FakeProvider",
     "FakeToolCache",
     "FakeUpstreamPool",
+    "FaultyMemoryStore",
     "Outcome",
     "answer",
     "hang",

@@ -16,8 +16,8 @@ from google.rpc import error_details_pb2
 from prometheus_client import REGISTRY
 
 from rlgate.convert import parse_json_object, parse_json_text, struct_from_dict
+from rlgate.ledger import decode_result, scope
 from rlgate.runtime.auth import session_of_token, token_hash
-from rlgate.runtime.ledger import decode_result, scope
 from rlgate.store import SessionStore
 from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc

@@ -1,4 +1,4 @@
-"""The request ledger (`rlgate.runtime.ledger`) on a real SQLite store, without a server: two ledgers with
+"""The request ledger (`rlgate.ledger`) on a real SQLite store, without a server: two ledgers with
 different owners stand for two replicas sharing the store."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from rlgate.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
-from rlgate.runtime.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
-from rlgate.store import MemoryStore, RequestState, SessionStore, StoreError, open_store
+from rlgate.store import RequestState, SessionStore, StoreError, open_store
 from rlgate.v1 import orchestrator_pb2
 from rlgate.v1.orchestrator_pb2 import StepResponse as Reply
+from tests.fakes.store import FaultyMemoryStore
 
 SCOPE = scope("step", "")
 
@@ -221,8 +222,8 @@ async def test_without_a_request_id_the_work_just_runs(store: SessionStore) -> N
 
 # -- a DONE write the store refuses (memory store: its failures are injected) -----------------------------------
 @pytest.fixture
-async def failing() -> AsyncIterator[MemoryStore]:
-    s = MemoryStore()
+async def failing() -> AsyncIterator[FaultyMemoryStore]:
+    s = FaultyMemoryStore()
     for owner in ("replica-a", "replica-b"):
         await s.heartbeat_owner(owner, 60)
     yield s
@@ -240,7 +241,7 @@ async def done_record(store: SessionStore, request_id: str, timeout_s: float = 1
 
 
 async def test_a_response_the_store_refuses_is_answered_from_memory_and_written_in_the_background(
-    failing: MemoryStore,
+    failing: FaultyMemoryStore,
 ) -> None:
     a, b, work = RequestLedger(failing, "replica-a"), RequestLedger(failing, "replica-b", poll_s=0.01), Work()
     failing.fail("commit", times=None)
@@ -258,7 +259,7 @@ async def test_a_response_the_store_refuses_is_answered_from_memory_and_written_
     await a.drain(1)
 
 
-async def test_a_late_background_write_leaves_a_takeovers_answer_standing(failing: MemoryStore) -> None:
+async def test_a_late_background_write_leaves_a_takeovers_answer_standing(failing: FaultyMemoryStore) -> None:
     a, b, work = RequestLedger(failing, "replica-a"), RequestLedger(failing, "replica-b"), Work()
     failing.fail("commit", times=None)
     with pytest.raises(StoreError):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlgate.store import SessionStore, open_store
+from tests.fakes.store import FaultyMemoryStore
 from tests.support.redis import RedisServer
 
 BACKENDS = ("sqlite", "redis", "memory")
@@ -64,7 +65,9 @@ async def open_another(backend: Backend) -> AsyncIterator[StoreFactory]:
     opened: list[SessionStore] = []
 
     async def factory() -> SessionStore:
-        store = await open_store(backend.url)
+        # The in-memory store with its test hooks (tests/fakes): it pauses when a test needs it busy.
+        memory = backend.url.removeprefix("memory://") if backend.name == "memory" else None
+        store = await (FaultyMemoryStore.open(memory) if memory is not None else open_store(backend.url))
         opened.append(store)
         return store
 

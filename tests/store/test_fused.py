@@ -14,7 +14,6 @@ import redis.asyncio
 
 from rlgate.store import (
     ConflictError,
-    MemoryStore,
     RequestExists,
     RequestRecord,
     RequestState,
@@ -24,6 +23,7 @@ from rlgate.store import (
     ToolCallEntry,
     call_scope,
 )
+from tests.fakes.store import FaultyMemoryStore
 from tests.store import sqlite_files
 from tests.store.conftest import Backend, StoreFactory
 from tests.store.test_redis_faults import store_losing_replies
@@ -318,7 +318,7 @@ class _StoreBusy:
         self._exit: contextlib.AsyncExitStack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> None:
-        if isinstance(self.store, MemoryStore):
+        if isinstance(self.store, FaultyMemoryStore):
             await self._exit.enter_async_context(self.store.paused())
         elif self.backend.redis is None:
             conn = sqlite_files.hold_write_lock(self.backend.url.removeprefix("sqlite:///"))

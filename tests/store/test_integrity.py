@@ -29,6 +29,8 @@ from rlgate.store import (
 from rlgate.store import sqlite as sqlite_store
 from rlgate.store.redis import RedisStore
 from rlgate.store.sqlite import MIN_SQLITE_VERSION, SCHEMA_VERSION, SqliteStore, check_sqlite_library
+from rlgate.store.sqlite import connection as sqlite_connection
+from rlgate.store.sqlite import library as sqlite_library
 from tests.store import sqlite_files
 from tests.store.conftest import Backend
 from tests.support.redis import RedisServer
@@ -69,7 +71,7 @@ def test_the_store_runs_on_a_sqlite_past_the_wal_reset_bug() -> None:
 
 @pytest.mark.parametrize("old", ["3.40.1", "3.51.2", "3.7.0"])
 async def test_an_older_sqlite_library_is_refused(old: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_store, "sqlite_library_version", lambda: old)
+    monkeypatch.setattr(sqlite_library, "sqlite_library_version", lambda: old)
     with pytest.raises(StoreError, match=rf"needs SQLite 3\.51\.3 or later, .* runs SQLite {old}.*WAL-reset"):
         await SqliteStore.open(str(tmp_path / "store.db"))
     assert not (tmp_path / "store.db").exists()  # refused before the file is touched
@@ -77,7 +79,7 @@ async def test_an_older_sqlite_library_is_refused(old: str, tmp_path: Path, monk
 
 def test_fixed_releases_pass_the_library_check(monkeypatch: pytest.MonkeyPatch) -> None:
     for fixed in ("3.51.3", "3.52.0", "3.54.1", "4.0.0"):
-        monkeypatch.setattr(sqlite_store, "sqlite_library_version", lambda fixed=fixed: fixed)
+        monkeypatch.setattr(sqlite_library, "sqlite_library_version", lambda fixed=fixed: fixed)
         assert check_sqlite_library() == fixed
 
 
@@ -105,8 +107,8 @@ async def test_a_quick_check_over_its_budget_opens_with_a_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = await filled_file(tmp_path / "store.db")
-    monkeypatch.setattr(sqlite_store, "QUICK_CHECK_BUDGET_S", -1.0)  # out of time at the first look at the clock
-    monkeypatch.setattr(sqlite_store, "_QUICK_CHECK_STEPS", 1)
+    monkeypatch.setattr(sqlite_connection, "QUICK_CHECK_BUDGET_S", -1.0)  # out of time at the first look at the clock
+    monkeypatch.setattr(sqlite_connection, "_QUICK_CHECK_STEPS", 1)
     with caplog.at_level(logging.WARNING, logger="rlgate.store.sqlite"):
         store = await SqliteStore.open(str(path))
     try:

@@ -70,6 +70,8 @@ async def rpc_workload(store: SqliteStore) -> None:
     entry = ToolCallEntry(session_id="s0", episode=session.episode, request_id="call-1", tool="t")
     await store.commit(request=(call_scope("s0"), "call-1", "{}"), tool_call=entry, held_by="gw")
     await store.list_tool_calls("s0")
+    _, after = await store.tool_calls("s0", limit=1)  # the State RPC's pages of the log
+    await store.tool_calls("s0", episode=session.episode, after=after or 0, limit=10)
     await store.get_request(call_scope("s0"), "call-1")
     # Step: read, count and record in one step; a repeat's claim; a release; a takeover.
     await store.change_session("s0", lambda s: None)

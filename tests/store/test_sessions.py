@@ -1,4 +1,4 @@
-"""Sessions: CRUD, compare-and-set, the token index, listing, the tool-call log, retention, invariants.
+"""`SessionRecords`: CRUD, compare-and-set, the token index, listing, corrupt records.
 Runs against every backend (see conftest.py)."""
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from rlgate.store import (
     OPEN_STATUSES,
     ConflictError,
     MemoryStore,
-    RequestState,
     Session,
     SessionStatus,
     SessionStore,
     StoreError,
-    ToolCallEntry,
 )
 from tests.store import sqlite_files
 from tests.store.conftest import Backend, StoreFactory
@@ -137,7 +135,7 @@ async def test_touch_does_not_bump_version(store: SessionStore) -> None:
 
 async def test_list_pagination_and_filters(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
     # Small index batches make the Redis walk cross batch boundaries in the middle of created_at ties.
-    monkeypatch.setattr("rlgate.store.redis._WALK_BATCH", 3)
+    monkeypatch.setattr("rlgate.store.redis.sessions._WALK_BATCH", 3)
     base = 1_700_000_000.0
     for i in range(25):
         await store.create_session(
@@ -229,103 +227,6 @@ async def test_count_open_sessions(store: SessionStore) -> None:
     assert await store.count_open_sessions() == 2
     await store.delete_session("s0")
     assert await store.count_open_sessions() == 1
-
-
-async def test_tool_call_log(store: SessionStore) -> None:
-    await store.create_session(make_session("s1"))
-    for i in range(3):
-        n = await store.append_tool_call(
-            ToolCallEntry(session_id="s1", episode=1, request_id=f"r{i}", tool="search", arguments={"q": i})
-        )
-        assert n == i + 1
-    assert await store.append_tool_call(ToolCallEntry("s1", 2, "r0", "send", is_error=True)) == 1
-    # a retried append of the same request is logged once
-    assert await store.append_tool_call(ToolCallEntry("s1", 1, "r2", "search", arguments={"q": 2})) == 3
-    assert await store.count_tool_calls("s1", 1) == 3
-    assert await store.count_tool_calls("s1", 2) == 1
-    assert await store.count_tool_calls("s1", 3) == 0
-    episode1 = await store.list_tool_calls("s1", 1)
-    assert [e.request_id for e in episode1] == ["r0", "r1", "r2"]
-    assert episode1[1].arguments == {"q": 1}
-    everything = await store.list_tool_calls("s1")
-    assert [(e.episode, e.tool) for e in everything] == [(1, "search")] * 3 + [(2, "send")]
-    assert everything[-1].is_error
-    assert await store.list_tool_calls("other") == []
-
-    await store.delete_session("s1")
-    assert await store.list_tool_calls("s1") == []
-    assert await store.count_tool_calls("s1", 1) == 0
-
-
-async def test_prune_retention(store: SessionStore) -> None:
-    old, now = 1_000.0, time.time()
-    await store.create_session(make_session("closed-old", status=SessionStatus.CLOSED, closed_at=old))
-    await store.create_session(make_session("failed-old", status=SessionStatus.FAILED, closed_at=old))
-    await store.create_session(make_session("closed-new", status=SessionStatus.CLOSED, closed_at=now))
-    await store.create_session(make_session("open-old", status=SessionStatus.DONE, created_at=old))
-    await store.append_tool_call(ToolCallEntry("closed-old", 1, "r", "t"))
-    await store.claim_request("reset", "done-old", "o")
-    await store.complete_request("reset", "done-old", "result")
-    await store.claim_request("reset", "pending", "o")
-
-    removed = await store.prune(closed_before=now - 60, requests_before=time.time() + 1)
-    assert removed == 3  # two sessions + one DONE request
-    assert await store.get_session("closed-old") is None
-    assert await store.get_session("failed-old") is None
-    assert await store.list_tool_calls("closed-old") == []
-    assert await store.get_session("closed-new") is not None
-    assert await store.get_session("open-old") is not None
-    assert await store.get_request("reset", "done-old") is None
-    pending = await store.get_request("reset", "pending")
-    assert pending is not None and pending.state == RequestState.PENDING
-    assert await store.prune(closed_before=now - 60, requests_before=time.time() + 1) == 0
-    assert await store.check_invariants() == []
-
-
-async def test_invariants_healthy_and_broken(store: SessionStore) -> None:
-    assert await store.check_invariants() == []
-    s = await store.create_session(make_session("s1", status=SessionStatus.ACTIVE, token_hash="t1", labels={"a": "b"}))
-    await store.create_session(make_session("s2", status=SessionStatus.CLOSED, closed_at=5.0))
-    await store.update_session(replace(s, turn=1))
-    await store.append_tool_call(ToolCallEntry("s1", 1, "r", "t"))
-    assert await store.check_invariants() == []
-    # A session ACTIVE without a token breaks an invariant the reliability suite relies on.
-    await store.create_session(make_session("bad", status=SessionStatus.ACTIVE))
-    problems = await store.check_invariants()
-    assert any("bad" in p and "token" in p for p in problems), problems
-
-
-async def test_ping_and_closed_store(store: SessionStore, open_another: StoreFactory) -> None:
-    await store.ping()
-    extra = await open_another()
-    await extra.close()
-    await extra.close()  # idempotent
-    with pytest.raises(StoreError):
-        await extra.get_session("x")
-
-
-async def test_invariants_catch_a_broken_index(store: SessionStore, backend: Backend) -> None:
-    """Corrupt the backend's own token index behind the store's back: check_invariants must notice."""
-    await store.create_session(make_session("s1", status=SessionStatus.ACTIVE, token_hash="t1"))
-    assert await store.check_invariants() == []
-    if backend.name == "sqlite":
-        path = backend.url[len("sqlite:///") :]
-
-        def corrupt() -> None:
-            with sqlite_files.connection(path) as conn:
-                conn.execute("UPDATE sessions SET token_hash = 'other' WHERE session_id = 's1'")
-
-        await asyncio.to_thread(corrupt)
-    elif isinstance(store, MemoryStore):
-        del store.data.tokens["t1"]
-    else:
-        client = aioredis.Redis.from_url(backend.url, socket_timeout=5)
-        try:
-            assert await client.delete("rlgate:tok:t1") == 1
-        finally:
-            await client.aclose()
-    problems = await store.check_invariants()
-    assert any("s1" in p for p in problems), problems
 
 
 async def test_corrupt_record_is_store_error(store: SessionStore, backend: Backend) -> None:

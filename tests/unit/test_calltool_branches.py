@@ -12,15 +12,16 @@ from dataclasses import dataclass
 
 import pytest
 
+from rlgate.ledger import decode_result
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, Unavailable
-from rlgate.runtime.ledger import decode_result
-from rlgate.store import MemoryStore, RequestState, Session, SessionStatus, call_scope
+from rlgate.store import RequestState, Session, SessionStatus, call_scope
 from rlgate.toolgateway.recording import ORPHAN_NOTE
 from rlgate.toolgateway.service import ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from tests.fakes import FakeUpstreamPool, Outcome, hang, lost, not_sent, rejected, timed_out, too_large
+from tests.fakes.store import FaultyMemoryStore
 from tests.fakes.upstream import ENDPOINT
 
 Kind = common_pb2.ToolErrorKind
@@ -31,7 +32,7 @@ OWNER = "gw-1"
 @dataclass
 class Gateway:
     gateway: ToolGateway
-    store: MemoryStore
+    store: FaultyMemoryStore
     upstream: FakeUpstreamPool
     token: str
 
@@ -56,7 +57,7 @@ class Gateway:
 
     async def replica(self, owner: str = "gw-2") -> Gateway:
         """Another gateway process on the same store (alive)."""
-        store = MemoryStore(self.store.data)
+        store = FaultyMemoryStore(self.store.data)
         await store.heartbeat_owner(owner, 60)
         gateway = ToolGateway(store, self.upstream, owner)  # type: ignore[arg-type]
         return Gateway(gateway, store, self.upstream, self.token)
@@ -73,7 +74,7 @@ class Gateway:
 
 @pytest.fixture
 async def gw() -> AsyncIterator[Gateway]:
-    store = MemoryStore()
+    store = FaultyMemoryStore()
     token = mint_agent_token(SID)
     await store.create_session(
         Session(

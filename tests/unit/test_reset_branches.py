@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from rlgate.ledger import scope
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import PoolEntry
 from rlgate.orchestrator.providers.base import InstanceLimit, ResetFailed, Retryable
@@ -21,10 +22,10 @@ from rlgate.orchestrator.servicer import error_status
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
-from rlgate.runtime.ledger import scope
-from rlgate.store import IntentState, MemoryStore, RequestState, SessionStatus, StoreError
+from rlgate.store import IntentState, RequestState, SessionStatus, StoreError
 from rlgate.v1 import orchestrator_pb2
 from tests.fakes import FakeProvider, make_episodes
+from tests.fakes.store import FaultyMemoryStore
 
 OWNER = "orch-1"
 RESETS = scope("reset", "")
@@ -34,7 +35,7 @@ ENV = "env:v1"
 @dataclass
 class Orch:
     episodes: Episodes
-    store: MemoryStore
+    store: FaultyMemoryStore
     provider: FakeProvider
 
     async def reset(
@@ -62,7 +63,7 @@ class Orch:
 
 
 async def orch_with(**config: Any) -> Orch:
-    store, provider = MemoryStore(), FakeProvider()
+    store, provider = FaultyMemoryStore(), FakeProvider()
     await store.heartbeat_owner(OWNER, 60)
     return Orch(make_episodes(store, provider, owner=OWNER, **config), store, provider)
 

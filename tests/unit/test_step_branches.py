@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
+from rlgate.ledger import scope
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.providers.base import Retryable, VerifierRun
 from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition
-from rlgate.runtime.ledger import scope
-from rlgate.store import MemoryStore, RequestState, StoreError
+from rlgate.store import RequestState, StoreError
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.fakes import HANG, FakeProvider, make_episodes
+from tests.fakes.store import FaultyMemoryStore
 
 OWNER = "orch-1"
 STEPS = scope("step", "")
@@ -32,7 +33,7 @@ Verified = common_pb2.VerificationStatus
 @dataclass
 class Episode:
     episodes: Episodes
-    store: MemoryStore
+    store: FaultyMemoryStore
     provider: FakeProvider
     session_id: str
 
@@ -62,7 +63,7 @@ class Episode:
                 await asyncio.sleep(0.01)
 
 
-async def episode_on(store: MemoryStore, provider: FakeProvider, **config: Any) -> Episode:
+async def episode_on(store: FaultyMemoryStore, provider: FakeProvider, **config: Any) -> Episode:
     await store.heartbeat_owner(OWNER, 60)
     episodes = make_episodes(store, provider, owner=OWNER, **config)
     reset = await episodes.resets.reset(ResetParams(request_id="reset-1", task_key="env/t1"), Deadline(5))
@@ -71,7 +72,7 @@ async def episode_on(store: MemoryStore, provider: FakeProvider, **config: Any) 
 
 @pytest.fixture
 async def ep() -> AsyncIterator[Episode]:
-    store = MemoryStore()
+    store = FaultyMemoryStore()
     episode = await episode_on(store, FakeProvider())
     yield episode
     await episode.episodes.endings.wait()
@@ -144,7 +145,7 @@ async def test_verifier_infrastructure_failures_are_retried_then_no_reward(ep: E
 
 
 async def test_a_verifier_timeout_is_no_reward() -> None:
-    store, provider = MemoryStore(), FakeProvider()
+    store, provider = FaultyMemoryStore(), FakeProvider()
     ep = await episode_on(store, provider, verify_timeout_s=0.3)
     provider.verifies.then(HANG)
     ending = await ep.step("end", final_answer="x")
@@ -169,7 +170,7 @@ async def test_a_repeat_while_the_ending_is_scored_gets_the_same_ending(ep: Epis
 
 # -- the process scoring the ending died ------------------------------------------------------------------------
 async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
-    store, provider = MemoryStore(), FakeProvider()
+    store, provider = FaultyMemoryStore(), FakeProvider()
     dying = await episode_on(store, provider)  # owner orch-1
     provider.verifies.then(HANG)  # the first scoring never finishes: the process dies during it
     first = asyncio.create_task(dying.step("end", final_answer="42"))
@@ -180,7 +181,7 @@ async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
     assert await dying.record_state("end") == RequestState.PENDING
     await store.heartbeat_owner(OWNER, 0)  # and its lease lapses
 
-    other = MemoryStore(store.data)  # another replica on the same store
+    other = FaultyMemoryStore(store.data)  # another replica on the same store
     await other.heartbeat_owner("orch-2", 60)
     replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
     ending = await replica.step("end", final_answer="42")
@@ -203,7 +204,7 @@ async def test_an_ending_whose_done_write_fails_is_answered_from_memory_and_reco
     ending = await ep.step("end", final_answer="42")  # a retry here gets the ending this process holds
     assert ending.done and ending.reward == 1.0 and len(ep.provider.verifications) == 1
 
-    other = MemoryStore(ep.store.data)  # another replica cannot have it: bounded by its deadline, with RetryInfo
+    other = FaultyMemoryStore(ep.store.data)  # another replica cannot have it: bounded by its deadline, with RetryInfo
     await other.heartbeat_owner("orch-2", 60)
     replica = Episode(make_episodes(other, ep.provider, owner="orch-2"), other, ep.provider, ep.session_id)
     with pytest.raises(DeadlineExceeded) as err:
