@@ -18,6 +18,18 @@ def png(width: int = 64, height: int = 48, color: tuple[int, int, int] = (200, 3
     return out.getvalue()
 
 
+def noise(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
+    """A PNG of random pixels: as big as a real screen of that size compresses to, unlike one color."""
+    import random
+
+    from PIL import Image
+
+    pixels = random.Random(seed).randbytes(width * height * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (width, height), pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
 def jpeg(width: int = 40, height: int = 30) -> bytes:
     """A JPEG of `width` x `height` pixels."""
     from PIL import Image
