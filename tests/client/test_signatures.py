@@ -144,7 +144,8 @@ def public_callables() -> Iterator[tuple[str, Callable[..., object]]]:
 
 def test_no_public_method_takes_arbitrary_keywords() -> None:
     """**kwargs only as `Unpack[ResetFields]`: EpisodeSpec's fields, each named and typed for mypy."""
-    takes_kwargs, takes_fields = [], []
+    takes_kwargs: list[str] = []
+    takes_fields: list[str] = []
     for label, fn in public_callables():
         try:
             parameters = inspect.signature(fn).parameters.values()

@@ -332,8 +332,8 @@ class _EpisodeBase(Generic[ClientT]):
 
     def initial_messages(self) -> list[Message]:
         """The chat to start from: the system prompt with tools, then the task's messages."""
-        reset = self._reset
-        return [protocol.system_message(reset.tools, self.instructions), *reset.messages]
+        started: ResetResult = self._reset
+        return [protocol.system_message(started.tools, self.instructions), *started.messages]
 
     # -- turn logic shared by both episode classes
     @staticmethod
