@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate import protocol
 from rlgate.convert import InvalidJsonValue, parse_json_object
 from rlgate.messages import Message, to_openai, to_text_dicts
+from rlgate.settings import ENV_OPENAI_API_KEY, read_env
 from rlgate.v1 import common_pb2
 
 
@@ -128,7 +128,7 @@ class OpenAIPolicy:
         import httpx
 
         headers = {}
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        key = api_key if api_key is not None else read_env(ENV_OPENAI_API_KEY)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self.model = model

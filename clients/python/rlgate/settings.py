@@ -6,7 +6,7 @@
   `rlgate rollout`'s orchestrator address and run id, the openai policy's key, the CLI's debug switch.
 
 Each field that has an environment variable names it in its metadata (`env`), with a one-line `help`;
-`render_table()` renders docs/client.md's settings reference from them (a test keeps the two equal), so no
+`rlgate.settingsdoc` renders docs/client.md's settings reference from them (a test keeps the two equal), so no
 variable is read, or documented, anywhere else. `split_addresses` parses an address list."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -185,11 +185,12 @@ class ClientSettings:
             timeouts: see the class.
         """
         values: dict[str, Any] = {}
-        if os.environ.get(ENV_API_KEY):
-            values["api_key"] = os.environ[ENV_API_KEY]
-        if os.environ.get(ENV_GATEWAY):
-            values["gateway_addresses"] = split_addresses(os.environ[ENV_GATEWAY])
-        certs = os.environ.get(ENV_ROOT_CERTS)
+        if read_env(ENV_API_KEY):
+            values["api_key"] = read_env(ENV_API_KEY)
+        gateways = read_env(ENV_GATEWAY)
+        if gateways:
+            values["gateway_addresses"] = split_addresses(gateways)
+        certs = read_env(ENV_ROOT_CERTS)
         if certs:
             try:
                 with open(certs, "rb") as fh:
@@ -292,7 +293,8 @@ class RunSettings:
         default=None, metadata=_meta("Key the `openai` policy sends", ENV_OPENAI_API_KEY, secret=True)
     )
     debug: bool = field(
-        default=False, metadata=_meta("The CLI shows a traceback instead of a one-line error", ENV_DEBUG)
+        default=False,
+        metadata=_meta("Any value: the CLI shows a traceback instead of a one-line error", ENV_DEBUG),
     )
 
     def __post_init__(self) -> None:
@@ -301,23 +303,54 @@ class RunSettings:
 
     @classmethod
     def from_env(cls) -> RunSettings:
-        """The settings the environment's variables give (an unset or empty variable: the default)."""
-        env = {f.name: os.environ.get(f.metadata["env"]) or None for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {name: raw for name, raw in env.items() if raw is not None}
-        if "tool_timeout_s" in values:
-            values["tool_timeout_s"] = _seconds(values["tool_timeout_s"], f"${ENV_TOOL_TIMEOUT}")
-        if "on_verifier_error" in values and values["on_verifier_error"] not in ("raise", "zero"):
-            raise ValueError(f"${ENV_ON_VERIFIER_ERROR} must be 'raise' or 'zero', not {values['on_verifier_error']!r}")
-        if "debug" in values:
-            values["debug"] = values["debug"].strip().lower() not in ("0", "false", "no", "off")
+        """The settings the environment's variables give (an unset or empty variable: the default).
+
+        Raises:
+            ValueError: a variable's value is not one its setting takes, naming the variable.
+        """
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = read_env(f.metadata["env"])
+            if raw is not None:
+                values[f.name] = _PARSE.get(f.name, str)(raw)
         return cls(**values)
+
+
+def _verifier_mode(raw: str) -> str:
+    if raw not in ("raise", "zero"):
+        raise ValueError(f"${ENV_ON_VERIFIER_ERROR} must be 'raise' or 'zero', not {raw!r}")
+    return raw
+
+
+_PARSE: dict[str, Callable[[str], Any]] = {
+    "tool_timeout_s": lambda raw: _seconds(raw, f"${ENV_TOOL_TIMEOUT}"),
+    "on_verifier_error": _verifier_mode,
+    "debug": bool,  # any value but empty turns it on
+}
+
+
+def _documented() -> set[str]:
+    return {f.metadata["env"] for cls in (ClientSettings, RunSettings) for f in dataclasses.fields(cls)} - {None}
+
+
+def read_env(variable: str) -> str | None:
+    """The value of a client-side environment variable (None when unset or empty): the one place they are read.
+
+    Args:
+        variable: a variable some field of `ClientSettings` or `RunSettings` names (and so the settings
+            table documents); any other is a ValueError, so no undocumented variable is read.
+    """
+    if variable not in _documented():
+        raise ValueError(f"{variable} is not a client setting: add it to rlgate.settings (and so to docs/client.md)")
+    return os.environ.get(variable) or None
 
 
 def tool_timeout_setting(value: float | str | None = None) -> float | None:
     """The per-tool-call timeout in seconds: `value`, else $RLGATE_TOOL_TIMEOUT_S, else None.
 
     None: the client's call_tool timeout applies. Strings are read as numbers (adapters' settings come from
-    dataset rows and the environment).
+    dataset rows and the environment). Only this variable is read: another setting's bad value does not
+    stop an episode.
 
     Args:
         value: the timeout given in code, or None (or "") for the variable's.
@@ -326,31 +359,8 @@ def tool_timeout_setting(value: float | str | None = None) -> float | None:
         ValueError: for anything but a positive finite number.
     """
     if value in (None, ""):
-        return RunSettings.from_env().tool_timeout_s
+        raw = read_env(ENV_TOOL_TIMEOUT)
+        return None if raw is None else _PARSE["tool_timeout_s"](raw)
     return _seconds(
         value, f"tool timeout tool_timeout_s (None: ${ENV_TOOL_TIMEOUT}, else the client's Timeouts.call_tool)"
     )
-
-
-def _default(f: dataclasses.Field[Any]) -> object:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def render_table() -> str:
-    """The client settings reference of docs/client.md: one row per field of both settings classes."""
-    lines = ["| setting | environment variable | default | meaning |", "|---|---|---|---|"]
-    for cls in (ClientSettings, RunSettings):
-        for f in dataclasses.fields(cls):
-            default = _default(f)
-            if f.metadata["secret"]:
-                text = "(secret)"
-            elif default in (None, "", ()):
-                text = "(none)"
-            elif dataclasses.is_dataclass(default):
-                text = f"`{type(default).__name__}()`"
-            else:
-                text = f"`{default}`"
-            env = f"`{f.metadata['env']}`" if f.metadata["env"] else ""
-            meaning = f.metadata["help"].replace("|", "\\|")
-            lines.append(f"| `{cls.__name__}.{f.name}` | {env} | {text} | {meaning} |")
-    return "\n".join(lines) + "\n"

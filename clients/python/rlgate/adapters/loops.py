@@ -4,10 +4,10 @@ the loop that made them), shared by the Tinker and VAGEN adapters."""
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
 
 from rlgate.client import ENV_ORCHESTRATOR, AsyncClient, ClientSettings
+from rlgate.settings import read_env
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AsyncClient]] = (
     weakref.WeakKeyDictionary()
@@ -38,7 +38,7 @@ def orchestrator_address(address: str) -> str:
     Raises:
         ValueError: neither is set.
     """
-    resolved = address or os.environ.get(ENV_ORCHESTRATOR, "")
+    resolved = address or read_env(ENV_ORCHESTRATOR) or ""
     if not resolved:
         raise ValueError(f"no orchestrator address: pass orchestrator= or set {ENV_ORCHESTRATOR}")
     return resolved

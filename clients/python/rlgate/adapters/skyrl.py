@@ -33,7 +33,6 @@ the VAGEN env (`rlgate.adapters.vagen`)."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -44,11 +43,10 @@ from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, Client, ClientSettings
 from rlgate.episode import Episode, TurnResult, tool_timeout_setting
 from rlgate.messages import to_text_dicts
+from rlgate.settings import ENV_ON_VERIFIER_ERROR, ENV_RUN_ID, read_env
 
 ENV_ID = "rlgate"
 ENTRY_POINT = "rlgate.adapters.skyrl:RlgateTextEnv"
-ENV_ON_VERIFIER_ERROR = "RLGATE_ON_VERIFIER_ERROR"
-ENV_RUN_ID = "RLGATE_TRAINING_RUN_ID"
 
 log = logging.getLogger("rlgate.adapters.skyrl")
 
@@ -79,8 +77,8 @@ def _setting(name: str, *sources: Mapping[str, Any] | None, env: str | None = No
     for source in sources:
         if source and source.get(name) not in (None, ""):
             return source[name]
-    if env and os.environ.get(env):
-        return os.environ[env]
+    if env and read_env(env):
+        return read_env(env)
     return default
 
 

@@ -29,7 +29,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -53,6 +52,7 @@ from rlgate import messages, protocol
 from rlgate.adapters.loops import loop_client, orchestrator_address
 from rlgate.client import ENV_API_KEY
 from rlgate.episode import AsyncEpisode, TurnResult, tool_timeout_setting
+from rlgate.settings import read_env
 
 log = logging.getLogger("rlgate.adapters.tinker")
 
@@ -174,7 +174,7 @@ class RlgateMessageEnv(MessageEnv):
             episode = AsyncEpisode(
                 loop_client(
                     orchestrator_address(self.builder.orchestrator),
-                    self.builder.api_key or os.environ.get(ENV_API_KEY),
+                    self.builder.api_key or read_env(ENV_API_KEY),
                 ),
                 task_key=self.builder.task_key,
                 max_turns=self.builder.max_turns,
@@ -405,7 +405,7 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
         if self.keep_images < 0:
             raise ValueError(f"keep_images must be 0 or more, not {self.keep_images}")
         if self.tasks.strip() == "all":
-            client = loop_client(orchestrator, os.environ.get(ENV_API_KEY) or None)
+            client = loop_client(orchestrator, read_env(ENV_API_KEY) or None)
             keys = [t.key for t in await client.list_tasks()]
         else:
             keys = [k.strip() for k in self.tasks.split(",") if k.strip()]

@@ -34,7 +34,6 @@ agent loop's: each observation carries only the screens of its own turn. Needs P
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,10 +42,10 @@ from rlgate.adapters.loops import loop_client, orchestrator_address
 from rlgate.client import ENV_API_KEY
 from rlgate.episode import AsyncEpisode, TurnResult
 from rlgate.messages import ImagePart, Message, UnreadableImage
+from rlgate.settings import ENV_RUN_ID, read_env
 
 IMAGE_PLACEHOLDER = "<image>"
 _ESCAPED_PLACEHOLDER = "&lt;image&gt;"
-ENV_RUN_ID = "RLGATE_TRAINING_RUN_ID"
 
 log = logging.getLogger("rlgate.adapters.vagen")
 
@@ -85,8 +84,8 @@ def _setting(config: Mapping[str, Any], name: str, env: str | None = None, defau
     value = config.get(name)
     if value not in (None, ""):
         return value
-    if env and os.environ.get(env):
-        return os.environ[env]
+    if env and read_env(env):
+        return read_env(env)
     return default
 
 
