@@ -469,7 +469,11 @@ class Episode(_EpisodeBase["Client"]):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
-        """The tools the session may call, asked of the gateway now (`tools` is what Reset said)."""
+        """The tools the session may call, asked of the gateway now (`tools` is what Reset said).
+
+        Args:
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.other`).
+        """
         with self._trace.active():
             return self.client.list_tools(
                 self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
@@ -483,7 +487,14 @@ class Episode(_EpisodeBase["Client"]):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call one tool with this episode's agent token (no parsing, no Step: `turn` does both)."""
+        """Call one tool with this episode's agent token (no parsing, no Step: `turn` does both).
+
+        Args:
+            name: the tool.
+            arguments: its arguments (sent as exact JSON text); None: none.
+            request_id: the idempotency key every retry reuses (generated when None).
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.call_tool`).
+        """
         with self._trace.active():
             return self.client.call_tool(
                 self.agent_token,
@@ -538,7 +549,12 @@ class Episode(_EpisodeBase["Client"]):
     def state(
         self, *, include_tool_calls: bool = False, timeout: float | None = None
     ) -> orchestrator_pb2.StateResponse:
-        """The session's state (see `Client.state`)."""
+        """The session's state (see `Client.state`).
+
+        Args:
+            include_tool_calls: include the gateway's tool-call log.
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.other`).
+        """
         with self._trace.active():
             return self.client.state(
                 self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
@@ -547,7 +563,19 @@ class Episode(_EpisodeBase["Client"]):
     def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
 
-        Raises VerifierError when the episode ends without a score (unless raise_on_verifier_error=False)."""
+        What the model wrote never raises: a refused or timed-out tool call is an `is_error` result the model
+        sees in `observations`.
+
+        Args:
+            text: the assistant's text.
+            parsed: `protocol.parse_assistant_text(text)`, when the caller parsed it already.
+
+        Returns:
+            The turn's calls, the orchestrator's verdict and the messages for the model's next turn.
+
+        Raises:
+            VerifierError: the episode ended without a score (unless raise_on_verifier_error=False).
+        """
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
@@ -589,7 +617,17 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
     """One episode on an `AsyncClient`: `async with client.episode(task_key=...) as ep: await ep.turn(text)`.
 
     The same parameters and methods as `Episode`, as coroutines; leaving the block closes the session even
-    when the task is cancelled."""
+    when the task is cancelled.
+
+    Args:
+        client: the client whose calls the episode makes.
+        spec: see `Episode`.
+        trace_id: see `Episode`.
+        instructions: see `Episode`.
+        raise_on_verifier_error: see `Episode`.
+        tool_timeout_s: see `Episode`.
+        **fields: see `Episode`.
+    """
 
     async def reset(self) -> ResetResult:
         """Start the episode; see `Episode.reset`."""
@@ -620,7 +658,11 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     async def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
-        """The session's tools from the gateway; see `Episode.list_tools`."""
+        """The session's tools from the gateway; see `Episode.list_tools`.
+
+        Args:
+            timeout: see `Episode.list_tools`.
+        """
         with self._trace.active():
             return await self.client.list_tools(
                 self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
@@ -634,7 +676,14 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call one tool; see `Episode.call_tool`."""
+        """Call one tool; see `Episode.call_tool`.
+
+        Args:
+            name: see `Episode.call_tool`.
+            arguments: see `Episode.call_tool`.
+            request_id: see `Episode.call_tool`.
+            timeout: see `Episode.call_tool`.
+        """
         with self._trace.active():
             return await self.client.call_tool(
                 self.agent_token,
@@ -687,14 +736,24 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         include_tool_calls: bool = False,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """The session's state; see `Episode.state`."""
+        """The session's state; see `Episode.state`.
+
+        Args:
+            include_tool_calls: see `Episode.state`.
+            timeout: see `Episode.state`.
+        """
         with self._trace.active():
             return await self.client.state(
                 self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
             )
 
     async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
-        """Play one assistant message; see `Episode.turn`."""
+        """Play one assistant message; see `Episode.turn`.
+
+        Args:
+            text: see `Episode.turn`.
+            parsed: see `Episode.turn`.
+        """
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
