@@ -5,11 +5,13 @@ base64, a null screenshot, bytes that are no image) raises."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from rlgate import protocol
 from rlgate.messages import (
@@ -114,6 +116,12 @@ def test_image_part_decoding() -> None:
     for broken in (b"not an image", PNG[: len(PNG) // 2]):
         with pytest.raises(UnreadableImage):
             ImagePart(broken, "image/png").to_pil()
+    out = io.BytesIO()
+    Image.new("1", (8000, 5000)).save(out, format="PNG")  # a few kilobytes that decode to 40 million pixels
+    bomb = out.getvalue()
+    assert len(bomb) < 200_000
+    with pytest.raises(UnreadableImage, match="8000x5000 pixels is larger than 8K"):
+        ImagePart(bomb, "image/png").to_pil()
 
 
 def _turn(i: int) -> list[Message]:

@@ -33,6 +33,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 IMAGE_OMITTED = "[earlier screenshot omitted]"
 # Screens a conversation keeps by default (rollout and the adapters): the current one and two before it.
 DEFAULT_KEEP_IMAGES = 3
+# Pixels `ImagePart.to_pil` decodes at most (an 8K screen): a few compressed bytes can claim billions.
+MAX_IMAGE_PIXELS = 7680 * 4320
 
 _DATA_URL_RE = re.compile(r"data:(image/[A-Za-z0-9.+-]+);base64,", re.IGNORECASE)
 
@@ -93,12 +95,16 @@ class ImagePart:
         """The decoded image (Pillow, imported here: only the adapters that hand models images need it).
 
         Raises:
-            UnreadableImage: the bytes are not an image Pillow can decode.
+            UnreadableImage: the bytes are not an image Pillow can decode, or it has more than
+                `MAX_IMAGE_PIXELS` pixels (checked from its header, before decoding).
         """
         from PIL import Image, UnidentifiedImageError
 
         try:
             image = Image.open(io.BytesIO(self.data))
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise UnreadableImage(f"{self.mime_type} image of {width}x{height} pixels is larger than 8K")
             image.load()  # decode now: a truncated file fails here, not inside a trainer's renderer
         except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
             raise UnreadableImage(f"{self.mime_type} image could not be decoded ({exc})") from None
