@@ -89,7 +89,8 @@ def _rollout(stack: LocalStack, stub: OpenAIStub, tmp_path: Path, *options: str)
          "--summary-json", str(summary), *options],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    return json.loads(summary.read_text())
+    loaded: dict[str, Any] = json.loads(summary.read_text())
+    return loaded
 
 
 def test_rollout_sends_screens_as_image_url_parts(stack: LocalStack, tmp_path: Path) -> None:
@@ -163,7 +164,7 @@ async def test_tinker_vision_renderer_gets_pil_image_parts(stack: LocalStack) ->
         assert [m["name"] for m in tool_messages] == ["screenshot", "screenshot_json", "screenshot_failed"]
         images = [p["image"] for m in tool_messages if isinstance(m["content"], list) for p in m["content"]
                   if p["type"] == "image"]  # fmt: skip
-        assert all(isinstance(i, Image.Image) for i in images) and [i.size for i in images] == [(64, 48), (32, 24)]
+        assert [i.size if isinstance(i, Image.Image) else i for i in images] == [(64, 48), (32, 24)]
         assert tool_messages[2]["content"] == protocol.SCREENSHOT_FAILED
         prompt = renderer.build_generation_prompt(step.next_messages)
         assert sum(isinstance(c, tinker.types.ImageChunk) for c in prompt.chunks) == 2
@@ -174,6 +175,7 @@ async def test_tinker_vision_renderer_gets_pil_image_parts(stack: LocalStack) ->
 
 
 async def test_tinker_keeps_the_last_screens_and_text_renderers_get_placeholders(stack: LocalStack) -> None:
+    from PIL import Image
     from tinker_cookbook.renderers.base import Message
 
     from rlgate.adapters.tinker import RlgateEnvGroupBuilder, RlgateMessageEnv
@@ -191,9 +193,9 @@ async def test_tinker_keeps_the_last_screens_and_text_renderers_get_placeholders
         await env.initial_observation()
         await env.step(Message(role="assistant", content=LOOK))
         step = await env.step(Message(role="assistant", content=LOOK))
-        images = [p for m in step.next_messages if isinstance(m["content"], list) for p in m["content"]
+        images = [p["image"] for m in step.next_messages if isinstance(m["content"], list) for p in m["content"]
                   if p["type"] == "image"]  # fmt: skip
-        assert [p["image"].size for p in images] == [(32, 24)]  # the newest only
+        assert [i.size if isinstance(i, Image.Image) else i for i in images] == [(32, 24)]  # the newest only
         omitted = sum(
             p.get("text") == IMAGE_OMITTED for m in step.next_messages if isinstance(m["content"], list)
             for p in m["content"]
