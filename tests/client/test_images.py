@@ -38,6 +38,7 @@ def test_an_image_block_is_an_image_part_in_place() -> None:
     parts = protocol.tool_result_parts(_result(text_block("before"), image_block(PNG), text_block("after")))
     assert parts == (TextPart("before\n"), ImagePart(PNG, "image/png"), TextPart("\nafter"))
     assert protocol.render_tool_result(_result(image_block(PNG))) == f"[image: image/png, {len(PNG)} bytes]"
+    assert protocol.tool_result_parts(_result(image_block(b""))) == (TextPart("[image: image/png, 0 bytes]"),)
 
 
 def test_a_base64_image_text_block_is_an_image_part_decoded() -> None:

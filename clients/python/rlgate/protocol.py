@@ -438,7 +438,9 @@ def tool_result_parts(result: Any) -> tuple[Part, ...]:
         if kind == "text":
             parts.append(_text_block(block.text.text))
         elif kind == "image":
-            parts.append(ImagePart(block.image.data, block.image.mime_type or "image/png"))
+            image = ImagePart(block.image.data, block.image.mime_type or "image/png")
+            # No bytes, no image: an endpoint would refuse the empty data URL.
+            parts.append(image if image.data else image.placeholder())
         elif kind == "audio":
             parts.append(f"[audio: {block.audio.mime_type or 'unknown type'}, {len(block.audio.data)} bytes]")
         elif kind == "resource_link":

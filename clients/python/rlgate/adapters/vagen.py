@@ -40,7 +40,7 @@ from typing import Any
 from rlgate import protocol
 from rlgate.adapters.loops import loop_client, orchestrator_address
 from rlgate.client import ENV_API_KEY
-from rlgate.episode import AsyncEpisode, TurnResult
+from rlgate.episode import AsyncEpisode, TurnResult, tool_timeout_setting
 from rlgate.messages import ImagePart, Message, UnreadableImage
 from rlgate.settings import ENV_RUN_ID, read_env
 
@@ -106,7 +106,7 @@ class RlgateImageEnv:
             raise ValueError("env_config must carry a task_key (or an env_key)")
         self.max_turns = int(_setting(self.config, "max_turns", default=0))
         self.run_id = str(_setting(self.config, "run_id", env=ENV_RUN_ID, default=""))
-        self.tool_timeout_s = _setting(self.config, "tool_timeout_s")  # None: RLGATE_TOOL_TIMEOUT_S
+        self.tool_timeout_s = tool_timeout_setting(_setting(self.config, "tool_timeout_s"))  # else the variable
         self.instructions = str(_setting(self.config, "instructions", default=protocol.DEFAULT_INSTRUCTIONS))
         self.images = str(_setting(self.config, "images", default=True)).lower() not in ("false", "0", "no")
         self.episode: AsyncEpisode | None = None
