@@ -242,6 +242,36 @@ async def test_tinker_dataset_builder(server: ScriptedServer, monkeypatch: pytes
     assert pickle.loads(pickle.dumps(batch[0])).group_size == 4
 
 
+async def test_tinker_dataset_builder_with_images_gives_the_renderer_an_image_processor(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`images=True` builds the renderer with the model's image processor (a real one; only the download
+    that `get_image_processor` would make for a hosted model's name is replaced)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from rlgate.adapters import tinker
+    from tests.client.tinker_support import TOKENIZER_NAME
+
+    renderer()  # registers the in-process tokenizer
+    loaded: list[str] = []
+
+    def processor(model: str) -> Any:
+        loaded.append(model)
+        return Qwen2VLImageProcessorPil()
+
+    monkeypatch.setattr(tinker, "get_image_processor", processor)
+    common = {"model_name_for_tokenizer": TOKENIZER_NAME, "orchestrator": server.address, "tasks": "a"}
+    train, _ = await tinker.RlgateDatasetBuilder(renderer_name="qwen3_vl_instruct", images=True, **common)()
+    (vision,) = train.get_batch(0)
+    assert isinstance(vision, tinker.RlgateEnvGroupBuilder) and tinker.sees_images(vision.renderer)
+    assert loaded == [TOKENIZER_NAME]
+    train, _ = await tinker.RlgateDatasetBuilder(renderer_name="qwen3_vl_instruct", **common)()
+    (text,) = train.get_batch(0)
+    assert isinstance(text, tinker.RlgateEnvGroupBuilder) and not tinker.sees_images(text.renderer)
+    with pytest.raises(ValueError, match="keep_images must be 0 or more"):
+        await tinker.RlgateDatasetBuilder(renderer_name="qwen3_instruct", keep_images=-1, **common)()
+
+
 # ------------------------------------------------------------------------------------------------ VAGEN
 
 

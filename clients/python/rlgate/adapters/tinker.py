@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import chz
+from tinker_cookbook.image_processing_utils import get_image_processor
 from tinker_cookbook.renderers import Renderer, get_renderer
 from tinker_cookbook.renderers.base import (
     Content,
@@ -395,12 +396,15 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
     tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
     keep_images: int = messages.DEFAULT_KEEP_IMAGES  # screens in the context: the last ones
+    # Screens as images: the renderer gets the model's image processor (a vision renderer such as
+    # qwen3_vl_instruct needs it); False: every image a text placeholder.
+    images: bool = False
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         """The train dataset and the test dataset (None without test_tasks); lists tasks for "all"."""
-        renderer = get_renderer(
-            self.renderer_name, get_tokenizer(self.model_name_for_tokenizer), model_name=self.model_name_for_tokenizer
-        )
+        model = self.model_name_for_tokenizer
+        processor = get_image_processor(model) if self.images else None
+        renderer = get_renderer(self.renderer_name, get_tokenizer(model), processor, model_name=model)
         orchestrator = orchestrator_address(self.orchestrator)
         if self.keep_images < 0:
             raise ValueError(f"keep_images must be 0 or more, not {self.keep_images}")
