@@ -260,16 +260,26 @@ async def test_tinker_dataset_builder_with_images_gives_the_renderer_an_image_pr
         return Qwen2VLImageProcessorPil()
 
     monkeypatch.setattr(tinker, "get_image_processor", processor)
-    common = {"model_name_for_tokenizer": TOKENIZER_NAME, "orchestrator": server.address, "tasks": "a"}
-    train, _ = await tinker.RlgateDatasetBuilder(renderer_name="qwen3_vl_instruct", images=True, **common)()
+
+    def dataset(name: str, images: bool = False, keep_images: int = 3) -> tinker.RlgateDatasetBuilder:
+        return tinker.RlgateDatasetBuilder(
+            renderer_name=name,
+            model_name_for_tokenizer=TOKENIZER_NAME,
+            orchestrator=server.address,
+            tasks="a",
+            images=images,
+            keep_images=keep_images,
+        )
+
+    train, _ = await dataset("qwen3_vl_instruct", images=True)()
     (vision,) = train.get_batch(0)
     assert isinstance(vision, tinker.RlgateEnvGroupBuilder) and tinker.sees_images(vision.renderer)
-    assert loaded == [TOKENIZER_NAME]
-    train, _ = await tinker.RlgateDatasetBuilder(renderer_name="qwen3_vl_instruct", **common)()
+    assert loaded == [TOKENIZER_NAME] and vision.keep_images == 3
+    train, _ = await dataset("qwen3_vl_instruct")()
     (text,) = train.get_batch(0)
     assert isinstance(text, tinker.RlgateEnvGroupBuilder) and not tinker.sees_images(text.renderer)
     with pytest.raises(ValueError, match="keep_images must be 0 or more"):
-        await tinker.RlgateDatasetBuilder(renderer_name="qwen3_instruct", keep_images=-1, **common)()
+        await dataset("qwen3_instruct", keep_images=-1)()
 
 
 # ------------------------------------------------------------------------------------------------ VAGEN
