@@ -299,12 +299,14 @@ async def test_vagen_settings_and_misuse(server: ScriptedServer, monkeypatch: py
     env = RlgateImageEnv({"task_key": "t1", "max_turns": "4", "run_id": "run-7"})
     with pytest.raises(RuntimeError, match="before reset"):
         await env.step("<done/>")
-    with pytest.raises(RuntimeError, match="before reset"):
-        await env.system_prompt()
+    # Asked first (as some loops do), the system prompt opens the session the first reset then uses.
+    system = await env.system_prompt()
+    assert '"name": "echo"' in system["obs_str"] and "multi_modal_input" not in system
     obs, info = await env.reset(seed=3)
     assert obs == {"obs_str": "do it"} and info["session_id"] == "s-1"
     (reset,) = server.script.seen["Reset"]
     assert reset.request.max_turns == 4 and reset.request.run_id == "run-7" and reset.request.task_key == "t1"
+    await env.system_prompt()  # after reset: the same session
     await env.reset(seed=4)  # a second reset closes the first session
     assert server.script.count("Close") == 1 and server.script.count("Reset") == 2
     await env.close()

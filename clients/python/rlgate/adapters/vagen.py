@@ -26,7 +26,8 @@ Config keys (as the SkyRL adapter's; the environment variables are the fallback)
 | `images`          | -                        | `false`: each image as a text placeholder           |
 
 The seed is not used: a task's instance starts from its own seeded data. `reset` closes the previous
-session before opening the next; the session also closes when the episode ends, and `close()` is
+session before opening the next (a `system_prompt()` asked before any `reset`, as some loops do, opens the
+session that `reset` then uses); the session also closes when the episode ends, and `close()` is
 idempotent. A verifier ERROR/TIMEOUT raises `rlgate.VerifierError` out of `step` (never a reward of 0);
 what the model wrote never raises (see `rlgate.episode`). How many screens stay in the context is the
 agent loop's: each observation carries only the screens of its own turn. Needs Pillow."""
@@ -111,13 +112,41 @@ class RlgateImageEnv:
         self.images = str(_setting(self.config, "images", default=True)).lower() not in ("false", "0", "no")
         self.episode: AsyncEpisode | None = None
         self.last: TurnResult | None = None
+        self._unplayed = False  # system_prompt() opened the session before reset(): reset() uses it
 
     async def reset(self, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
         """Open a session (closing the previous one): the task's messages as the first observation.
 
+        A session `system_prompt()` opened before any `reset` (some loops ask for the prompt first) is
+        this episode's: it is used, not replaced.
+
         Args:
             seed: unused (a task's instance starts from its own seeded data).
         """
+        if not self._unplayed:
+            await self._open()
+        self._unplayed = False
+        episode = self._episode()
+        task = episode.initial_messages()[1:]  # the system prompt is system_prompt()'s
+        info = {
+            "task_key": episode.task_key,
+            "session_id": episode.session_id,
+            "max_turns": episode.max_turns,
+            "tools": [protocol.tool_spec_dict(t) for t in episode.tools],
+        }
+        return observation(task, self.images), info
+
+    async def system_prompt(self) -> dict[str, Any]:
+        """The system prompt: the instructions, the episode's tools and the call and finish conventions.
+
+        Before any `reset` it opens the session (the tools are the session's), which `reset` then uses.
+        """
+        if self.episode is None:
+            await self._open()
+            self._unplayed = True
+        return observation([protocol.system_message(self._episode().tools, self.instructions)], self.images)
+
+    async def _open(self) -> None:
         await self.close()
         episode = AsyncEpisode(
             loop_client(self.orchestrator, self.api_key),
@@ -129,23 +158,14 @@ class RlgateImageEnv:
             instructions=self.instructions,
             tool_timeout_s=self.tool_timeout_s,
         )
-        self.episode = episode
-        await episode.reset()
+        self.episode = episode  # before Reset: close() releases a session whose Reset answer was lost
         self.last = None
-        task = episode.initial_messages()[1:]  # the system prompt is system_prompt()'s
-        info = {
-            "task_key": episode.task_key,
-            "session_id": episode.session_id,
-            "max_turns": episode.max_turns,
-            "tools": [protocol.tool_spec_dict(t) for t in episode.tools],
-        }
-        return observation(task, self.images), info
+        await episode.reset()
 
-    async def system_prompt(self) -> dict[str, Any]:
-        """The system prompt: the instructions, the episode's tools and the call and finish conventions."""
+    def _episode(self) -> AsyncEpisode:
         if self.episode is None:
-            raise RuntimeError("system_prompt() before reset()")
-        return observation([protocol.system_message(self.episode.tools, self.instructions)], self.images)
+            raise RuntimeError("step() before reset(), or after the episode ended: call reset()")
+        return self.episode
 
     async def step(self, action_str: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Play the model's text as one turn; the session closes when the episode ends or this raises.
@@ -153,9 +173,8 @@ class RlgateImageEnv:
         Args:
             action_str: the model's reply, tool calls in `<tool_call>` tags or a final answer.
         """
-        episode = self.episode
-        if episode is None:
-            raise RuntimeError("step() before reset()")
+        episode = self._episode()
+        self._unplayed = False
         try:
             result = await episode.turn(action_str)
         except BaseException:
@@ -182,6 +201,7 @@ class RlgateImageEnv:
     async def close(self) -> None:
         """Close the session (idempotent, never raises: a failed close is left to the server's reaper)."""
         episode, self.episode = self.episode, None
+        self._unplayed = False
         if episode is None:
             return
         try:
