@@ -11,7 +11,6 @@ import argparse
 
 import rlgate
 from rlgate.convert import parse_json_object
-from rlgate.v1 import common_pb2
 
 # Each task's question, as the arguments of the conversion that answers it.
 CONVERSIONS = {
@@ -34,8 +33,7 @@ def main() -> None:
                 converted = parse_json_object(result.structured_content_json, "convert_time result")
                 answer = str(converted["target"]["datetime"])[11:16]  # ISO 8601: HH:MM after the date
                 step = ep.step(final_answer=answer)
-                status = common_pb2.VerificationStatus.Name(step.verification.status)
-                print(f"{task_key}: tools {tools}, answer {answer}, reward {step.reward} ({status})")
+                print(f"{task_key}: tools {tools}, answer {answer}, reward {step.reward} ({step.verification.status})")
 
 
 if __name__ == "__main__":

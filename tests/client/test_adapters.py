@@ -1,4 +1,4 @@
-"""SkyRL and Tinker adapters against a scripted server: registration, construction, the env protocol,
+"""SkyRL, Tinker and VAGEN adapters against a scripted server: registration, construction, the env protocol,
 verifier failures and session closing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import rlgate
-from rlgate.v1 import common_pb2, orchestrator_pb2
+from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.client.scripted import ScriptedServer
 from tests.client.tinker_support import ScriptedPolicy, renderer
 
@@ -240,3 +240,112 @@ async def test_tinker_dataset_builder(server: ScriptedServer, monkeypatch: pytes
     assert test is not None and _task_keys(test.get_batch(0)) == ["c"]
     batch = train.get_batch(0)
     assert pickle.loads(pickle.dumps(batch[0])).group_size == 4
+
+
+async def test_tinker_dataset_builder_with_images_gives_the_renderer_an_image_processor(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`images=True` builds the renderer with the model's image processor (a real one; only the download
+    that `get_image_processor` would make for a hosted model's name is replaced)."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    from rlgate.adapters import tinker
+    from tests.client.tinker_support import TOKENIZER_NAME
+
+    renderer()  # registers the in-process tokenizer
+    loaded: list[str] = []
+
+    def processor(model: str) -> Any:
+        loaded.append(model)
+        return Qwen2VLImageProcessorPil()
+
+    monkeypatch.setattr(tinker, "get_image_processor", processor)
+
+    def dataset(name: str, images: bool = False, keep_images: int = 3) -> tinker.RlgateDatasetBuilder:
+        return tinker.RlgateDatasetBuilder(
+            renderer_name=name,
+            model_name_for_tokenizer=TOKENIZER_NAME,
+            orchestrator=server.address,
+            tasks="a",
+            images=images,
+            keep_images=keep_images,
+        )
+
+    train, _ = await dataset("qwen3_vl_instruct", images=True)()
+    (vision,) = train.get_batch(0)
+    assert isinstance(vision, tinker.RlgateEnvGroupBuilder) and tinker.sees_images(vision.renderer)
+    assert loaded == [TOKENIZER_NAME] and vision.keep_images == 3
+    train, _ = await dataset("qwen3_vl_instruct")()
+    (text,) = train.get_batch(0)
+    assert isinstance(text, tinker.RlgateEnvGroupBuilder) and not tinker.sees_images(text.renderer)
+    with pytest.raises(ValueError, match="keep_images must be 0 or more"):
+        await dataset("qwen3_instruct", keep_images=-1)()
+
+
+# ------------------------------------------------------------------------------------------------ VAGEN
+
+
+async def test_vagen_settings_and_misuse(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlgate.adapters.vagen import RlgateImageEnv
+
+    monkeypatch.delenv("RLGATE_ORCHESTRATOR", raising=False)
+    with pytest.raises(ValueError, match="RLGATE_ORCHESTRATOR"):
+        RlgateImageEnv({"task_key": "t1"})
+    with pytest.raises(ValueError, match="task_key"):
+        RlgateImageEnv({"orchestrator": server.address})
+    with pytest.raises(ValueError, match="tool timeout"):
+        RlgateImageEnv({"orchestrator": server.address, "task_key": "t1", "tool_timeout_s": "soon"})
+    monkeypatch.setenv("RLGATE_ORCHESTRATOR", server.address)
+    env = RlgateImageEnv({"task_key": "t1", "max_turns": "4", "run_id": "run-7"})
+    with pytest.raises(RuntimeError, match="before reset"):
+        await env.step("<done/>")
+    # Asked first (as some loops do), the system prompt opens the session the first reset then uses.
+    system = await env.system_prompt()
+    assert '"name": "echo"' in system["obs_str"] and "multi_modal_input" not in system
+    obs, info = await env.reset(seed=3)
+    assert obs == {"obs_str": "do it"} and info["session_id"] == "s-1"
+    (reset,) = server.script.seen["Reset"]
+    assert reset.request.max_turns == 4 and reset.request.run_id == "run-7" and reset.request.task_key == "t1"
+    await env.system_prompt()  # after reset: the same session
+    await env.reset(seed=4)  # a second reset closes the first session
+    assert server.script.count("Close") == 1 and server.script.count("Reset") == 2
+    await env.close()
+    await env.close()
+    assert server.script.count("Close") == 2
+
+
+async def test_vagen_verifier_error_raises_and_closes(server: ScriptedServer) -> None:
+    from rlgate.adapters.vagen import RlgateImageEnv
+
+    server.script.push("Step", _verifier_error)
+    env = RlgateImageEnv({"orchestrator": server.address, "task_key": "t1"})
+    await env.reset()
+    with pytest.raises(rlgate.VerifierError, match="verifier raised KeyError"):
+        await env.step("<done/>")
+    assert server.script.count("Close") == 1 and env.episode is None
+    await env.close()
+    assert server.script.count("Close") == 1
+
+
+async def test_vagen_a_literal_image_tag_is_escaped(server: ScriptedServer) -> None:
+    """Placeholders and images always match: a tool writing `<image>` does not add a placeholder."""
+    from rlgate.adapters.vagen import RlgateImageEnv
+    from tests.client.images import image_block, png, text_block
+
+    server.script.push(
+        "CallTool",
+        lambda req: toolgateway_pb2.CallToolResponse(
+            result=common_pb2.ToolResult(content=[text_block("see <image> below"), image_block(png(8, 6))])
+        ),
+    )
+    env = RlgateImageEnv({"orchestrator": server.address, "task_key": "t1"})
+    try:
+        await env.reset()
+        obs, reward, done, info = await env.step('<tool_call>{"name": "echo", "arguments": {}}</tool_call>')
+        assert obs["obs_str"].count("<image>") == 1 == len(obs["multi_modal_input"]["<image>"])
+        assert "see &lt;image&gt; below" in obs["obs_str"] and obs["multi_modal_input"]["<image>"][0].size == (8, 6)
+        assert (reward, done, info["success"]) == (0.0, False, False) and info["tool_calls"][0]["name"] == "echo"
+        obs, reward, done, info = await env.step("<final_answer>42</final_answer>")
+        assert (reward, done, info["success"], info["done_reason"]) == (1.0, True, True, "FINAL_ANSWER")
+    finally:
+        await env.close()

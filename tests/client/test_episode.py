@@ -13,6 +13,7 @@ import rlgate
 from rlgate import AsyncClient, Client, RetryPolicy
 from rlgate.convert import arguments_of
 from rlgate.episode import RESET_LABEL
+from rlgate.messages import Message
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.client.scripted import ScriptedServer, Sleep
 from tests.support.wait import wait_until
@@ -30,16 +31,17 @@ def _verifier_failed(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.Step
 def test_turns_call_tools_then_step_and_close(server: ScriptedServer) -> None:
     with Client(server.address, retry=FAST) as client, client.episode(task_key="t1", max_turns=4) as ep:
         messages = ep.initial_messages()
-        assert messages[0]["role"] == "system" and '"name": "echo"' in messages[0]["content"]
-        assert '"default": 3}' in messages[0]["content"]  # the schema's integer, not 3.0
+        assert messages[0].role == "system" and '"name": "echo"' in messages[0].text()
+        assert '"default": 3}' in messages[0].text()  # the schema's integer, not 3.0
         assert ep.instance.instance_id == "i-1" and ep.env_key == "demo:v1"
-        assert messages[1] == {"role": "user", "content": "do it"}
+        assert messages[1] == Message("user", "do it")
         first = ep.turn('Sure. <tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
         assert not first.done and first.reward is None
-        assert first.observations == [{"role": "user", "content": "<tool_response>\necho ok\n</tool_response>"}]
+        assert first.observations == [Message("user", "<tool_response>\necho ok\n</tool_response>")]
         last = ep.turn("<final_answer>42</final_answer>")
         assert last.done and last.reward == 1.0 and last.observations == []
         assert last.verification_status == "OK" and last.done_reason == "FINAL_ANSWER"
+        assert last.terminated and not last.truncated and last.raw.done
     steps = server.script.seen["Step"]
     assert [s.request.HasField("final_answer") for s in steps] == [False, True]
     summary = steps[0].request.tool_calls[0]
@@ -86,9 +88,9 @@ def test_a_reset_without_a_gateway_address_is_named(server: ScriptedServer) -> N
 def test_unparseable_text_is_an_observation_and_the_turn_counts(server: ScriptedServer) -> None:
     with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
         bad = ep.turn('<tool_call>{"name": "echo", "arguments": [}</tool_call>')
-        assert not bad.done and bad.error and "not valid JSON" in bad.observations[0]["content"]
+        assert not bad.done and bad.error and "not valid JSON" in bad.observations[0].text()
         prose = ep.turn("I am thinking about it.")
-        assert "<tool_call>" in prose.observations[0]["content"]  # the format reminder
+        assert "<tool_call>" in prose.observations[0].text()  # the format reminder
     assert server.script.count("Step") == 2 and server.script.count("CallTool") == 0
 
 
@@ -104,7 +106,7 @@ def test_outcome_unknown_reaches_the_model_and_is_not_retried(server: ScriptedSe
     server.script.push("CallTool", grpc.StatusCode.UNAVAILABLE, unknown)
     with Client(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
         result = ep.turn('<tool_call>{"name": "echo", "arguments": {}}</tool_call>')
-    assert "Error (outcome unknown)" in result.observations[0]["content"]
+    assert "Error (outcome unknown)" in result.observations[0].text()
     assert result.tool_calls[0].is_error and result.tool_calls[0].replayed
     seen = server.script.seen["CallTool"]
     assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
@@ -165,7 +167,7 @@ def test_rejected_reset_closes_nothing(server: ScriptedServer) -> None:
 async def test_async_episode_turns_and_closes(server: ScriptedServer) -> None:
     async with AsyncClient(server.address, retry=FAST) as client, client.episode(task_key="t") as ep:
         first = await ep.turn('<tool_call>{"tool": "echo", "params": {"a": "b"}}')
-        assert "echo ok" in first.observations[0]["content"]
+        assert "echo ok" in first.observations[0].text()
         assert (await ep.list_tools())[0].name == "echo"
         last = await ep.turn("<final_answer>1</final_answer>")
         assert last.reward == 1.0

@@ -227,7 +227,8 @@ def test_render_tool_result_notes_images_and_errors() -> None:
     )
     assert protocol.render_tool_result(text_wins) == "2 items"
     message = protocol.tool_response_message(["a", "b"])
-    assert message["content"] == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>"
+    assert message.role == "user"
+    assert message.content == "<tool_response>\na\n</tool_response>\n<tool_response>\nb\n</tool_response>"
 
 
 def test_finite_floats_survive() -> None:

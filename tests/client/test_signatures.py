@@ -6,6 +6,7 @@ its parameter and what it should be."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
@@ -20,9 +21,10 @@ import grpc
 import pytest
 
 import rlgate
-from rlgate import AsyncClient, AsyncEpisode, Client, ClientSettings, Episode, RetryPolicy
+from rlgate import AsyncClient, AsyncEpisode, Client, ClientSettings, Episode, EpisodeSpec, RetryPolicy
 from rlgate import client as client_module
 from rlgate import episode as episode_module
+from rlgate import inputs as inputs_module
 from rlgate.errors import error_from_rpc
 from rlgate.retry import RetryState
 from rlgate.v1 import orchestrator_pb2
@@ -105,7 +107,8 @@ def test_async_twin_has_the_same_signature(label: str, sync_cls: type, async_cls
 
 def annotation_namespace(fn: Callable[..., object]) -> dict[str, object]:
     """The globals an annotation of `fn` resolves in, with the names its module imports only for type checks."""
-    return {**vars(client_module), **vars(episode_module), **vars(sys.modules[fn.__module__]), **vars(rlgate)}
+    namespace = {**vars(client_module), **vars(episode_module), **vars(inputs_module)}
+    return {**namespace, **vars(sys.modules[fn.__module__]), **vars(rlgate)}
 
 
 @pytest.mark.parametrize(("label", "sync_cls", "async_cls", "name"), method_pairs())
@@ -127,6 +130,8 @@ def test_every_parameter_and_return_is_annotated_with_types_that_exist(
 def public_callables() -> Iterator[tuple[str, Callable[..., object]]]:
     for export in rlgate.__all__:
         value = getattr(rlgate, export)
+        if typing.is_typeddict(value):  # keyword types (ResetFields): no methods of their own
+            continue
         if inspect.isclass(value):
             for name in ["__init__", *(n for n in dir(value) if not n.startswith("_"))]:
                 member = inspect.getattr_static(value, name, None)
@@ -138,17 +143,67 @@ def public_callables() -> Iterator[tuple[str, Callable[..., object]]]:
 
 
 def test_no_public_method_takes_arbitrary_keywords() -> None:
-    takes_kwargs = []
+    """**kwargs only as `Unpack[ResetFields]`: EpisodeSpec's fields, each named and typed for mypy."""
+    takes_kwargs: list[str] = []
+    takes_fields: list[str] = []
     for label, fn in public_callables():
         try:
             parameters = inspect.signature(fn).parameters.values()
         except ValueError:  # a builtin (Exception.__init__ of the error classes' bases) has no signature
             continue
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            takes_kwargs.append(label)
+        for p in parameters:
+            if p.kind is inspect.Parameter.VAR_KEYWORD:
+                (takes_fields if p.annotation == "Unpack[ResetFields]" else takes_kwargs).append(label)
     assert takes_kwargs == [], f"these take **kwargs, so a misspelt keyword would pass silently: {takes_kwargs}"
+    assert set(takes_fields) == {
+        f"{cls}.{name}" for cls in ("Client", "AsyncClient") for name in ("reset", "episode")
+    } | {"Episode.__init__", "AsyncEpisode.__init__"}
     labels = {label for label, _ in public_callables()}
     assert {"Client.reset", "AsyncEpisode.step", "ClientSettings.from_env", "RetryPolicy.__init__"} <= labels
+
+
+# ------------------------------------------------------------------------------------- the one input type
+
+
+def test_reset_parameters_are_written_once_as_episode_spec() -> None:
+    """EpisodeSpec holds every ResetRequest field but the per-call request_id; ResetFields, the keyword form
+    the methods take, has exactly its fields, typed alike; no method spells one of them out again."""
+    spec_fields = {f.name: f.type for f in dataclasses.fields(EpisodeSpec)}
+    request_fields = set(orchestrator_pb2.ResetRequest.DESCRIPTOR.fields_by_name) - {"request_id"}
+    assert set(spec_fields) == request_fields
+    assert typing.get_type_hints(rlgate.ResetFields) == typing.get_type_hints(EpisodeSpec)
+    assert rlgate.ResetFields.__required_keys__ == frozenset()  # every keyword optional, as the spec's defaults
+    takers = [(cls, name) for cls in (Client, AsyncClient) for name in ("reset", "episode")]
+    for cls, name in [*takers, (Episode, "__init__"), (AsyncEpisode, "__init__")]:
+        parameters = inspect.signature(getattr(cls, name)).parameters
+        assert not set(parameters) & set(spec_fields), f"{cls.__name__}.{name} spells out Reset's fields"
+        assert "spec" in parameters and parameters["spec"].kind is inspect.Parameter.POSITIONAL_ONLY
+
+
+def test_a_spec_and_keywords_make_the_same_request(server: ScriptedServer) -> None:
+    spec = EpisodeSpec(task_key="t", max_turns=4, labels={"team": "rl"}, run_id="run-1")
+    with Client(server.address) as client:
+        client.reset(spec, request_id="r-1")
+        client.reset(task_key="t", max_turns=4, labels={"team": "rl"}, run_id="run-1", request_id="r-1")
+        client.reset(spec, max_turns=9, request_id="r-1")  # a keyword replaces the spec's field
+    first, second, third = (s.request for s in server.script.seen["Reset"])
+    assert first == second and third.max_turns == 9 and third.run_id == "run-1"
+
+
+def test_a_spec_is_frozen_and_keeps_its_own_labels() -> None:
+    labels = {"team": "rl"}
+    spec = EpisodeSpec(task_key="t", labels=labels)
+    labels["team"] = "changed"
+    assert spec.labels == {"team": "rl"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.task_key = "u"  # type: ignore[misc]
+    assert spec.next_episode("s-1") == EpisodeSpec(session_id="s-1", labels={"team": "rl"})
+    with pytest.raises(
+        ValueError, match=r"^EpisodeSpec\(\): max_turns must be 0 \(the task's limit\) or more, not -1$"
+    ):
+        EpisodeSpec(task_key="t", max_turns=-1)
+    with pytest.raises(TypeError, match=r"^the episode's spec must be a rlgate\.EpisodeSpec or None, not dict"):
+        EpisodeSpec.of({"task_key": "t"}, {})  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------- misspelt keywords
@@ -227,10 +282,13 @@ def test_mypy_refuses_misspelt_keywords_and_wrong_types(tmp_path: Path) -> None:
     [
         (
             lambda c: c.reset(task_key="t", labels={"team": 1}),
-            r"^reset\(\): labels must be a mapping of str to str, not dict \{'team': 1\}$",
+            r"^EpisodeSpec\(\): labels must be a mapping of str to str, not dict \{'team': 1\}$",
         ),
-        (lambda c: c.reset(task_key=3), r"^reset\(\): task_key must be a str, not int 3$"),
-        (lambda c: c.reset(task_key="t", max_turns="8"), r"^reset\(\): max_turns must be an int, not str '8'$"),
+        (lambda c: c.reset(task_key=3), r"^EpisodeSpec\(\): task_key must be a str, not int 3$"),
+        (
+            lambda c: c.reset(task_key="t", max_turns="8"),
+            r"^EpisodeSpec\(\): max_turns must be an int, not str '8'$",
+        ),
         (
             lambda c: c.step("s-1", tool_calls=["echo"]),
             r"^step\(\): tool_calls must be a sequence of rlgate\.v1\.ToolCallSummary, not list \['echo'\]$",

@@ -110,8 +110,8 @@ def test_the_example_scores_both_tasks(stack: LocalStack) -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == [
         "env time: tools ['convert_time']",
-        "time-tokyo-noon: tools ['convert_time'], answer 21:00, reward 1.0 (VERIFICATION_STATUS_OK)",
-        "time-kathmandu-checked: tools ['convert_time'], answer 15:15, reward 1.0 (VERIFICATION_STATUS_OK)",
+        "time-tokyo-noon: tools ['convert_time'], answer 21:00, reward 1.0 (OK)",
+        "time-kathmandu-checked: tools ['convert_time'], answer 15:15, reward 1.0 (OK)",
     ]
 
 

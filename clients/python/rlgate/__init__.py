@@ -3,7 +3,7 @@
 `import rlgate` needs only grpcio and protobuf; the SkyRL and Tinker adapters (rlgate.adapters.*) and
 `rlgate rollout` import their heavier dependencies when used."""
 
-from rlgate.client import AsyncClient, Client, ClientSettings, Timeouts
+from rlgate.client import AsyncClient, Client
 from rlgate.episode import AsyncEpisode, Episode, ToolCallRecord, TurnResult
 from rlgate.errors import (
     Cancelled,
@@ -19,8 +19,12 @@ from rlgate.errors import (
     Unavailable,
     VerifierError,
 )
+from rlgate.inputs import EpisodeSpec, ResetFields
+from rlgate.messages import ImagePart, Message, TextPart
 from rlgate.protocol import ParsedTurn, ToolCall, parse_assistant_text, render_system_prompt
+from rlgate.results import Instance, ResetResult, StepResult, Verification
 from rlgate.retry import RetryPolicy
+from rlgate.settings import ClientSettings, RunSettings, Timeouts
 
 __version__ = "0.1.0"
 
@@ -32,21 +36,31 @@ __all__ = [
     "ClientSettings",
     "DeadlineExceeded",
     "Episode",
+    "EpisodeSpec",
     "FailedPrecondition",
+    "ImagePart",
+    "Instance",
     "Internal",
     "InvalidArgument",
+    "Message",
     "NotFound",
     "ParsedTurn",
     "PermissionDenied",
+    "ResetFields",
+    "ResetResult",
     "ResourceExhausted",
     "RetryPolicy",
     "RlgateError",
+    "RunSettings",
+    "StepResult",
+    "TextPart",
     "Timeouts",
     "ToolCall",
     "ToolCallRecord",
     "TurnResult",
     "Unauthenticated",
     "Unavailable",
+    "Verification",
     "VerifierError",
     "__version__",
     "parse_assistant_text",

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
 from rlgate.rollout import rollout_command
 from rlgate.runtime.config import click_options
+from rlgate.settings import ENV_DEBUG, read_env
 
 
 class _OneLineErrors(click.Group):
@@ -23,7 +23,7 @@ class _OneLineErrors(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):  # click reports these itself
             raise
         except Exception as exc:
-            if os.environ.get("RLGATE_DEBUG"):
+            if read_env(ENV_DEBUG):
                 raise
             message = " ".join(str(exc).split()) or "(no message)"
             raise click.ClickException(f"{type(exc).__name__}: {message}") from exc

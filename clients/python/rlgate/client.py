@@ -1,8 +1,9 @@
 # ruff: noqa: ASYNC109  -- `timeout=` is the gRPC deadline of a call, as in grpc.aio itself
 """`Client` (blocking) and `AsyncClient` (asyncio) for the orchestrator and the toolgateway.
 
-Both are thin shells over `_Core`, which owns everything they share: settings, channel options and
-credentials, round-robin address pools, request building (request ids are always generated), metadata
+Both are thin shells over `_Core`, which owns everything they share: settings (`rlgate.settings`), the
+round-robin channel pools (`rlgate.channels`), request building (`rlgate.requests`; request ids are always
+generated), metadata
 (API key on the orchestrator, agent token on the gateway, the trace: `x-rlgate-trace-id` and, when an
 OpenTelemetry span is current, its W3C `traceparent`; see `rlgate._tracing`) and the retry policy
 (`rlgate.retry`). The shells differ only in how they call a stub and how they sleep; their methods have the
@@ -17,27 +18,30 @@ grpc.aio channels belong to the event loop that created them: use an `AsyncClien
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
-import os
-import reprlib
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 import grpc
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 
-from rlgate._tracing import TRACE_HEADER, trace_metadata
-from rlgate._tracing import new_trace_id as new_trace_id  # re-exported: part of this module's API
+from rlgate._tracing import TRACE_HEADER as TRACE_HEADER  # re-exported: part of this module's API
+from rlgate._tracing import new_trace_id as new_trace_id
+from rlgate._tracing import trace_metadata
+from rlgate.channels import Pool, aio_channel, sync_channel
 from rlgate.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
+from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.protocol import DEFAULT_INSTRUCTIONS
+from rlgate.requests import PAGE_SIZE, Call, build, new_request_id, optional_text
 from rlgate.retry import RetryPolicy, RetryState
+from rlgate.settings import ENV_API_KEY as ENV_API_KEY  # re-exported, as the `X as X` below: older imports
+from rlgate.settings import ENV_GATEWAY, shown, split_addresses
+from rlgate.settings import ENV_ORCHESTRATOR as ENV_ORCHESTRATOR
+from rlgate.settings import ClientSettings as ClientSettings
+from rlgate.settings import Timeouts as Timeouts
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,
@@ -47,276 +51,14 @@ from rlgate.v1 import (
 )
 
 if TYPE_CHECKING:
-    from google._upb._message import FieldDescriptor as UpbFieldDescriptor
-
     from rlgate.episode import AsyncEpisode, Episode
-
-ENV_ORCHESTRATOR = "RLGATE_ORCHESTRATOR"
-ENV_API_KEY = "RLGATE_API_KEY"
-ENV_GATEWAY = "RLGATE_GATEWAY"
-ENV_ROOT_CERTS = "RLGATE_TLS_ROOT_CERTS"
-PAGE_SIZE = 1000
 
 C = TypeVar("C")
 R = TypeVar("R")
-M = TypeVar("M", bound=Message)
-
-
-def new_request_id() -> str:
-    """A fresh request id (32 hex digits): every attempt of one call reuses it, so the server runs it once."""
-    return uuid.uuid4().hex
-
-
-def _shown(value: object) -> str:
-    """A value as an error message shows it: its type and a bounded repr."""
-    return f"{type(value).__name__} {reprlib.repr(value)}"
-
-
-def split_addresses(addresses: str | Iterable[str]) -> tuple[str, ...]:
-    """`"a:1,b:2"` or `["a:1", "b:2"]` -> `("a:1", "b:2")`; blanks are dropped, at least one must remain."""
-    if isinstance(addresses, str):
-        items: list[object] = list(addresses.split(","))
-    elif isinstance(addresses, Iterable):
-        items = list(addresses)
-    else:
-        raise TypeError(
-            f"addresses must be 'host:port', 'host1:port1,host2:port2' or an iterable of 'host:port' strings, "
-            f"not {_shown(addresses)}"
-        )
-    for item in items:
-        if not isinstance(item, str):
-            raise TypeError(f"each address must be a 'host:port' string, not {_shown(item)} (in {addresses!r})")
-    out = tuple(a.strip() for a in items if isinstance(a, str) and a.strip())
-    if not out:
-        raise ValueError(
-            f"no address in {addresses!r}: expected 'host:port', 'host1:port1,host2:port2' or a list of them"
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Default deadline of each logical call (all attempts and backoff included), in seconds.
-
-    A call's own `timeout=` replaces its default; `ClientSettings.timeouts` sets them for a client."""
-
-    reset: float = 600.0  # provisioning may queue behind an instance limit
-    step: float = 300.0  # the final step runs the verifier
-    call_tool: float = 120.0
-    other: float = 30.0
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """Everything a client needs besides its addresses. Immutable and picklable (adapters ship it)."""
-
-    api_key: str | None = None
-    # TLS: `tls=True` uses the system roots unless `root_certificates` (PEM bytes) is given.
-    tls: bool = False
-    root_certificates: bytes | None = None
-    tls_server_name: str | None = None
-    # Gateway addresses to use instead of the one Reset returns (e.g. a load-balanced name).
-    gateway_addresses: tuple[str, ...] = ()
-    keepalive_time_s: float = 30.0
-    keepalive_timeout_s: float = 10.0
-    max_send_message_bytes: int = 16 * 1024 * 1024
-    max_receive_message_bytes: int = 64 * 1024 * 1024
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    timeouts: Timeouts = field(default_factory=Timeouts)
-
-    @classmethod
-    def from_env(
-        cls,
-        *,
-        api_key: str | None = None,
-        tls: bool | None = None,
-        root_certificates: bytes | None = None,
-        tls_server_name: str | None = None,
-        gateway_addresses: str | Iterable[str] | None = None,
-        keepalive_time_s: float | None = None,
-        keepalive_timeout_s: float | None = None,
-        max_send_message_bytes: int | None = None,
-        max_receive_message_bytes: int | None = None,
-        retry: RetryPolicy | None = None,
-        timeouts: Timeouts | None = None,
-    ) -> ClientSettings:
-        """Settings from RLGATE_API_KEY, RLGATE_GATEWAY and RLGATE_TLS_ROOT_CERTS (a PEM file path).
-
-        Each argument that is not None overrides what the environment says (a trainer's flag beats the
-        variable)."""
-        values: dict[str, Any] = {}
-        if os.environ.get(ENV_API_KEY):
-            values["api_key"] = os.environ[ENV_API_KEY]
-        if os.environ.get(ENV_GATEWAY):
-            values["gateway_addresses"] = split_addresses(os.environ[ENV_GATEWAY])
-        certs = os.environ.get(ENV_ROOT_CERTS)
-        if certs:
-            try:
-                with open(certs, "rb") as fh:
-                    values["root_certificates"] = fh.read()
-            except OSError as exc:
-                raise ValueError(
-                    f"{ENV_ROOT_CERTS}={certs!r} names no readable file ({exc.strerror or exc}): set it to the "
-                    "path of a PEM file of root certificates, or unset it to use the system roots"
-                ) from exc
-            values["tls"] = True
-        overrides = {
-            "api_key": api_key,
-            "tls": tls,
-            "root_certificates": root_certificates,
-            "tls_server_name": tls_server_name,
-            "gateway_addresses": None if gateway_addresses is None else split_addresses(gateway_addresses),
-            "keepalive_time_s": keepalive_time_s,
-            "keepalive_timeout_s": keepalive_timeout_s,
-            "max_send_message_bytes": max_send_message_bytes,
-            "max_receive_message_bytes": max_receive_message_bytes,
-            "retry": retry,
-            "timeouts": timeouts,
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
-
-    def channel_options(self) -> list[tuple[str, Any]]:
-        """The gRPC channel arguments every channel of a client is made with."""
-        options: list[tuple[str, Any]] = [
-            ("grpc.keepalive_time_ms", int(self.keepalive_time_s * 1000)),
-            ("grpc.keepalive_timeout_ms", int(self.keepalive_timeout_s * 1000)),
-            ("grpc.keepalive_permit_without_calls", 0),
-            ("grpc.max_send_message_length", self.max_send_message_bytes),
-            ("grpc.max_receive_message_length", self.max_receive_message_bytes),
-            # Our own retry loop decides (with request ids); gRPC's transparent retries stay on.
-            ("grpc.enable_retries", 1),
-            # A DNS name with several addresses (a Kubernetes headless Service) spreads calls over all pods.
-            ("grpc.lb_policy_name", "round_robin"),
-            # By default gRPC shares connections, and their reconnect backoff, between every channel of the
-            # process to one address: a client made after a server restarted on that address would inherit
-            # an old channel's "connection refused" for up to a second without trying to connect.
-            ("grpc.use_local_subchannel_pool", 1),
-        ]
-        if self.tls_server_name:
-            options.append(("grpc.ssl_target_name_override", self.tls_server_name))
-        return options
-
-    def credentials(self) -> grpc.ChannelCredentials | None:
-        """TLS channel credentials, or None for a plaintext channel (neither `tls` nor root certificates)."""
-        if not self.tls and self.root_certificates is None:
-            return None
-        return grpc.ssl_channel_credentials(root_certificates=self.root_certificates)
-
-
-class _Pool(Generic[C]):
-    """Round-robin over one channel per address; channels (and their stubs) are made on first use."""
-
-    def __init__(self, addresses: Sequence[str], factory: Callable[[str], C]) -> None:
-        self.addresses = tuple(addresses)
-        self._factory = factory
-        self._channels: dict[str, C] = {}
-        # A stub builds a callable per RPC of its service: built once per channel, not once per call.
-        self._stubs: dict[tuple[str, type], Any] = {}
-        self._counter = itertools.count()
-        self._lock = threading.Lock()
-
-    def _channel(self, address: str) -> C:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = self._factory(address)
-        return channel
-
-    def next_stub(self, stub_class: type) -> Any:
-        """A `stub_class` stub on the next channel in turn (one stub per channel and class)."""
-        with self._lock:
-            address = self.addresses[next(self._counter) % len(self.addresses)]
-            stub = self._stubs.get((address, stub_class))
-            if stub is None:
-                stub = self._stubs[(address, stub_class)] = stub_class(self._channel(address))
-            return stub
-
-    def take_channels(self) -> list[C]:
-        with self._lock:
-            channels, self._channels = list(self._channels.values()), {}
-            self._stubs.clear()
-            return channels
-
-
-@dataclass(frozen=True)
-class _Call(Generic[C, R]):
-    """One logical RPC, fully built: where it goes, what it sends, how long it may take. `R` is its response
-    message (for the type checker: `_run` returns an `R`)."""
-
-    pool: _Pool[C]
-    stub: Any
-    method: str
-    request: Any
-    metadata: list[tuple[str, str]]
-    timeout: float
-
-    def next_page(self, token: str) -> _Call[C, R]:
-        request = type(self.request)()
-        request.CopyFrom(self.request)
-        request.page_token = token
-        return replace(self, request=request)
-
-
-_PYTHON_TYPES = {
-    FieldDescriptor.CPPTYPE_STRING: "str",
-    FieldDescriptor.CPPTYPE_BOOL: "bool",
-    FieldDescriptor.CPPTYPE_INT32: "int",
-    FieldDescriptor.CPPTYPE_INT64: "int",
-    FieldDescriptor.CPPTYPE_UINT32: "int",
-    FieldDescriptor.CPPTYPE_UINT64: "int",
-    FieldDescriptor.CPPTYPE_DOUBLE: "float",
-    FieldDescriptor.CPPTYPE_FLOAT: "float",
-}
-
-
-def _kind(field: FieldDescriptor | UpbFieldDescriptor) -> str:
-    if field.message_type is not None:
-        return field.message_type.full_name
-    if field.enum_type is not None:
-        names = ", ".join(value.name for value in field.enum_type.values)
-        return f"{field.enum_type.full_name} ({names})"
-    return _PYTHON_TYPES.get(field.cpp_type, "value")
-
-
-def _expected(field: FieldDescriptor | UpbFieldDescriptor) -> str:
-    """What a request field holds, in Python terms (the parameter of the same name takes it). Either kind of
-    descriptor: a message's DESCRIPTOR is protobuf's C (upb) one or the pure-Python one."""
-    entry = field.message_type
-    if entry is not None and entry.GetOptions().map_entry:
-        return f"a mapping of {_kind(entry.fields_by_name['key'])} to {_kind(entry.fields_by_name['value'])}"
-    if field.is_repeated:
-        return f"a sequence of {_kind(field)}"
-    kind = _kind(field)
-    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
-
-
-def _request(cls: type[M], call: str, **fields: Any) -> M:
-    """`cls(**fields)`; a value the message cannot hold is a TypeError naming the parameter it came from
-    (protobuf's own message, "bad argument type for built-in operation", names nothing)."""
-    try:
-        return cls(**fields)
-    except (TypeError, ValueError) as exc:
-        for name, value in fields.items():
-            try:
-                cls(**{name: value})
-            except UnicodeEncodeError as field_exc:  # a str, but one UTF-8 (and so gRPC) cannot carry
-                raise ValueError(
-                    f"{call}(): {name} must be valid Unicode text: {reprlib.repr(value)} contains "
-                    f"{field_exc.object[field_exc.start : field_exc.end]!r}, a lone UTF-16 surrogate"
-                ) from exc
-            except (TypeError, ValueError):
-                expected = _expected(cls.DESCRIPTOR.fields_by_name[name])
-                raise TypeError(f"{call}(): {name} must be {expected}, not {_shown(value)}") from exc
-        raise TypeError(f"{call}(): {exc}") from exc
-
-
-def _optional_text(call: str, name: str, value: object) -> None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{call}(): {name} must be a str or None, not {_shown(value)}")
 
 
 class _Core(Generic[C]):
-    """State and logic shared by Client and AsyncClient: every public call is built here as a `_Call`.
+    """State and logic shared by Client and AsyncClient: every public call is built here as a `Call`.
 
     `call` arguments name the public method (for error messages); the parameters are checked here, so both
     clients say the same thing about the same mistake."""
@@ -324,14 +66,14 @@ class _Core(Generic[C]):
     def __init__(self, addresses: str | Iterable[str], settings: ClientSettings, factory: Callable[..., C]):
         self.settings = settings
         self._factory = factory
-        self.orchestrator: _Pool[C] = _Pool(split_addresses(addresses), self._make_channel)
-        self._gateways: dict[tuple[str, ...], _Pool[C]] = {}
+        self.orchestrator: Pool[C] = Pool(split_addresses(addresses), self._make_channel)
+        self._gateways: dict[tuple[str, ...], Pool[C]] = {}
         self._lock = threading.Lock()
 
     def _make_channel(self, address: str) -> C:
         return self._factory(address, self.settings.credentials(), self.settings.channel_options())
 
-    def gateway(self, address: str | None) -> _Pool[C]:
+    def gateway(self, address: str | None) -> Pool[C]:
         if self.settings.gateway_addresses:
             key = self.settings.gateway_addresses
         elif address:
@@ -344,7 +86,7 @@ class _Core(Generic[C]):
         with self._lock:
             pool = self._gateways.get(key)
             if pool is None:
-                pool = self._gateways[key] = _Pool(key, self._make_channel)
+                pool = self._gateways[key] = Pool(key, self._make_channel)
             return pool
 
     def all_channels(self) -> list[C]:
@@ -355,7 +97,7 @@ class _Core(Generic[C]):
             channels.extend(pool.take_channels())
         return channels
 
-    def retry_state(self, call: _Call[C, Any]) -> RetryState:
+    def retry_state(self, call: Call[C, Any]) -> RetryState:
         trace_id = dict(call.metadata).get(TRACE_HEADER)
         return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=trace_id)
 
@@ -366,7 +108,7 @@ class _Core(Generic[C]):
         if isinstance(given, bool) or not isinstance(given, int | float):
             raise TypeError(
                 f"{call}(): timeout must be a number of seconds, or None for the client's default "
-                f"(Timeouts.{kind} = {default:g} s), not {_shown(given)}"
+                f"(Timeouts.{kind} = {default:g} s), not {shown(given)}"
             )
         if not (math.isfinite(given) and given > 0):
             raise ValueError(
@@ -379,13 +121,13 @@ class _Core(Generic[C]):
     # -- orchestrator calls (API key as Bearer)
     def _orchestrator_call(
         self, call: str, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
-    ) -> _Call[C, Any]:
-        _optional_text(call, "trace_id", trace_id)
+    ) -> Call[C, Any]:
+        optional_text(call, "trace_id", trace_id)
         deadline = self._timeout(call, kind, timeout)
         metadata = trace_metadata(trace_id)
         if self.settings.api_key:
             metadata.append(("authorization", f"Bearer {self.settings.api_key}"))
-        return _Call(
+        return Call(
             self.orchestrator,
             orchestrator_pb2_grpc.OrchestratorServiceStub,
             method,
@@ -395,28 +137,14 @@ class _Core(Generic[C]):
         )
 
     def reset(
-        self,
-        trace_id: str | None,
-        timeout: float | None,
-        *,
-        task_key: str,
-        env_key: str,
-        session_id: str,
-        max_turns: int,
-        labels: Mapping[str, str] | None,
-        run_id: str,
-        request_id: str | None,
-    ) -> _Call[C, orchestrator_pb2.ResetResponse]:
-        request = _request(
+        self, spec: EpisodeSpec, request_id: str | None, trace_id: str | None, timeout: float | None
+    ) -> Call[C, orchestrator_pb2.ResetResponse]:
+        optional_text("reset", "request_id", request_id)
+        request = build(
             orchestrator_pb2.ResetRequest,
             "reset",
             request_id=request_id or new_request_id(),
-            task_key=task_key,
-            env_key=env_key,
-            session_id=session_id,
-            max_turns=max_turns,
-            labels=labels,
-            run_id=run_id,
+            **spec.request_fields(),
         )
         return self._orchestrator_call("reset", "Reset", request, trace_id, timeout, "reset")
 
@@ -431,8 +159,8 @@ class _Core(Generic[C]):
         final_answer: str | None,
         done: bool,
         request_id: str | None,
-    ) -> _Call[C, orchestrator_pb2.StepResponse]:
-        request = _request(
+    ) -> Call[C, orchestrator_pb2.StepResponse]:
+        request = build(
             orchestrator_pb2.StepRequest,
             "step",
             request_id=request_id or new_request_id(),
@@ -446,33 +174,33 @@ class _Core(Generic[C]):
 
     def state(
         self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None
-    ) -> _Call[C, orchestrator_pb2.StateResponse]:
-        request = _request(
+    ) -> Call[C, orchestrator_pb2.StateResponse]:
+        request = build(
             orchestrator_pb2.StateRequest, "state", session_id=session_id, include_tool_calls=include_tool_calls
         )
         return self._orchestrator_call("state", "State", request, trace_id, timeout)
 
     def close(
         self, session_id: str, trace_id: str | None, timeout: float | None
-    ) -> _Call[C, orchestrator_pb2.CloseResponse]:
-        request = _request(orchestrator_pb2.CloseRequest, "close_session", session_id=session_id)
+    ) -> Call[C, orchestrator_pb2.CloseResponse]:
+        request = build(orchestrator_pb2.CloseRequest, "close_session", session_id=session_id)
         return self._orchestrator_call("close_session", "Close", request, trace_id, timeout)
 
     def close_sessions(
         self, labels: Mapping[str, str] | None, run_id: str, trace_id: str | None, timeout: float | None
-    ) -> _Call[C, orchestrator_pb2.CloseSessionsResponse]:
+    ) -> Call[C, orchestrator_pb2.CloseSessionsResponse]:
         if not labels and not run_id:
             raise ValueError(
                 "close_sessions(): pass labels= and/or run_id= to say which sessions to close; the orchestrator "
                 "refuses a CloseSessions without a filter (INVALID_ARGUMENT)"
             )
-        request = _request(orchestrator_pb2.CloseSessionsRequest, "close_sessions", labels=labels, run_id=run_id)
+        request = build(orchestrator_pb2.CloseSessionsRequest, "close_sessions", labels=labels, run_id=run_id)
         return self._orchestrator_call("close_sessions", "CloseSessions", request, trace_id, timeout)
 
     def list_tasks(
         self, env_key: str, include_reference_solution: bool, trace_id: str | None, timeout: float | None
-    ) -> _Call[C, orchestrator_pb2.ListTasksResponse]:
-        request = _request(
+    ) -> Call[C, orchestrator_pb2.ListTasksResponse]:
+        request = build(
             orchestrator_pb2.ListTasksRequest,
             "list_tasks",
             env_key=env_key,
@@ -488,8 +216,8 @@ class _Core(Generic[C]):
         run_id: str,
         trace_id: str | None,
         timeout: float | None,
-    ) -> _Call[C, orchestrator_pb2.ListSessionsResponse]:
-        request = _request(
+    ) -> Call[C, orchestrator_pb2.ListSessionsResponse]:
+        request = build(
             orchestrator_pb2.ListSessionsRequest,
             "list_sessions",
             status=status,
@@ -509,23 +237,23 @@ class _Core(Generic[C]):
         request: Any,
         trace_id: str | None,
         timeout: float,
-    ) -> _Call[C, Any]:
+    ) -> Call[C, Any]:
         if not isinstance(agent_token, str) or not agent_token:
             error = ValueError if isinstance(agent_token, str) else TypeError
             raise error(
                 f"{call}(): agent_token must be the agent_token Reset returned (a non-empty str), "
-                f"not {_shown(agent_token)}"
+                f"not {shown(agent_token)}"
             )
-        _optional_text(call, "gateway", gateway)
-        _optional_text(call, "trace_id", trace_id)
+        optional_text(call, "gateway", gateway)
+        optional_text(call, "trace_id", trace_id)
         metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
-        return _Call(
+        return Call(
             self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
         )
 
     def list_tools(
         self, agent_token: str, gateway: str | None, trace_id: str | None, timeout: float | None
-    ) -> _Call[C, toolgateway_pb2.ListToolsResponse]:
+    ) -> Call[C, toolgateway_pb2.ListToolsResponse]:
         request = toolgateway_pb2.ListToolsRequest()
         deadline = self._timeout("list_tools", "other", timeout)
         return self._gateway_call("list_tools", gateway, agent_token, "ListTools", request, trace_id, deadline)
@@ -539,11 +267,11 @@ class _Core(Generic[C]):
         gateway: str | None,
         trace_id: str | None,
         timeout: float | None,
-    ) -> _Call[C, toolgateway_pb2.CallToolResponse]:
+    ) -> Call[C, toolgateway_pb2.CallToolResponse]:
         if arguments is not None and not isinstance(arguments, Mapping):
             raise InvalidArgument(
                 f"call_tool(): arguments of tool {name!r} must be a mapping (a JSON object such as {{'x': 1}}) "
-                f"or None for no arguments, not {_shown(arguments)}"
+                f"or None for no arguments, not {shown(arguments)}"
             )
         try:
             # JSON text, not a Struct: integers reach the tool exactly (a Struct would make 3 a double).
@@ -552,7 +280,7 @@ class _Core(Generic[C]):
             raise InvalidArgument(
                 f"call_tool(): arguments of tool {name!r} cannot be sent as JSON: {exc}; nothing was sent"
             ) from exc
-        request = _request(
+        request = build(
             toolgateway_pb2.CallToolRequest,
             "call_tool",
             request_id=request_id or new_request_id(),
@@ -561,18 +289,6 @@ class _Core(Generic[C]):
         )
         deadline = self._timeout("call_tool", "call_tool", timeout)
         return self._gateway_call("call_tool", gateway, agent_token, "CallTool", request, trace_id, deadline)
-
-
-def _sync_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.Channel:
-    if creds is None:
-        return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, creds, options=options)
-
-
-def _aio_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.aio.Channel:
-    if creds is None:
-        return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, creds, options=options)
 
 
 def _settings(
@@ -597,18 +313,30 @@ def _settings(
     overrides = {k: v for k, v in given.items() if v is not None}
     base = settings if settings is not None else ClientSettings()
     if not isinstance(base, ClientSettings):
-        raise TypeError(f"settings must be a rlgate.ClientSettings or None, not {_shown(base)}")
+        raise TypeError(f"settings must be a rlgate.ClientSettings or None, not {shown(base)}")
     return replace(base, **overrides) if overrides else base
 
 
 class Client:
     """Blocking client of the orchestrator and the toolgateway (one per process: it is thread-safe).
 
-    `addresses` are the orchestrator's: "host:port", "a:1,b:2" or a list, used round-robin, a retry moving
-    to the next. The keyword arguments override the same fields of `settings` (default `ClientSettings()`);
-    `channel` carries every call of both services instead (a test's fake channel). Every call is one unary
-    RPC per attempt, retried as `rlgate.retry` says within `timeout=` (default: `Timeouts`), and raises an
-    `rlgate.errors.RlgateError` for a failed status."""
+    Every call is one unary RPC per attempt, retried as `rlgate.retry` says within its `timeout=` (default:
+    `Timeouts`), and raises an `rlgate.errors.RlgateError` for a failed status. `reset` and `step` return the
+    protobuf responses; an `Episode` (`episode()`) wraps them in typed results and always closes its session.
+
+    Args:
+        addresses: the orchestrator's: "host:port", "a:1,b:2" or a list, used round-robin, a retry moving to
+            the next.
+        api_key: overrides `settings.api_key`.
+        tls: overrides `settings.tls`.
+        root_certificates: overrides `settings.root_certificates`.
+        gateway_addresses: overrides `settings.gateway_addresses`.
+        retry: overrides `settings.retry`.
+        timeouts: overrides `settings.timeouts`.
+        settings: the client's settings (default `ClientSettings()`, which reads no environment variable:
+            `ClientSettings.from_env()` does).
+        channel: one channel carrying every call of both services instead of dialling (a test's fake channel).
+    """
 
     def __init__(
         self,
@@ -632,11 +360,10 @@ class Client:
             retry=retry,
             timeouts=timeouts,
         )
-        # `channel`: every call of both services on this one channel instead of dialling (a test's fake channel).
-        factory = _sync_channel if channel is None else lambda *_: channel
+        factory = sync_channel if channel is None else lambda *_: channel
         self._core: _Core[grpc.Channel] = _Core(addresses, self.settings, factory)
 
-    def _run(self, call: _Call[grpc.Channel, R]) -> R:
+    def _run(self, call: Call[grpc.Channel, R]) -> R:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
@@ -648,7 +375,7 @@ class Client:
                 delay = state.on_error(err)
             time.sleep(delay)
 
-    def _pages(self, call: _Call[grpc.Channel, Any], field: str) -> list[Any]:
+    def _pages(self, call: Call[grpc.Channel, Any], field: str) -> list[Any]:
         items: list[Any] = []
         while True:
             page = self._run(call)
@@ -660,35 +387,28 @@ class Client:
     # -- orchestrator
     def reset(
         self,
+        spec: EpisodeSpec | None = None,
+        /,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
         request_id: str | None = None,
         trace_id: str | None = None,
         timeout: float | None = None,
+        **fields: Unpack[ResetFields],
     ) -> orchestrator_pb2.ResetResponse:
-        """Start an episode of `task_key` (or of the bare environment `env_key`, or the next episode of the
-        existing `session_id`). `max_turns` 0 keeps the task's limit; `labels` and `run_id` tag the session
-        for ListSessions / CloseSessions. `request_id` (generated when None) makes retries safe.
+        """Start an episode (Reset). Prefer `episode()`, which also closes the session.
 
-        Prefer `episode()`, which also closes the session."""
-        return self._run(
-            self._core.reset(
-                trace_id,
-                timeout,
-                task_key=task_key,
-                env_key=env_key,
-                session_id=session_id,
-                max_turns=max_turns,
-                labels=labels,
-                run_id=run_id,
-                request_id=request_id,
-            )
-        )
+        Args:
+            spec: what to start; its fields may instead (or also) be given as keyword arguments.
+            request_id: the idempotency key every attempt reuses (generated when None).
+            trace_id: the call's `x-rlgate-trace-id` (a new one when None).
+            timeout: the call's deadline in seconds, retries included (None: `Timeouts.reset`).
+            **fields: `EpisodeSpec` fields (task_key, env_key, session_id, max_turns, labels, run_id),
+                replacing the spec's.
+
+        Returns:
+            The ResetResponse.
+        """
+        return self._run(self._core.reset(EpisodeSpec.of(spec, fields), request_id, trace_id, timeout))
 
     def step(
         self,
@@ -702,10 +422,21 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StepResponse:
-        """Report one turn: what the assistant wrote and the tool calls it made through the gateway.
+        """Report one turn (Step): what the assistant wrote and the tool calls it made through the gateway.
 
-        A `final_answer` (even "") ends the episode and is scored; `done=True` ends it without one. The
-        response says whether the episode is over and, then, its reward and verification."""
+        Args:
+            session_id: the session.
+            assistant_text: the assistant's text of the turn.
+            tool_calls: the calls it made, in order.
+            final_answer: the answer that ends the episode and is scored (even ""); None: no answer.
+            done: end the episode without an answer.
+            request_id: the idempotency key every attempt reuses (generated when None).
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.step`).
+
+        Returns:
+            The StepResponse: whether the episode is over and, then, its reward and verification.
+        """
         return self._run(
             self._core.step(
                 session_id,
@@ -727,14 +458,28 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """A session's status, turn, reward and verification; with `include_tool_calls`, the gateway's log."""
+        """A session's status, turn, reward and verification (State).
+
+        Args:
+            session_id: the session.
+            include_tool_calls: include the gateway's tool-call log.
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.other`).
+        """
         return self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
-        """Close a session: revoke its agent token and release its instance. Idempotent: closing a closed or
-        expired session succeeds and says `already_closed`."""
+        """Close a session: revoke its agent token and release its instance (Close).
+
+        Idempotent: closing a closed or expired session succeeds and says `already_closed`.
+
+        Args:
+            session_id: the session.
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.other`).
+        """
         return self._run(self._core.close(session_id, trace_id, timeout))
 
     def close_sessions(
@@ -745,8 +490,17 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """Close every open session with all of `labels` and `run_id` (a crashed run's leftovers); the ids
-        of the sessions it closed."""
+        """Close every open session with all of `labels` and `run_id` (a crashed run's leftovers).
+
+        Args:
+            labels: the labels a session must carry, all of them.
+            run_id: the run a session must belong to.
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.other`).
+
+        Returns:
+            The ids of the sessions it closed.
+        """
         return list(self._run(self._core.close_sessions(labels, run_id, trace_id, timeout)).session_ids)
 
     def list_tasks(
@@ -757,8 +511,15 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.TaskInfo]:
-        """Every task (of `env_key`, when given), all pages. `include_reference_solution` fills
-        `TaskInfo.reference_solution_json` (an answer key: for tests, demos and the reference policy)."""
+        """Every task, all pages.
+
+        Args:
+            env_key: only this environment's tasks, when given.
+            include_reference_solution: fill `TaskInfo.reference_solution_json` (an answer key: for tests,
+                demos and the reference policy).
+            trace_id: the calls' trace id (a new one when None).
+            timeout: each page's deadline in seconds (None: `Timeouts.other`).
+        """
         return self._pages(self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout), "tasks")
 
     def list_sessions(
@@ -770,8 +531,15 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[orchestrator_pb2.SessionInfo]:
-        """Every session (newest first, all pages) in `status` (UNSPECIFIED: any) with all of `labels` and
-        `run_id` (each filter applies when given)."""
+        """Every session matching the filters (each applies when given), newest first, all pages.
+
+        Args:
+            status: only sessions in this status (UNSPECIFIED: any).
+            labels: only sessions carrying all of these labels.
+            run_id: only sessions of this run.
+            trace_id: the calls' trace id (a new one when None).
+            timeout: each page's deadline in seconds (None: `Timeouts.other`).
+        """
         return self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
 
     # -- gateway
@@ -783,8 +551,15 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.ToolSpec]:
-        """The tools `agent_token`'s session may call, from the gateway at `gateway` (Reset's
-        gateway_address) unless the client has `gateway_addresses`."""
+        """The tools `agent_token`'s session may call (ListTools).
+
+        Args:
+            agent_token: the agent token Reset returned.
+            gateway: the gateway ("host:port", Reset's gateway_address), unless the client has
+                `gateway_addresses`.
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.other`).
+        """
         return list(self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout)).tools)
 
     def call_tool(
@@ -798,37 +573,46 @@ class Client:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call a tool with `arguments` (sent as exact JSON text). Agent mistakes come back as
-        `result.is_error`, not exceptions; every retry reuses one `request_id`, so the tool runs once."""
+        """Call a tool (CallTool). Agent mistakes come back as `result.is_error`, not exceptions.
+
+        Args:
+            agent_token: the agent token Reset returned.
+            name: the tool.
+            arguments: its arguments (sent as exact JSON text); None: none.
+            request_id: the idempotency key every retry reuses, so the tool runs once (generated when None).
+            gateway: the gateway, as for `list_tools`.
+            trace_id: the call's trace id (a new one when None).
+            timeout: the call's deadline in seconds (None: `Timeouts.call_tool`).
+        """
         return self._run(self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout))
 
     # -- episodes
     def episode(
         self,
+        spec: EpisodeSpec | None = None,
+        /,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
         trace_id: str | None = None,
         instructions: str = DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        **fields: Unpack[ResetFields],
     ) -> Episode:
-        """An `Episode` (not yet reset): `with client.episode(task_key=...) as ep:` resets on enter and
-        always closes. The arguments are `Episode`'s."""
+        """An `Episode` (not yet reset): `with client.episode(task_key=...) as ep:` resets on enter, closes on exit.
+
+        Args:
+            spec: what to start; its fields may instead (or also) be given as keyword arguments.
+            trace_id: see `Episode`.
+            instructions: see `Episode`.
+            raise_on_verifier_error: see `Episode`.
+            tool_timeout_s: see `Episode`.
+            **fields: `EpisodeSpec` fields, replacing the spec's.
+        """
         from rlgate.episode import Episode
 
         return Episode(
             self,
-            task_key=task_key,
-            env_key=env_key,
-            session_id=session_id,
-            max_turns=max_turns,
-            labels=labels,
-            run_id=run_id,
+            EpisodeSpec.of(spec, fields),
             trace_id=trace_id,
             instructions=instructions,
             raise_on_verifier_error=raise_on_verifier_error,
@@ -850,7 +634,19 @@ class Client:
 class AsyncClient:
     """asyncio client with the same methods and parameters as `Client` (coroutines); use it on one loop.
 
-    grpc.aio channels belong to the event loop that made them: one `AsyncClient` per loop."""
+    grpc.aio channels belong to the event loop that made them: one `AsyncClient` per loop.
+
+    Args:
+        addresses: see `Client`.
+        api_key: see `Client`.
+        tls: see `Client`.
+        root_certificates: see `Client`.
+        gateway_addresses: see `Client`.
+        retry: see `Client`.
+        timeouts: see `Client`.
+        settings: see `Client`.
+        channel: see `Client` (a `grpc.aio.Channel`).
+    """
 
     def __init__(
         self,
@@ -874,11 +670,10 @@ class AsyncClient:
             retry=retry,
             timeouts=timeouts,
         )
-        # `channel`: every call of both services on this one channel instead of dialling (a test's fake channel).
-        factory = _aio_channel if channel is None else lambda *_: channel
+        factory = aio_channel if channel is None else lambda *_: channel
         self._core: _Core[grpc.aio.Channel] = _Core(addresses, self.settings, factory)
 
-    async def _run(self, call: _Call[grpc.aio.Channel, R]) -> R:
+    async def _run(self, call: Call[grpc.aio.Channel, R]) -> R:
         state = self._core.retry_state(call)
         while True:
             attempt_timeout = state.attempt_timeout()
@@ -892,7 +687,7 @@ class AsyncClient:
                 delay = state.on_error(err)
             await asyncio.sleep(delay)
 
-    async def _pages(self, call: _Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
+    async def _pages(self, call: Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
         items: list[Any] = []
         while True:
             page = await self._run(call)
@@ -903,31 +698,24 @@ class AsyncClient:
 
     async def reset(
         self,
+        spec: EpisodeSpec | None = None,
+        /,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
         request_id: str | None = None,
         trace_id: str | None = None,
         timeout: float | None = None,
+        **fields: Unpack[ResetFields],
     ) -> orchestrator_pb2.ResetResponse:
-        """Start an episode; see `Client.reset`."""
-        return await self._run(
-            self._core.reset(
-                trace_id,
-                timeout,
-                task_key=task_key,
-                env_key=env_key,
-                session_id=session_id,
-                max_turns=max_turns,
-                labels=labels,
-                run_id=run_id,
-                request_id=request_id,
-            )
-        )
+        """Start an episode; see `Client.reset`.
+
+        Args:
+            spec: see `Client.reset`.
+            request_id: see `Client.reset`.
+            trace_id: see `Client.reset`.
+            timeout: see `Client.reset`.
+            **fields: see `Client.reset`.
+        """
+        return await self._run(self._core.reset(EpisodeSpec.of(spec, fields), request_id, trace_id, timeout))
 
     async def step(
         self,
@@ -941,7 +729,18 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StepResponse:
-        """Report one turn; see `Client.step`."""
+        """Report one turn; see `Client.step`.
+
+        Args:
+            session_id: see `Client.step`.
+            assistant_text: see `Client.step`.
+            tool_calls: see `Client.step`.
+            final_answer: see `Client.step`.
+            done: see `Client.step`.
+            request_id: see `Client.step`.
+            trace_id: see `Client.step`.
+            timeout: see `Client.step`.
+        """
         return await self._run(
             self._core.step(
                 session_id,
@@ -963,13 +762,26 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """A session's state; see `Client.state`."""
+        """A session's state; see `Client.state`.
+
+        Args:
+            session_id: see `Client.state`.
+            include_tool_calls: see `Client.state`.
+            trace_id: see `Client.state`.
+            timeout: see `Client.state`.
+        """
         return await self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
 
     async def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
     ) -> orchestrator_pb2.CloseResponse:
-        """Close a session (idempotent); see `Client.close_session`."""
+        """Close a session (idempotent); see `Client.close_session`.
+
+        Args:
+            session_id: see `Client.close_session`.
+            trace_id: see `Client.close_session`.
+            timeout: see `Client.close_session`.
+        """
         return await self._run(self._core.close(session_id, trace_id, timeout))
 
     async def close_sessions(
@@ -980,7 +792,14 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[str]:
-        """Close every open session matching; see `Client.close_sessions`."""
+        """Close every open session matching; see `Client.close_sessions`.
+
+        Args:
+            labels: see `Client.close_sessions`.
+            run_id: see `Client.close_sessions`.
+            trace_id: see `Client.close_sessions`.
+            timeout: see `Client.close_sessions`.
+        """
         return list((await self._run(self._core.close_sessions(labels, run_id, trace_id, timeout))).session_ids)
 
     async def list_tasks(
@@ -991,7 +810,14 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.TaskInfo]:
-        """Every task; see `Client.list_tasks`."""
+        """Every task; see `Client.list_tasks`.
+
+        Args:
+            env_key: see `Client.list_tasks`.
+            include_reference_solution: see `Client.list_tasks`.
+            trace_id: see `Client.list_tasks`.
+            timeout: see `Client.list_tasks`.
+        """
         call = self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout)
         return await self._pages(call, "tasks")
 
@@ -1004,7 +830,15 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[orchestrator_pb2.SessionInfo]:
-        """Every session matching; see `Client.list_sessions`."""
+        """Every session matching; see `Client.list_sessions`.
+
+        Args:
+            status: see `Client.list_sessions`.
+            labels: see `Client.list_sessions`.
+            run_id: see `Client.list_sessions`.
+            trace_id: see `Client.list_sessions`.
+            timeout: see `Client.list_sessions`.
+        """
         return await self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
 
     async def list_tools(
@@ -1015,7 +849,14 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> list[common_pb2.ToolSpec]:
-        """The session's tools; see `Client.list_tools`."""
+        """The session's tools; see `Client.list_tools`.
+
+        Args:
+            agent_token: see `Client.list_tools`.
+            gateway: see `Client.list_tools`.
+            trace_id: see `Client.list_tools`.
+            timeout: see `Client.list_tools`.
+        """
         return list((await self._run(self._core.list_tools(agent_token, gateway, trace_id, timeout))).tools)
 
     async def call_tool(
@@ -1029,37 +870,49 @@ class AsyncClient:
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call a tool; see `Client.call_tool`."""
+        """Call a tool; see `Client.call_tool`.
+
+        Args:
+            agent_token: see `Client.call_tool`.
+            name: see `Client.call_tool`.
+            arguments: see `Client.call_tool`.
+            request_id: see `Client.call_tool`.
+            gateway: see `Client.call_tool`.
+            trace_id: see `Client.call_tool`.
+            timeout: see `Client.call_tool`.
+        """
         return await self._run(
             self._core.call_tool(agent_token, name, arguments, request_id, gateway, trace_id, timeout)
         )
 
     def episode(
         self,
+        spec: EpisodeSpec | None = None,
+        /,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
         trace_id: str | None = None,
         instructions: str = DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        **fields: Unpack[ResetFields],
     ) -> AsyncEpisode:
-        """An `AsyncEpisode` (not yet reset): `async with client.episode(task_key=...) as ep:` resets on
-        enter and always closes, also when the task is cancelled."""
+        """An `AsyncEpisode` (not yet reset): `async with client.episode(task_key=...) as ep:`.
+
+        It resets on enter and always closes, also when the task is cancelled.
+
+        Args:
+            spec: see `Client.episode`.
+            trace_id: see `Episode`.
+            instructions: see `Episode`.
+            raise_on_verifier_error: see `Episode`.
+            tool_timeout_s: see `Episode`.
+            **fields: see `Client.episode`.
+        """
         from rlgate.episode import AsyncEpisode
 
         return AsyncEpisode(
             self,
-            task_key=task_key,
-            env_key=env_key,
-            session_id=session_id,
-            max_turns=max_turns,
-            labels=labels,
-            run_id=run_id,
+            EpisodeSpec.of(spec, fields),
             trace_id=trace_id,
             instructions=instructions,
             raise_on_verifier_error=raise_on_verifier_error,

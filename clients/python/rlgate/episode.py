@@ -17,21 +17,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Unpack
 
 import grpc
 from google.rpc import error_details_pb2
 
 from rlgate import protocol
 from rlgate._tracing import EpisodeTrace, new_trace_id
-from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id
 from rlgate.convert import json_text
 from rlgate.errors import DeadlineExceeded, InvalidArgument, RlgateError, VerifierError
+from rlgate.inputs import EpisodeSpec, ResetFields
+from rlgate.messages import Message, Part
+from rlgate.requests import new_request_id
+from rlgate.results import (
+    DoneReason,
+    Instance,
+    ResetResult,
+    StepResult,
+    Verification,
+    VerificationStatus,
+)
+from rlgate.results import done_reason_name as done_reason_name  # re-exported: older imports
+from rlgate.results import verification_status_name as verification_status_name
+from rlgate.settings import ENV_GATEWAY, ClientSettings
+from rlgate.settings import ENV_TOOL_TIMEOUT as ENV_TOOL_TIMEOUT
+from rlgate.settings import tool_timeout_setting as tool_timeout_setting
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 
 if TYPE_CHECKING:
@@ -44,8 +57,6 @@ ClientT = TypeVar("ClientT", "Client", "AsyncClient")
 # Label on every session an Episode creates, so a Reset whose answer was lost can still be closed.
 RESET_LABEL = "rlgate-reset"
 _UNKNOWN_OUTCOME = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-_FAILED_VERIFICATION = {common_pb2.VERIFICATION_STATUS_ERROR, common_pb2.VERIFICATION_STATUS_TIMEOUT}
-ENV_TOOL_TIMEOUT = "RLGATE_TOOL_TIMEOUT_S"
 # The gateway's BadRequest fields that are what the model wrote (not the client's request id, say).
 _MODEL_FIELDS = {
     "name": common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL,
@@ -54,41 +65,19 @@ _MODEL_FIELDS = {
 }
 
 
-def tool_timeout_setting(value: float | str | None = None) -> float | None:
-    """The per-tool-call timeout in seconds: `value`, else $RLGATE_TOOL_TIMEOUT_S, else None (the client's
-    call_tool timeout applies). Strings are read as numbers (adapters' settings come from dataset rows and
-    the environment). ValueError for anything but a positive finite number."""
-    given = value not in (None, "")
-    raw = value if given else os.environ.get(ENV_TOOL_TIMEOUT) or None
-    if raw is None:
-        return None
-    try:
-        seconds = float(raw)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        source = (
-            f"tool_timeout_s (None: ${ENV_TOOL_TIMEOUT}, else the client's Timeouts.call_tool)"
-            if given
-            else f"${ENV_TOOL_TIMEOUT}"
-        )
-        raise ValueError(f"tool timeout {source} must be a positive, finite number of seconds, not {raw!r}")
-    return seconds
-
-
-def verification_status_name(value: common_pb2.VerificationStatus) -> str:
-    """`VERIFICATION_STATUS_TIMEOUT` -> "TIMEOUT": the short name trainers log and compare."""
-    return common_pb2.VerificationStatus.Name(value).removeprefix("VERIFICATION_STATUS_")
-
-
-def done_reason_name(value: orchestrator_pb2.DoneReason) -> str:
-    """`DONE_REASON_MAX_TURNS` -> "MAX_TURNS": the short name trainers log and compare."""
-    return orchestrator_pb2.DoneReason.Name(value).removeprefix("DONE_REASON_")
-
-
 @dataclass
 class ToolCallRecord:
-    """One tool call of a turn and what came back."""
+    """One tool call of a turn and what came back.
+
+    Args:
+        name: the tool, as the model wrote it.
+        arguments: its arguments, as sent.
+        request_id: the CallTool request id (the gateway's log links to it).
+        result: the ToolResult.
+        text: the result as a text-only model reads it (images as placeholders).
+        replayed: the gateway answered a retry with the recorded result.
+        parts: the result as the model sees it, images in place (`protocol.tool_result_parts`).
+    """
 
     name: str
     arguments: dict[str, Any]
@@ -96,6 +85,7 @@ class ToolCallRecord:
     result: common_pb2.ToolResult
     text: str
     replayed: bool = False
+    parts: tuple[Part, ...] = ()
 
     @property
     def is_error(self) -> bool:
@@ -126,24 +116,36 @@ class ToolCallRecord:
 
 @dataclass
 class TurnResult:
-    """The outcome of one assistant turn."""
+    """The outcome of one assistant turn: what was parsed, the tool calls made, the orchestrator's verdict.
+
+    Args:
+        text: the assistant's text.
+        parsed: what the parser made of it.
+        tool_calls: the tool calls made, in order, with their results.
+        step: the orchestrator's verdict on the turn (`StepResult`; `.raw` is the StepResponse).
+        observations: the messages for the model's next turn (empty once the episode is done).
+    """
 
     text: str
     parsed: protocol.ParsedTurn
     tool_calls: list[ToolCallRecord]
-    step: orchestrator_pb2.StepResponse
-    # Messages for the model's next turn (empty once the episode is done).
-    observations: list[dict[str, str]] = field(default_factory=list)
+    step: StepResult
+    observations: list[Message] = field(default_factory=list)
 
     @property
-    def done(self) -> bool:
-        """The episode ended with this turn (final answer, done signal or the turn limit)."""
-        return self.step.done
+    def terminated(self) -> bool:
+        """The agent ended the episode with this turn (a final answer, scored, or a done signal)."""
+        return self.step.terminated
 
     @property
     def truncated(self) -> bool:
-        """The episode ended because it reached max_turns."""
+        """The orchestrator ended the episode with this turn: it reached max_turns."""
         return self.step.truncated
+
+    @property
+    def done(self) -> bool:
+        """The episode ended with this turn: `terminated or truncated` (SkyRL's one flag)."""
+        return self.step.done
 
     @property
     def turn(self) -> int:
@@ -153,17 +155,27 @@ class TurnResult:
     @property
     def reward(self) -> float | None:
         """The verifier's score; None until the episode is done, and when the verifier produced none."""
-        return self.step.reward if self.step.HasField("reward") else None
+        return self.step.reward
 
     @property
-    def done_reason(self) -> str:
+    def done_reason(self) -> DoneReason:
         """Why the episode ended: "FINAL_ANSWER", "AGENT_DONE", "MAX_TURNS" ("UNSPECIFIED" while it runs)."""
-        return done_reason_name(self.step.done_reason)
+        return self.step.done_reason
 
     @property
-    def verification_status(self) -> str:
+    def verification(self) -> Verification:
+        """How the verifier went (status "UNSPECIFIED" while the episode runs)."""
+        return self.step.verification
+
+    @property
+    def verification_status(self) -> VerificationStatus:
         """How verification went: "OK" (scored), "ERROR", "TIMEOUT", "SKIPPED" (no verifier), "UNSPECIFIED"."""
-        return verification_status_name(self.step.verification.status)
+        return self.step.verification.status
+
+    @property
+    def raw(self) -> orchestrator_pb2.StepResponse:
+        """The StepResponse of the turn."""
+        return self.step.raw
 
     @property
     def error(self) -> str | None:
@@ -192,20 +204,18 @@ class _EpisodeBase(Generic[ClientT]):
     def __init__(
         self,
         client: ClientT,
+        spec: EpisodeSpec | None = None,
+        /,
         *,
-        task_key: str = "",
-        env_key: str = "",
-        session_id: str = "",
-        max_turns: int = 0,
-        labels: Mapping[str, str] | None = None,
-        run_id: str = "",
         trace_id: str | None = None,
         instructions: str = protocol.DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        **fields: Unpack[ResetFields],
     ) -> None:
         self.client: ClientT = client
-        self.task_key = task_key
+        self.spec: EpisodeSpec = EpisodeSpec.of(spec, fields)
+        self.task_key = self.spec.task_key
         # Bound of one tool call made by `turn` (None: the client's call_tool timeout).
         self.tool_timeout_s = tool_timeout_setting(tool_timeout_s)
         # One trace per episode: the span "episode" when OpenTelemetry is there (see rlgate._tracing).
@@ -215,59 +225,56 @@ class _EpisodeBase(Generic[ClientT]):
         self.instructions = instructions
         self.raise_on_verifier_error = raise_on_verifier_error
         self._reset_request_id = new_request_id()
-        self._reset_fields: dict[str, Any] = {
-            "task_key": task_key,
-            "env_key": env_key,
-            "session_id": session_id,
-            "max_turns": max_turns,
-            "labels": {**(labels or {}), RESET_LABEL: self._reset_request_id},
-            "run_id": run_id,
-            "request_id": self._reset_request_id,
-        }
-        self.reset_response: orchestrator_pb2.ResetResponse | None = None
-        self.last_step: orchestrator_pb2.StepResponse | None = None
+        self.reset_result: ResetResult | None = None
+        self.last_step: StepResult | None = None
         self.closed = False
         self._close_lock = threading.Lock()
+
+    def _next_reset(self) -> tuple[EpisodeSpec, str]:
+        """The spec and request id of the next Reset: the first episode as asked, tagged so that a Reset whose
+        answer was lost can still be closed; a next one of the same session."""
+        if self.reset_result is None:
+            labels = {**self.spec.labels, RESET_LABEL: self._reset_request_id}
+            return EpisodeSpec.of(self.spec, {"labels": labels}), self._reset_request_id
+        return self.spec.next_episode(self.session_id), new_request_id()
 
     def _begin_trace(self) -> None:
         """A new episode, a new trace: the span "episode" starts (its trace id is the episode's), or without
         one a next episode of the session gets a new trace id (unless the caller chose one)."""
-        traced = self._trace.start(
-            {"rlgate.task_key": self.task_key, "rlgate.env_key": str(self._reset_fields.get("env_key") or "")}
-        )
+        traced = self._trace.start({"rlgate.task_key": self.task_key, "rlgate.env_key": self.spec.env_key})
         if traced:
             self.trace_id = traced
-        elif self.reset_response is not None and not self._given_trace_id:
+        elif self.reset_result is not None and not self._given_trace_id:
             self.trace_id = new_trace_id()
 
     def _reset_failed(self, err: BaseException) -> None:
-        if self.reset_response is None:  # no episode started: its span ends here
+        if self.reset_result is None:  # no episode started: its span ends here
             self._trace.end(err)
 
     # -- what Reset told us
-    def _reset_done(self, response: orchestrator_pb2.ResetResponse) -> None:
+    def _reset_done(self, response: orchestrator_pb2.ResetResponse) -> ResetResult:
         self._trace.set("rlgate.session_id", response.session_id)
-        self.reset_response = response
+        result = ResetResult.from_proto(response, env_key=self.spec.env_key)
+        self.reset_result = result
         self.closed = False
         self.last_step = None
-        if response.task.key:
-            self.task_key = response.task.key
-
-    def _subject(self) -> str:
-        """What the episode runs, for messages: its task, environment or session."""
-        for name in ("task_key", "env_key", "session_id"):
-            if self._reset_fields[name]:
-                return f"{name}={self._reset_fields[name]!r}"
-        return "no task_key, env_key or session_id"
+        if result.task_key:
+            self.task_key = result.task_key
+        return result
 
     @property
-    def _reset(self) -> orchestrator_pb2.ResetResponse:
-        if self.reset_response is None:
+    def reset_response(self) -> orchestrator_pb2.ResetResponse | None:
+        """The last ResetResponse (`reset_result.raw`), or None before the first Reset."""
+        return None if self.reset_result is None else self.reset_result.raw
+
+    @property
+    def _reset(self) -> ResetResult:
+        if self.reset_result is None:
             raise RuntimeError(
-                f"the episode ({self._subject()}) has not been reset, so it has no session yet: enter it "
+                f"the episode ({self.spec.subject()}) has not been reset, so it has no session yet: enter it "
                 "(`with client.episode(...) as ep:`) or call reset() first"
             )
-        return self.reset_response
+        return self.reset_result
 
     @property
     def session_id(self) -> str:
@@ -285,7 +292,7 @@ class _EpisodeBase(Generic[ClientT]):
         return self._reset.gateway_address
 
     @property
-    def instance(self) -> orchestrator_pb2.InstanceInfo:
+    def instance(self) -> Instance:
         """The instance behind the session (provider, instance id, env key, root URL, MCP endpoints)."""
         return self._reset.instance
 
@@ -316,35 +323,30 @@ class _EpisodeBase(Generic[ClientT]):
     @property
     def env_key(self) -> str:
         """The environment ("env_id" or "env_id:version") the session runs on."""
-        task = self._reset.task
-        if task.env_id:
-            return f"{task.env_id}:{task.version}" if task.version else task.env_id
-        return self._reset.instance.env_key or str(self._reset_fields.get("env_key") or "")
+        return self._reset.env_key
 
     @property
     def done(self) -> bool:
         """The current episode has ended (its last Step said done)."""
         return self.last_step is not None and self.last_step.done
 
-    def initial_messages(self) -> list[dict[str, str]]:
+    def initial_messages(self) -> list[Message]:
         """The chat to start from: the system prompt with tools, then the task's messages."""
-        reset = self._reset
-        messages = [protocol.system_message(reset.tools, self.instructions)]
-        task_messages = [{"role": m.role, "content": m.content} for m in reset.messages]
-        if not task_messages and reset.prompt:
-            task_messages = [{"role": "user", "content": reset.prompt}]
-        return messages + task_messages
+        started: ResetResult = self._reset
+        return [protocol.system_message(started.tools, self.instructions), *started.messages]
 
     # -- turn logic shared by both episode classes
     @staticmethod
     def _record(call: protocol.ToolCall, request_id: str, response: toolgateway_pb2.CallToolResponse) -> ToolCallRecord:
+        parts = protocol.tool_result_parts(response.result)  # decoded once; `text` is its text form
         return ToolCallRecord(
             name=call.name,
             arguments=call.arguments,
             request_id=request_id,
             result=response.result,
-            text=protocol.render_tool_result(response.result),
+            text=Message.of("tool", parts).text(),
             replayed=response.replayed,
+            parts=parts,
         )
 
     def _call_refused(self, err: RlgateError, settings: ClientSettings) -> toolgateway_pb2.CallToolResponse:
@@ -375,32 +377,36 @@ class _EpisodeBase(Generic[ClientT]):
         }
 
     def _finish(
-        self, text: str, parsed: protocol.ParsedTurn, records: list[ToolCallRecord], step: orchestrator_pb2.StepResponse
+        self,
+        text: str,
+        parsed: protocol.ParsedTurn,
+        records: list[ToolCallRecord],
+        response: orchestrator_pb2.StepResponse,
     ) -> TurnResult:
-        self.last_step = step
-        observations: list[dict[str, str]] = []
+        step = self._stepped(response)
+        observations: list[Message] = []
         if not step.done:
-            parts = [protocol.wrap_tool_response(r.text) for r in records]
-            if parsed.errors:
-                parts.extend(parsed.errors)
-            elif not records and not parsed.done:
-                parts.append(protocol.FORMAT_REMINDER)
-            if parts:
-                observations.append({"role": "user", "content": "\n".join(parts)})
+            notes = parsed.errors or ([protocol.FORMAT_REMINDER] if not records and not parsed.done else [])
+            if records or notes:
+                observations.append(protocol.tool_response_message([r.parts for r in records], notes))
         result = TurnResult(text=text, parsed=parsed, tool_calls=records, step=step, observations=observations)
         self._check_verification(step)
         return result
 
-    def _check_verification(self, step: orchestrator_pb2.StepResponse) -> None:
+    def _stepped(self, response: orchestrator_pb2.StepResponse) -> StepResult:
+        self.last_step = StepResult.from_proto(response)
+        return self.last_step
+
+    def _check_verification(self, step: StepResult) -> None:
         if step.done:
-            self._trace.set("rlgate.done_reason", done_reason_name(step.done_reason))
-            self._trace.set("rlgate.verification.status", verification_status_name(step.verification.status))
-            if step.HasField("reward"):
+            self._trace.set("rlgate.done_reason", step.done_reason)
+            self._trace.set("rlgate.verification.status", step.verification.status)
+            if step.reward is not None:
                 self._trace.set("rlgate.reward", step.reward)
-        if step.done and step.verification.status in _FAILED_VERIFICATION and self.raise_on_verifier_error:
+        if step.done and step.verification.failed and self.raise_on_verifier_error:
             raise VerifierError(
                 step.verification.message or "the verifier produced no score",
-                status=verification_status_name(step.verification.status),
+                status=step.verification.status,
                 session_id=self.session_id,
                 task_key=self.task_key,
                 trace_id=self.trace_id,
@@ -409,10 +415,10 @@ class _EpisodeBase(Generic[ClientT]):
     def _start_close(self) -> str | None:
         """The session id to close, or None when there is nothing (left) to close."""
         with self._close_lock:
-            if self.closed or self.reset_response is None:
+            if self.closed or self.reset_result is None:
                 return None
             self.closed = True
-            return self.reset_response.session_id
+            return self.reset_result.session_id
 
     def _lost_reset(self, err: BaseException) -> bool:
         return isinstance(err, RlgateError) and err.code in _UNKNOWN_OUTCOME
@@ -421,28 +427,37 @@ class _EpisodeBase(Generic[ClientT]):
 class Episode(_EpisodeBase["Client"]):
     """One episode on a blocking `Client`: `with client.episode(task_key=...) as ep: ep.turn(text) ...`.
 
-    Reset starts `task_key` (or the bare environment `env_key`, or the next episode of `session_id`) with
-    `max_turns` (0: the task's), `labels` and `run_id`; every call carries `trace_id` (default: a new one).
-    `instructions` head the system prompt of `initial_messages()`. `raise_on_verifier_error=False` returns a
-    verifier ERROR/TIMEOUT in the result instead of raising `VerifierError`. `tool_timeout_s` bounds each
-    tool call `turn` makes (else $RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout)."""
+    Entering resets (unless `reset()` was called), leaving closes the session, also on an error.
 
-    def reset(self) -> orchestrator_pb2.ResetResponse:
-        """Start the episode (or, after one ended, the next episode of the same session)."""
-        fields = dict(self._reset_fields)
-        if self.reset_response is not None:
-            fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+    Args:
+        client: the client whose calls the episode makes.
+        spec: what Reset starts; its fields may instead (or also) be given as keyword arguments.
+        trace_id: the trace every call of the episode carries (default: a new one per episode).
+        instructions: the text heading the system prompt of `initial_messages()`.
+        raise_on_verifier_error: raise `VerifierError` when the episode ends without a score (the verifier's
+            ERROR or TIMEOUT); False returns it in the result (`reward` None).
+        tool_timeout_s: the bound of each tool call `turn` makes (else $RLGATE_TOOL_TIMEOUT_S, else the
+            client's call_tool timeout).
+        **fields: `EpisodeSpec` fields, replacing the spec's.
+    """
+
+    def reset(self) -> ResetResult:
+        """Start the episode (or, after one ended, the next episode of the same session).
+
+        Returns:
+            The started episode, typed (`.raw` is the ResetResponse).
+        """
+        spec, request_id = self._next_reset()
         self._begin_trace()
         try:
             with self._trace.active():
-                response = self.client.reset(trace_id=self.trace_id, **fields)
+                response = self.client.reset(spec, request_id=request_id, trace_id=self.trace_id)
         except RlgateError as err:
-            if self._lost_reset(err) and self.reset_response is None:
+            if self._lost_reset(err) and self.reset_result is None:
                 self._close_lost_reset()
             self._reset_failed(err)
             raise
-        self._reset_done(response)
-        return response
+        return self._reset_done(response)
 
     def _close_lost_reset(self) -> None:
         try:
@@ -454,7 +469,11 @@ class Episode(_EpisodeBase["Client"]):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
-        """The tools the session may call, asked of the gateway now (`tools` is what Reset said)."""
+        """The tools the session may call, asked of the gateway now (`tools` is what Reset said).
+
+        Args:
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.other`).
+        """
         with self._trace.active():
             return self.client.list_tools(
                 self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
@@ -468,7 +487,14 @@ class Episode(_EpisodeBase["Client"]):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call one tool with this episode's agent token (no parsing, no Step: `turn` does both)."""
+        """Call one tool with this episode's agent token (no parsing, no Step: `turn` does both).
+
+        Args:
+            name: the tool.
+            arguments: its arguments (sent as exact JSON text); None: none.
+            request_id: the idempotency key every retry reuses (generated when None).
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.call_tool`).
+        """
         with self._trace.active():
             return self.client.call_tool(
                 self.agent_token,
@@ -489,11 +515,24 @@ class Episode(_EpisodeBase["Client"]):
         done: bool = False,
         request_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StepResponse:
-        """Report a turn yourself, for tool calls made with `call_tool` (see `Client.step`); `turn` does it
-        for a model's text. Raises VerifierError as `turn` does."""
+    ) -> StepResult:
+        """Report a turn yourself, for tool calls made with `call_tool`; `turn` does it for a model's text.
+
+        Raises VerifierError as `turn` does.
+
+        Args:
+            assistant_text: see `Client.step`.
+            tool_calls: see `Client.step`.
+            final_answer: see `Client.step`.
+            done: see `Client.step`.
+            request_id: see `Client.step`.
+            timeout: see `Client.step`.
+
+        Returns:
+            The orchestrator's verdict, typed (`.raw` is the StepResponse).
+        """
         with self._trace.active():
-            step = self.client.step(
+            response = self.client.step(
                 self.session_id,
                 assistant_text=assistant_text,
                 tool_calls=tool_calls,
@@ -503,14 +542,19 @@ class Episode(_EpisodeBase["Client"]):
                 trace_id=self.trace_id,
                 timeout=timeout,
             )
-        self.last_step = step
+        step = self._stepped(response)
         self._check_verification(step)
         return step
 
     def state(
         self, *, include_tool_calls: bool = False, timeout: float | None = None
     ) -> orchestrator_pb2.StateResponse:
-        """The session's state (see `Client.state`)."""
+        """The session's state (see `Client.state`).
+
+        Args:
+            include_tool_calls: include the gateway's tool-call log.
+            timeout: the call's deadline in seconds (None: the client's `Timeouts.other`).
+        """
         with self._trace.active():
             return self.client.state(
                 self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
@@ -519,7 +563,19 @@ class Episode(_EpisodeBase["Client"]):
     def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
 
-        Raises VerifierError when the episode ends without a score (unless raise_on_verifier_error=False)."""
+        What the model wrote never raises: a refused or timed-out tool call is an `is_error` result the model
+        sees in `observations`.
+
+        Args:
+            text: the assistant's text.
+            parsed: `protocol.parse_assistant_text(text)`, when the caller parsed it already.
+
+        Returns:
+            The turn's calls, the orchestrator's verdict and the messages for the model's next turn.
+
+        Raises:
+            VerifierError: the episode ended without a score (unless raise_on_verifier_error=False).
+        """
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
@@ -544,7 +600,7 @@ class Episode(_EpisodeBase["Client"]):
                 self._trace.end()
 
     def __enter__(self) -> Episode:
-        if self.reset_response is None:
+        if self.reset_result is None:
             self.reset()
         return self
 
@@ -561,29 +617,36 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
     """One episode on an `AsyncClient`: `async with client.episode(task_key=...) as ep: await ep.turn(text)`.
 
     The same parameters and methods as `Episode`, as coroutines; leaving the block closes the session even
-    when the task is cancelled."""
+    when the task is cancelled.
 
-    async def reset(self) -> orchestrator_pb2.ResetResponse:
+    Args:
+        client: the client whose calls the episode makes.
+        spec: see `Episode`.
+        trace_id: see `Episode`.
+        instructions: see `Episode`.
+        raise_on_verifier_error: see `Episode`.
+        tool_timeout_s: see `Episode`.
+        **fields: see `Episode`.
+    """
+
+    async def reset(self) -> ResetResult:
         """Start the episode; see `Episode.reset`."""
-        fields = dict(self._reset_fields)
-        if self.reset_response is not None:
-            fields.update(session_id=self.session_id, task_key="", env_key="", request_id=new_request_id())
+        spec, request_id = self._next_reset()
         self._begin_trace()
         try:
             with self._trace.active():
-                response = await self.client.reset(trace_id=self.trace_id, **fields)
+                response = await self.client.reset(spec, request_id=request_id, trace_id=self.trace_id)
         except RlgateError as err:
-            if self._lost_reset(err) and self.reset_response is None:
+            if self._lost_reset(err) and self.reset_result is None:
                 await self._close_lost_reset()
             self._reset_failed(err)
             raise
         except asyncio.CancelledError as err:
-            if self.reset_response is None:
+            if self.reset_result is None:
                 await asyncio.shield(self._close_lost_reset())
             self._reset_failed(err)
             raise
-        self._reset_done(response)
-        return response
+        return self._reset_done(response)
 
     async def _close_lost_reset(self) -> None:
         try:
@@ -595,7 +658,11 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
 
     async def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
-        """The session's tools from the gateway; see `Episode.list_tools`."""
+        """The session's tools from the gateway; see `Episode.list_tools`.
+
+        Args:
+            timeout: see `Episode.list_tools`.
+        """
         with self._trace.active():
             return await self.client.list_tools(
                 self.agent_token, gateway=self._gateway(self.client.settings), trace_id=self.trace_id, timeout=timeout
@@ -609,7 +676,14 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> toolgateway_pb2.CallToolResponse:
-        """Call one tool; see `Episode.call_tool`."""
+        """Call one tool; see `Episode.call_tool`.
+
+        Args:
+            name: see `Episode.call_tool`.
+            arguments: see `Episode.call_tool`.
+            request_id: see `Episode.call_tool`.
+            timeout: see `Episode.call_tool`.
+        """
         with self._trace.active():
             return await self.client.call_tool(
                 self.agent_token,
@@ -630,10 +704,19 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         done: bool = False,
         request_id: str | None = None,
         timeout: float | None = None,
-    ) -> orchestrator_pb2.StepResponse:
-        """Report a turn yourself; see `Episode.step`."""
+    ) -> StepResult:
+        """Report a turn yourself; see `Episode.step`.
+
+        Args:
+            assistant_text: see `Client.step`.
+            tool_calls: see `Client.step`.
+            final_answer: see `Client.step`.
+            done: see `Client.step`.
+            request_id: see `Client.step`.
+            timeout: see `Client.step`.
+        """
         with self._trace.active():
-            step = await self.client.step(
+            response = await self.client.step(
                 self.session_id,
                 assistant_text=assistant_text,
                 tool_calls=tool_calls,
@@ -643,7 +726,7 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
                 trace_id=self.trace_id,
                 timeout=timeout,
             )
-        self.last_step = step
+        step = self._stepped(response)
         self._check_verification(step)
         return step
 
@@ -653,14 +736,24 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         include_tool_calls: bool = False,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """The session's state; see `Episode.state`."""
+        """The session's state; see `Episode.state`.
+
+        Args:
+            include_tool_calls: see `Episode.state`.
+            timeout: see `Episode.state`.
+        """
         with self._trace.active():
             return await self.client.state(
                 self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
             )
 
     async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
-        """Play one assistant message; see `Episode.turn`."""
+        """Play one assistant message; see `Episode.turn`.
+
+        Args:
+            text: see `Episode.turn`.
+            parsed: see `Episode.turn`.
+        """
         parsed = parsed if parsed is not None else protocol.parse_assistant_text(text)
         records = []
         for call in parsed.tool_calls:  # in order: later calls may depend on earlier ones
@@ -689,7 +782,7 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
                 self._trace.end()
 
     async def __aenter__(self) -> AsyncEpisode:
-        if self.reset_response is None:
+        if self.reset_result is None:
             await self.reset()
         return self
 

@@ -6,19 +6,22 @@
   solution is an answer key: only ListTasks with `include_reference_solution=True` returns it (Reset never
   does), so the policy reads the TaskInfo the rollout listed, not the episode's.
 - `OpenAIPolicy` asks any OpenAI-compatible chat endpoint (`POST {base_url}/chat/completions`, httpx,
-  key from OPENAI_API_KEY). Native `tool_calls` in the reply are rendered to protocol text.
+  key from OPENAI_API_KEY). Screens go to it as `image_url` parts (data URLs), so a vision model sees
+  them; `images=False` (`--text-only`) sends each image as a short text placeholder instead, for an
+  endpoint that takes text only. Native `tool_calls` in the reply are rendered to protocol text.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate import protocol
 from rlgate.convert import InvalidJsonValue, parse_json_object
+from rlgate.messages import Message, to_openai, to_text_dicts
+from rlgate.settings import ENV_OPENAI_API_KEY, read_env
 from rlgate.v1 import common_pb2
 
 
@@ -27,7 +30,8 @@ class PolicyContext:
     """What a policy sees when it writes one turn."""
 
     task: common_pb2.TaskInfo  # as ListTasks returned it (with the reference solution when it was asked for)
-    messages: list[dict[str, str]]  # the chat so far (system, task, earlier turns and observations)
+    # The chat so far (system, task, earlier turns and observations), older screens already omitted.
+    messages: list[Message]
     turn: int  # 0-based index of the turn to write
     max_turns: int
 
@@ -98,7 +102,17 @@ class ReferencePolicy:
 
 
 class OpenAIPolicy:
-    """Any OpenAI-compatible chat completions endpoint."""
+    """Any OpenAI-compatible chat completions endpoint.
+
+    Args:
+        base_url: the endpoint's base URL (`.../v1`); requests go to `{base_url}/chat/completions`.
+        model: the model name sent with each request.
+        api_key: the bearer key (default: OPENAI_API_KEY; none when unset).
+        temperature: sampling temperature.
+        max_tokens: the reply's token limit.
+        timeout: seconds one request may take (connecting: at most 10).
+        images: send images as `image_url` parts (a vision endpoint); False sends text placeholders.
+    """
 
     def __init__(
         self,
@@ -109,16 +123,18 @@ class OpenAIPolicy:
         temperature: float = 0.0,
         max_tokens: int = 1024,
         timeout: float = 120.0,
+        images: bool = True,
     ) -> None:
         import httpx
 
         headers = {}
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        key = api_key if api_key is not None else read_env(ENV_OPENAI_API_KEY)
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.images = images
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
 
@@ -128,7 +144,7 @@ class OpenAIPolicy:
 
         body = {
             "model": self.model,
-            "messages": ctx.messages,
+            "messages": to_openai(ctx.messages) if self.images else to_text_dicts(ctx.messages),
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
         }

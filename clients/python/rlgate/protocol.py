@@ -11,8 +11,11 @@ r"""The text protocol between a model and rlgate tools (Hermes / Qwen style).
   escape decodes to) in a tool name, in arguments or in the final answer is a parse error, since gRPC
   strings must be valid UTF-8; `sendable_text` makes the rest of the turn's text sendable (U+FFFD in place
   of each lone surrogate).
-- `render_tool_result` / `tool_response_message`: tool results (MCP content blocks) as `<tool_response>`
-  text; images and audio are noted, not inlined.
+- `tool_result_parts` / `tool_response_message`: tool results (MCP content blocks) as `<tool_response>`
+  text with each image in place as an `ImagePart` (`rlgate.messages`): an image block, and a text block
+  that is exactly `{"base64_image": "data:image/...;base64,..."}` (what some screenshot tools answer,
+  Fleet's among them). Audio and binary resources are noted, not inlined. `render_tool_result` is the same
+  as text, each image a placeholder.
 
 Schemas and structured results come from rlgate's JSON text fields, so what the model reads is exactly what
 the MCP server wrote (integers stay integers).
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlgate.convert import InvalidJsonValue, json_text, parse_json_object
+from rlgate.messages import ImagePart, Message, Part, TextPart, UnreadableImage
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -409,15 +413,34 @@ def error_kind_name(kind: int) -> str:
     return _KIND_NAMES.get(int(kind), "error")
 
 
-def render_tool_result(result: Any) -> str:
-    """The text a model sees for a rlgate ToolResult (common_pb2.ToolResult)."""
-    parts: list[str] = []
+# A text block holding only this key is an image (Fleet's screenshot tools); its value a data URL or null.
+BASE64_IMAGE_KEY = "base64_image"
+SCREENSHOT_FAILED = "[screenshot failed: the tool returned no image]"
+
+
+def tool_result_parts(result: Any) -> tuple[Part, ...]:
+    """A rlgate ToolResult (common_pb2.ToolResult) as a model sees it: text, with each image in place.
+
+    Content blocks are separated by a line break. An image block becomes an `ImagePart` (its bytes as the
+    gateway delivered them, already bounded by its result limit); so does a text block that is exactly
+    `{"base64_image": "data:image/<type>;base64,..."}`, decoded here once. `{"base64_image": null}` becomes
+    a note that the screenshot failed, and a value that is not such a data URL a note saying why: never an
+    exception. An error result is headed `Error (<kind>): <message>`.
+
+    Args:
+        result: the ToolResult of a CallTool.
+    """
+    parts: list[Part | str] = []
     for block in result.content:
+        if parts:
+            parts.append("\n")
         kind = block.WhichOneof("kind")
         if kind == "text":
-            parts.append(block.text.text)
+            parts.append(_text_block(block.text.text))
         elif kind == "image":
-            parts.append(f"[image: {block.image.mime_type or 'unknown type'}, {len(block.image.data)} bytes]")
+            image = ImagePart(block.image.data, block.image.mime_type or "image/png")
+            # No bytes, no image: an endpoint would refuse the empty data URL.
+            parts.append(image if image.data else image.placeholder())
         elif kind == "audio":
             parts.append(f"[audio: {block.audio.mime_type or 'unknown type'}, {len(block.audio.data)} bytes]")
         elif kind == "resource_link":
@@ -432,31 +455,96 @@ def render_tool_result(result: Any) -> str:
                 parts.append(f"[resource {res.uri}: {res.mime_type or 'binary'}, {len(res.blob)} bytes]")
     if not parts and result.structured_content_json:
         parts.append(result.structured_content_json)  # the tool's JSON text, exactly
-    body = "\n".join(parts)
+    body = Message.of("tool", parts)
     if result.is_error:
         message = result.error_message or "the tool reported an error"
         head = f"Error ({error_kind_name(result.error_kind)}): {message}"
-        return head if not body or body.strip() == message.strip() else f"{head}\n{body}"
+        if not body.parts or body.text().strip() in ("", message.strip()):
+            return (TextPart(head),)
+        return Message.of("tool", [head, "\n", *body.parts]).parts
     if int(result.error_kind) == 5:
-        body += "\n[output truncated]"
-    return body
+        return Message.of("tool", [*body.parts, "\n[output truncated]"]).parts
+    return body.parts
+
+
+def _text_block(text: str) -> Part:
+    """A text block, or the image it carries as `{"base64_image": ...}` (a note when that is unusable)."""
+    stripped = text.strip()
+    # Cheap test first: most text is not this object, and parsing a large text twice is waste.
+    if not (stripped.startswith("{") and stripped.endswith("}") and BASE64_IMAGE_KEY in stripped):
+        return TextPart(text)
+    try:
+        value = json.loads(stripped)
+    except (ValueError, RecursionError):
+        return TextPart(text)
+    if not isinstance(value, dict) or set(value) != {BASE64_IMAGE_KEY}:
+        return TextPart(text)
+    url = value[BASE64_IMAGE_KEY]
+    if url is None:
+        return TextPart(SCREENSHOT_FAILED)
+    if not isinstance(url, str):
+        return TextPart(f"[screenshot unreadable: base64_image is a JSON {type(url).__name__}, not a data URL]")
+    try:
+        return ImagePart.from_data_url(url)
+    except UnreadableImage as exc:
+        return TextPart(f"[screenshot unreadable: {exc}]")
+
+
+def render_tool_result(result: Any) -> str:
+    """The text a text-only model sees for a rlgate ToolResult: `tool_result_parts`, images as placeholders.
+
+    Args:
+        result: the ToolResult of a CallTool.
+    """
+    return Message.of("tool", tool_result_parts(result)).text()
 
 
 def wrap_tool_response(text: str) -> str:
-    """One rendered tool result in `<tool_response>` tags."""
+    """One rendered tool result in `<tool_response>` tags.
+
+    Args:
+        text: the rendered result.
+    """
     return f"<tool_response>\n{text}\n</tool_response>"
 
 
-def tool_response_message(texts: Sequence[str]) -> dict[str, str]:
-    """One user message carrying every tool response of a turn (as Qwen's chat template renders them)."""
-    return {"role": "user", "content": "\n".join(wrap_tool_response(t) for t in texts)}
+def tool_response_message(results: Sequence[str | Sequence[Part]], notes: Sequence[str] = ()) -> Message:
+    """One user message carrying every tool response of a turn (as Qwen's chat template renders them), each
+    in `<tool_response>` tags with its images in place, then `notes` (parse errors, the format reminder),
+    one a line.
+
+    Args:
+        results: each tool result as text or as parts (`tool_result_parts`), in call order.
+        notes: lines for the model after the results.
+    """
+    pieces: list[Part | str] = []
+    for result in results:
+        if pieces:
+            pieces.append("\n")
+        pieces.append("<tool_response>\n")
+        pieces.extend([result] if isinstance(result, str) else result)
+        pieces.append("\n</tool_response>")
+    for note in notes:
+        if pieces:
+            pieces.append("\n")
+        pieces.append(note)
+    return Message.of("user", pieces)
 
 
-def error_observation(errors: Sequence[str]) -> dict[str, str]:
-    """A user message telling the model what was wrong with its last turn."""
-    return {"role": "user", "content": "\n".join(errors) if errors else FORMAT_REMINDER}
+def error_observation(errors: Sequence[str]) -> Message:
+    """A user message telling the model what was wrong with its last turn.
+
+    Args:
+        errors: one line per problem (the format reminder when empty).
+    """
+    return Message("user", "\n".join(errors) if errors else FORMAT_REMINDER)
 
 
-def system_message(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> dict[str, str]:
-    """The system prompt (`render_system_prompt`) as a chat message."""
-    return {"role": "system", "content": render_system_prompt(tools, instructions)}
+def system_message(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> Message:
+    """The system prompt (`render_system_prompt`) as a chat message.
+
+    Args:
+        tools: rlgate ToolSpecs or mappings with `name`, `description` and `parameters`.
+        instructions: text placed before the tool list.
+    """
+    return Message("system", render_system_prompt(tools, instructions))

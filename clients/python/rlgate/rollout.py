@@ -9,6 +9,9 @@ should be 0). Output: a live progress bar, a summary table per environment, JSON
 per episode) and the summary JSON
 `{episodes, reward_mean, errors, verifier_errors, truncated, wall_s, episodes_per_s, ...}`, and with
 `--plot` a figure of reward, turn latency and episodes/s over the run.
+Screens reach the policy as images: `--policy openai` sends them as `image_url` parts (`--text-only`:
+placeholders), and the conversation keeps the last `--keep-images` of them (older ones become a short note),
+so a long episode's prompt stays bounded. Trajectories hold the text, each image as a placeholder.
 The exit status is 1 when any episode failed (an error or a verifier error), else 0. Every failure of the
 command itself (an unreachable orchestrator, a refused API key, an output path that cannot be written) ends
 it with one line and exit status 1 (2 for bad options), and output paths are checked before any episode runs.
@@ -37,6 +40,7 @@ from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
 from rlgate.episode import ENV_TOOL_TIMEOUT, tool_timeout_setting
 from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavailable, VerifierError
+from rlgate.messages import DEFAULT_KEEP_IMAGES, Message, keep_last_images, to_text_dicts
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
 from rlgate.v1 import common_pb2
 
@@ -68,7 +72,7 @@ class EpisodeRecord:
     ended_s: float = 0.0
     turn_ended_s: list[float] = field(default_factory=list)
     turn_latency_s: list[float] = field(default_factory=list)
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, str]] = field(default_factory=list)  # as text, images as placeholders
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -90,6 +94,8 @@ class RolloutConfig:
     summary_json: Path | None = None
     plot: Path | None = None
     tool_timeout: float | None = None
+    keep_images: int = DEFAULT_KEEP_IMAGES  # screens the policy sees: the last ones; older ones become a note
+    text_only: bool = False  # --policy openai: images as text placeholders
     progress: bool = True
 
 
@@ -117,21 +123,26 @@ async def run_episode(
             tool_timeout_s=config.tool_timeout,
         ) as ep:
             record.session_id = ep.session_id
-            record.messages = ep.initial_messages()
+            conversation: list[Message] = ep.initial_messages()
+            record.messages = to_text_dicts(conversation)
             turn = 0
             while True:
                 # The listed task, not Reset's: only ListTasks carries a reference solution (when asked).
-                context = PolicyContext(task, list(record.messages), turn, ep.max_turns)
+                context = PolicyContext(task, list(conversation), turn, ep.max_turns)
                 text = await policy(context)
                 # Stored (and shown to the policy again) as sendable text: a lone surrogate could not be
                 # written to the JSONL nor posted to a chat endpoint. The turn parses the text as written.
-                record.messages.append({"role": "assistant", "content": protocol.sendable_text(text)})
+                reply = Message("assistant", protocol.sendable_text(text))
+                conversation.append(reply)
+                record.messages.append(reply.to_text_dict())
                 turn_started = time.monotonic()
                 result = await ep.turn(text)
                 turn_ended = time.monotonic()
                 record.turn_latency_s.append(turn_ended - turn_started)
                 record.turn_ended_s.append(turn_ended - zero)
-                record.messages.extend(result.observations)
+                # Older screens leave the conversation as the new ones arrive: its size stays bounded.
+                conversation = keep_last_images([*conversation, *result.observations], config.keep_images)
+                record.messages.extend(to_text_dicts(result.observations))
                 record.tool_calls.extend(r.as_dict() for r in result.tool_calls)
                 record.turns = result.turn
                 turn += 1
@@ -208,7 +219,7 @@ def _policy(config: RolloutConfig) -> Policy:
         return ReferencePolicy()
     if not config.base_url or not config.model:
         raise click.UsageError("--policy openai needs --base-url and --model")
-    return OpenAIPolicy(config.base_url, config.model)
+    return OpenAIPolicy(config.base_url, config.model, images=not config.text_only)
 
 
 class _JsonlWriter:
@@ -465,6 +476,14 @@ def preflight(config: RolloutConfig) -> None:
 @click.option("--policy", type=click.Choice(["reference", "openai"]), default="reference", show_default=True)
 @click.option("--base-url", envvar="OPENAI_BASE_URL", default=None, help="OpenAI-compatible endpoint (--policy openai)")
 @click.option("--model", default=None, help="Model name (--policy openai); key from OPENAI_API_KEY")
+@click.option(
+    "--text-only", is_flag=True, default=False,
+    help="--policy openai: send each image as a text placeholder (an endpoint without vision)",
+)  # fmt: skip
+@click.option(
+    "--keep-images", default=DEFAULT_KEEP_IMAGES, show_default=True, type=click.IntRange(min=0),
+    help="Screens the policy sees: the last N images of the conversation (older ones become a note)",
+)  # fmt: skip
 @click.option("--max-turns", default=0, show_default=True, help="Turn limit per episode (0: the task's)")
 @click.option("--run-id", default="", help="Run id for the sessions (default: generated)")
 @click.option(

@@ -24,12 +24,15 @@ when a step raises, so the env closes its session itself when the episode ends o
 `init` closes the first session before opening the next.
 
 What the model wrote never raises out of `step` (see `rlgate.episode`): unsendable text is a parse error,
-a refused or timed-out tool call an `is_error` result; both are observations and the episode goes on."""
+a refused or timed-out tool call an `is_error` result; both are observations and the episode goes on.
+
+skyrl-gym's messages are `dict[str, str]`, text only: an image a tool returns (a screenshot) reaches the
+model as a text placeholder, `[image: image/png, N bytes]`. Train on screens with the Tinker adapter or
+the VAGEN env (`rlgate.adapters.vagen`)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -39,11 +42,11 @@ from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, Con
 from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, Client, ClientSettings
 from rlgate.episode import Episode, TurnResult, tool_timeout_setting
+from rlgate.messages import to_text_dicts
+from rlgate.settings import ENV_ON_VERIFIER_ERROR, ENV_RUN_ID, read_env
 
 ENV_ID = "rlgate"
 ENTRY_POINT = "rlgate.adapters.skyrl:RlgateTextEnv"
-ENV_ON_VERIFIER_ERROR = "RLGATE_ON_VERIFIER_ERROR"
-ENV_RUN_ID = "RLGATE_TRAINING_RUN_ID"
 
 log = logging.getLogger("rlgate.adapters.skyrl")
 
@@ -74,8 +77,8 @@ def _setting(name: str, *sources: Mapping[str, Any] | None, env: str | None = No
     for source in sources:
         if source and source.get(name) not in (None, ""):
             return source[name]
-    if env and os.environ.get(env):
-        return os.environ[env]
+    if env and read_env(env):
+        return read_env(env)
     return default
 
 
@@ -134,7 +137,7 @@ class RlgateTextEnv(BaseTextEnv):
         self.task_key = episode.task_key or self.task_key
         if episode.max_turns:
             self.max_turns = episode.max_turns
-        chat = episode.initial_messages()
+        chat: ConversationType = to_text_dicts(episode.initial_messages())
         if len(chat) == 1:  # an env-only session has no task prompt: keep the dataset's user turns
             chat += [m for m in prompt or [] if m.get("role") != "system"]
         return chat, {
@@ -163,7 +166,7 @@ class RlgateTextEnv(BaseTextEnv):
             self.close()
         reward = result.reward if result.done and result.reward is not None else 0.0
         return BaseTextEnvStepOutput(
-            observations=result.observations,
+            observations=to_text_dicts(result.observations),  # images as placeholders: text only
             reward=reward,
             done=result.done,
             metadata={

@@ -13,6 +13,11 @@
 - What the model wrote never raises out of `step` (a retry would only meet it again): text no RPC can
   carry is a parse error, a tool call the gateway refuses or that outlives `tool_timeout_s` (else
   `RLGATE_TOOL_TIMEOUT_S`, else 120 s) an `is_error` tool message; the episode goes on.
+- Screens reach a vision renderer (one with an image processor, such as `qwen3_vl_instruct`) as the
+  cookbook's `ImagePart`s holding PIL images, in place within each tool message; the conversation keeps
+  the last `keep_images` of them (older ones become `[earlier screenshot omitted]`, so the prompt stays
+  bounded, at the price of the prompt no longer extending the previous one once a screen is dropped). A
+  text-only renderer gets a text placeholder for each image; an image that cannot be decoded becomes a note.
 - Fully async: one `AsyncClient` per event loop and settings; nothing blocks the loop.
 - `RlgateEnvGroupBuilder` holds only plain settings and a renderer (pickle-safe via `get_renderer`), so it
   pickles for the cookbook's process/Ray rollout executors. `RlgateDatasetBuilder` (chz) builds an
@@ -24,22 +29,31 @@ import asyncio
 import json
 import logging
 import math
-import os
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import chz
+from tinker_cookbook.image_processing_utils import get_image_processor
 from tinker_cookbook.renderers import Renderer, get_renderer
-from tinker_cookbook.renderers.base import Message, ToolSpec, get_text_content
+from tinker_cookbook.renderers.base import (
+    Content,
+    ContentPart,
+    ImagePart,
+    Message,
+    TextPart,
+    ToolSpec,
+    get_text_content,
+)
 from tinker_cookbook.rl.message_env import EnvFromMessageEnv, MessageEnv, MessageStepResult
 from tinker_cookbook.rl.types import Env, EnvGroupBuilder, RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-from rlgate import protocol
-from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
+from rlgate import messages, protocol
+from rlgate.adapters.loops import loop_client, orchestrator_address
+from rlgate.client import ENV_API_KEY
 from rlgate.episode import AsyncEpisode, TurnResult, tool_timeout_setting
+from rlgate.settings import read_env
 
 log = logging.getLogger("rlgate.adapters.tinker")
 
@@ -48,26 +62,63 @@ FINISH_INSTRUCTIONS = (
     f"{protocol.FINAL_CLOSE}; if the task needs no answer, reply <done/>."
 )
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], AsyncClient]] = (
-    weakref.WeakKeyDictionary()
-)
+
+def sees_images(renderer: Renderer) -> bool:
+    """Whether `renderer` renders images: the cookbook's vision renderers hold an image processor.
+
+    Args:
+        renderer: the cookbook renderer.
+    """
+    return getattr(renderer, "image_processor", None) is not None
 
 
-def loop_client(orchestrator: str, api_key: str | None) -> AsyncClient:
-    """The AsyncClient for these settings on the running event loop (grpc.aio channels are per loop)."""
-    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
-    key = (orchestrator, api_key or "")
-    client = per_loop.get(key)
-    if client is None:
-        client = per_loop[key] = AsyncClient(orchestrator, settings=ClientSettings.from_env(api_key=api_key))
-    return client
+def cookbook_content(parts: Sequence[messages.Part], images: bool) -> Content:
+    """The parts of an rlgate message as cookbook content: text, or parts with each image a PIL `ImagePart`.
+
+    Args:
+        parts: the parts, in reading order.
+        images: the renderer shows images; False gives text, each image as its placeholder.
+    """
+    if not images or not any(isinstance(p, messages.ImagePart) for p in parts):
+        return messages.Message.of("user", parts).text()
+    content: list[ContentPart] = []
+    for part in parts:
+        if isinstance(part, messages.TextPart):
+            content.append(TextPart(type="text", text=part.text))
+            continue
+        try:
+            content.append(ImagePart(type="image", image=part.to_pil()))
+        except messages.UnreadableImage as exc:  # a renderer would raise on it: the model reads why instead
+            content.append(TextPart(type="text", text=f"[image unreadable: {exc}]"))
+    return content
 
 
-def _orchestrator(address: str) -> str:
-    resolved = address or os.environ.get(ENV_ORCHESTRATOR, "")
-    if not resolved:
-        raise ValueError(f"no orchestrator address: pass orchestrator= or set {ENV_ORCHESTRATOR}")
-    return resolved
+def keep_last_images(history: list[Message], keep: int) -> list[Message]:
+    """`history` with only its last `keep` images (`rlgate.messages.keep_last_images` on cookbook messages).
+
+    Args:
+        history: the conversation, as cookbook messages.
+        keep: how many of the most recent images to keep.
+    """
+
+    def images(message: Message) -> int:
+        content = message["content"]
+        return 0 if isinstance(content, str) else sum(p["type"] == "image" for p in content)
+
+    omit = messages.images_to_omit([images(m) for m in history], keep)
+    kept: list[Message] = []
+    for message, count in zip(history, omit, strict=True):
+        if count and not isinstance(message["content"], str):
+            content: list[ContentPart] = []
+            for part in message["content"]:
+                if part["type"] == "image" and count:
+                    content.append(TextPart(type="text", text=messages.IMAGE_OMITTED))
+                    count -= 1
+                else:
+                    content.append(part)
+            message = cast(Message, {**message, "content": content})
+        kept.append(message)
+    return kept
 
 
 def tool_specs(episode: AsyncEpisode) -> list[ToolSpec]:
@@ -123,7 +174,8 @@ class RlgateMessageEnv(MessageEnv):
         if self.episode is None:
             episode = AsyncEpisode(
                 loop_client(
-                    _orchestrator(self.builder.orchestrator), self.builder.api_key or os.environ.get(ENV_API_KEY)
+                    orchestrator_address(self.builder.orchestrator),
+                    self.builder.api_key or read_env(ENV_API_KEY),
                 ),
                 task_key=self.builder.task_key,
                 max_turns=self.builder.max_turns,
@@ -141,8 +193,11 @@ class RlgateMessageEnv(MessageEnv):
                 raise RuntimeError(f"rollout group of {self.builder.task_key!r} was cleaned up during Reset")
             system = "\n\n".join(p for p in (self.builder.instructions, FINISH_INSTRUCTIONS) if p)
             prefix = self.renderer.create_conversation_prefix_with_tools(tool_specs(episode), system)
-            task = [Message(role=m["role"], content=m["content"]) for m in episode.initial_messages()[1:]]
-            self.history = [*prefix, *task]
+            images = sees_images(self.renderer)
+            task = [
+                Message(role=m.role, content=cookbook_content(m.parts, images)) for m in episode.initial_messages()[1:]
+            ]
+            self.history = keep_last_images([*prefix, *task], self.builder.keep_images)
         return self.history
 
     async def step(self, message: Message) -> MessageStepResult:
@@ -159,7 +214,8 @@ class RlgateMessageEnv(MessageEnv):
             raise
         if result.done:
             await self._close()
-        self.history.extend(self._observations(result, message))
+        observed = self._observations(result, message, sees_images(self.renderer))
+        self.history = keep_last_images([*self.history, *observed], self.builder.keep_images)
         return MessageStepResult(
             reward=(result.reward or 0.0) if result.done else 0.0,
             episode_done=result.done,
@@ -176,13 +232,13 @@ class RlgateMessageEnv(MessageEnv):
                 log.warning("closing rlgate session failed: %s", err)
 
     @staticmethod
-    def _observations(result: TurnResult, message: Message) -> list[Message]:
+    def _observations(result: TurnResult, message: Message, images: bool) -> list[Message]:
         if result.done:
             return []
         ids = [c.id for c in message.get("tool_calls") or []]
         out: list[Message] = []
         for i, record in enumerate(result.tool_calls):
-            tool_message = Message(role="tool", content=record.text, name=record.name)
+            tool_message = Message(role="tool", content=cookbook_content(record.parts, images), name=record.name)
             call_id = ids[i] if i < len(ids) else None
             if call_id:
                 tool_message["tool_call_id"] = call_id
@@ -221,6 +277,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
     labels: tuple[tuple[str, str], ...] = ()
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
     tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
+    keep_images: int = messages.DEFAULT_KEEP_IMAGES  # screens in the context: the last ones
     # Structural parse failures (no stop sequence): the cookbook's tool-env defaults.
     failed_parse_reward: float = -0.1
     terminate_on_parse_error: bool = True
@@ -306,6 +363,7 @@ class _BuilderFactory:
     run_id: str
     instructions: str
     tool_timeout_s: float | None
+    keep_images: int
 
     def __call__(self, task_key: str) -> RlgateEnvGroupBuilder:
         return RlgateEnvGroupBuilder(
@@ -317,6 +375,7 @@ class _BuilderFactory:
             run_id=self.run_id,
             instructions=self.instructions,
             tool_timeout_s=self.tool_timeout_s,
+            keep_images=self.keep_images,
         )
 
 
@@ -336,15 +395,21 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
     run_id: str = ""
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
     tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
+    keep_images: int = messages.DEFAULT_KEEP_IMAGES  # screens in the context: the last ones
+    # Screens as images: the renderer gets the model's image processor (a vision renderer such as
+    # qwen3_vl_instruct needs it); False: every image a text placeholder.
+    images: bool = False
 
     async def __call__(self) -> tuple[RLDataset, RLDataset | None]:
         """The train dataset and the test dataset (None without test_tasks); lists tasks for "all"."""
-        renderer = get_renderer(
-            self.renderer_name, get_tokenizer(self.model_name_for_tokenizer), model_name=self.model_name_for_tokenizer
-        )
-        orchestrator = _orchestrator(self.orchestrator)
+        model = self.model_name_for_tokenizer
+        processor = get_image_processor(model) if self.images else None
+        renderer = get_renderer(self.renderer_name, get_tokenizer(model), processor, model_name=model)
+        orchestrator = orchestrator_address(self.orchestrator)
+        if self.keep_images < 0:
+            raise ValueError(f"keep_images must be 0 or more, not {self.keep_images}")
         if self.tasks.strip() == "all":
-            client = loop_client(orchestrator, os.environ.get(ENV_API_KEY) or None)
+            client = loop_client(orchestrator, read_env(ENV_API_KEY) or None)
             keys = [t.key for t in await client.list_tasks()]
         else:
             keys = [k.strip() for k in self.tasks.split(",") if k.strip()]
@@ -358,6 +423,7 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
             self.run_id,
             self.instructions,
             tool_timeout_setting(self.tool_timeout_s),  # a bad value fails here, not in every rollout
+            self.keep_images,
         )
         train = RlgateDataset(keys, self.batch_size, make, epochs=self.epochs)
         test = RlgateDataset(test_keys, len(test_keys), make) if test_keys else None
