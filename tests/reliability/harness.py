@@ -24,7 +24,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlgate.runtime.stack import LocalStack, StackSettings, free_port
+from rlgate.devtools.stack import LocalStack, StackSettings, free_port
 from rlgate.v1 import orchestrator_pb2_grpc, toolgateway_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.ledger import scope as ledger_scope
-from rlgate.runtime.stack import free_port
+from rlgate.devtools.stack import free_port
 from rlgate.store import open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.reliability.conftest import Figures
