@@ -26,7 +26,7 @@ import psutil
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 

@@ -34,7 +34,7 @@ from typing import Any
 import mcp_types as mt
 from mcp import Client
 
-from rlgate.convert import InvalidJsonValue, json_text
+from rlgate.core.convert import InvalidJsonValue, json_text
 from rlgate.runtime.errors import clip
 from rlgate.runtime.redact import public_url
 from rlgate.v1 import common_pb2

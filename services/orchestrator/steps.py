@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.orchestrator.endings import Endings
 from rlgate.orchestrator.sessions import Sessions, unknown_session
 from rlgate.orchestrator.views import step_response

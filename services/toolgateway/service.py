@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,

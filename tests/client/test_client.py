@@ -17,7 +17,7 @@ from google.rpc import error_details_pb2
 import rlgate
 from rlgate import AsyncClient, Client, ClientSettings, RetryPolicy
 from rlgate.client import TRACE_HEADER
-from rlgate.convert import arguments_of
+from rlgate.core.convert import arguments_of
 from rlgate.retry import NO_RETRY, RetryState
 from rlgate.runtime import errors as service_errors  # what both services send; the client never imports it
 from tests.client.scripted import Rich, ScriptedServer, Sleep

@@ -34,7 +34,7 @@ from google.protobuf.message import Message
 
 from rlgate._tracing import TRACE_HEADER, trace_metadata
 from rlgate._tracing import new_trace_id as new_trace_id  # re-exported: part of this module's API
-from rlgate.convert import InvalidJsonValue, json_text
+from rlgate.core.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
 from rlgate.protocol import DEFAULT_INSTRUCTIONS
 from rlgate.retry import RetryPolicy, RetryState

@@ -30,7 +30,7 @@ from google.rpc import error_details_pb2
 from rlgate import protocol
 from rlgate._tracing import EpisodeTrace, new_trace_id
 from rlgate.client import ENV_GATEWAY, ClientSettings, new_request_id
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.errors import DeadlineExceeded, InvalidArgument, RlgateError, VerifierError
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 

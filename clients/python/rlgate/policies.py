@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate import protocol
-from rlgate.convert import InvalidJsonValue, parse_json_object
+from rlgate.core.convert import InvalidJsonValue, parse_json_object
 from rlgate.v1 import common_pb2
 
 

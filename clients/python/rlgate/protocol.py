@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, json_text, parse_json_object
+from rlgate.core.convert import InvalidJsonValue, json_text, parse_json_object
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
