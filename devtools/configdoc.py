@@ -11,9 +11,9 @@ from rlgate.runtime.config import _flag_name, fields_of
 
 
 def _configs() -> list[tuple[str, type]]:
+    from rlgate.devtools.stack import UpConfig
     from rlgate.localfleet.config import LocalfleetConfig
     from rlgate.orchestrator.config import OrchestratorConfig
-    from rlgate.devtools.stack import UpConfig
     from rlgate.toolgateway.config import GatewayConfig
 
     return [
@@ -32,7 +32,7 @@ def render() -> str:
         "a test fails when this file and the code disagree. Precedence: flag > environment variable > default.",
         "Secrets are never logged (start-up logs show `***`). An MCP endpoint URL may carry a key in its userinfo",
         "or query: wherever one leaves a process (log lines, error statuses, the tool specs an agent sees, spans)",
-        "it is shown without them, a removed query as `?…` (`rlgate.runtime.redact`); routing uses it whole.",
+        "it is shown without them, a removed query as `?…` (`rlgate.core.redact`); routing uses it whole.",
         "",
     ]
     for command, cls in _configs():

@@ -35,8 +35,8 @@ import mcp_types as mt
 from mcp import Client
 
 from rlgate.core.convert import InvalidJsonValue, json_text
-from rlgate.runtime.errors import clip
-from rlgate.runtime.redact import public_url
+from rlgate.core.errors import clip
+from rlgate.core.redact import public_url
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)

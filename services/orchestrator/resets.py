@@ -22,6 +22,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
@@ -33,7 +34,6 @@ from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.views import instance_info, task_info
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.runtime.ledger import Claim, RequestLedger, scope
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import DoneReason, Intent, RequestRecord, Session, SessionStatus

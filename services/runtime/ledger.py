@@ -83,9 +83,9 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from rlgate.core.convert import InvalidJsonValue, json_text, parse_json_text
+from rlgate.core.errors import DeadlineExceeded, InvalidArgument, clip
 from rlgate.runtime import jsoncodec
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, InvalidArgument, clip
 from rlgate.store import (
     RequestExists,
     RequestRecord,

@@ -1,7 +1,7 @@
 """The gateway's logic, independent of the gRPC server: auth, ListTools, CallTool, idempotency, the log.
 
 Handlers in `servicer.py` only translate between gRPC and these methods; every caller-visible failure is an
-`RlgateError` (rlgate.runtime.errors), and every model mistake is an `is_error` result.
+`RlgateError` (rlgate.core.errors), and every model mistake is an `is_error` result.
 """
 
 from __future__ import annotations
@@ -15,6 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlgate.core.convert import InvalidJsonValue, arguments_of
+from rlgate.core.errors import (
+    MAX_MESSAGE,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    RlgateError,
+    Unauthenticated,
+    Unavailable,
+    clip,
+)
 from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,
@@ -29,16 +39,6 @@ from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime import metrics
 from rlgate.runtime.auth import session_of_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import (
-    MAX_MESSAGE,
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    RlgateError,
-    Unauthenticated,
-    Unavailable,
-    clip,
-)
 from rlgate.runtime.ledger import Claim, RequestLedger
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rlgate.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rlgate.runtime.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
 from rlgate.store import MemoryStore, RequestState, SessionStore, StoreError, open_store
 from rlgate.v1 import orchestrator_pb2

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from rlgate.core.errors import DeadlineExceeded, Unavailable
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, Unavailable
 from rlgate.runtime.ledger import decode_result
 from rlgate.store import MemoryStore, RequestState, Session, SessionStatus, call_scope
 from rlgate.toolgateway.service import ORPHAN_NOTE, ToolGateway

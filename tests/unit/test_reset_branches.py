@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from rlgate.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import PoolEntry
 from rlgate.orchestrator.providers.base import InstanceLimit, ResetFailed, Retryable
@@ -20,7 +21,6 @@ from rlgate.orchestrator.resets import ResetParams, session_id_for_request
 from rlgate.orchestrator.servicer import error_status
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from rlgate.runtime.ledger import scope
 from rlgate.store import IntentState, MemoryStore, RequestState, SessionStatus, StoreError
 from rlgate.v1 import orchestrator_pb2
