@@ -167,9 +167,11 @@ def test_the_policy_draws_its_delays_from_the_one_backoff_schedule() -> None:
     policy = RetryPolicy(initial_backoff=0.2, max_backoff=3.0, multiplier=3.0, jitter=0.25)
     schedule = Backoff(initial=0.2, maximum=3.0, multiplier=3.0, jitter=0.25)
     for draw in (0.0, 0.3, 0.999):
-        assert [policy.backoff(i, rng=lambda d=draw: d) for i in range(8)] == [
-            schedule.delay(i, rng=lambda d=draw: d) for i in range(8)
-        ]
+
+        def rng(d: float = draw) -> float:
+            return d
+
+        assert [policy.backoff(i, rng) for i in range(8)] == [schedule.delay(i, rng) for i in range(8)]
     assert policy.backoff(10_000, rng=lambda: 0.5) == pytest.approx(3.0)  # capped, never an overflow
 
 
