@@ -52,7 +52,7 @@ lint: $(STAMP_ALL)
 	$(BUF) lint
 
 proto: $(STAMP_ALL)
-	$(PY) -m rlgate.runtime.protogen clients/python
+	$(PY) -m rlgate.devtools.protogen clients/python
 
 bench: $(STAMP_ALL)
 	$(PY) -m bench --quick

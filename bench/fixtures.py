@@ -26,8 +26,8 @@ import psutil
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from rlgate.convert import json_text
-from rlgate.runtime.stack import LocalStack, StackSettings
+from rlgate.core.convert import json_text
+from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 
 BENCH_DIR = Path(__file__).resolve().parent

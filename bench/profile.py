@@ -46,7 +46,7 @@ LAYERS = (
     ("logging + metrics", re.compile(r"logging/|prometheus_client/|runtime/logs\.py|runtime/metrics\.py")),
     ("MCP client (mcp, httpx2, httpcore2, anyio)", re.compile(r"\(mcp/|mcp_types/|httpx2/|httpcore2/|anyio/|h11/")),
     ("gRPC + interceptors", re.compile(r"grpc/|runtime/interceptors\.py|servicer\.py")),
-    ("protobuf/Struct conversion", re.compile(r"protobuf/|rlgate/convert\.py")),
+    ("protobuf/Struct conversion", re.compile(r"protobuf/|rlgate/core/convert\.py")),
     ("rlgate service code", re.compile(r"toolgateway/|orchestrator/|store/|localfleet/")),
     ("event loop: waiting in select", re.compile(r"EpollSelector\.select")),
     ("event loop callbacks (incl. grpc.aio Cython: no Python frames)", re.compile(r"asyncio/")),

@@ -50,7 +50,7 @@ from bench.fixtures import BENCH_DIR, BenchContext, BenchError, child_process
 from bench.harness import Entry, Goal, describe, failed, format_table, percentile
 from bench.step_vs_openenv import OPENENV_VERSION, ensure_venv
 from rlgate import AsyncClient
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "scale_sessions"

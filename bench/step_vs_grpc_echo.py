@@ -16,7 +16,7 @@ import grpc
 from bench.echo_server import METHOD
 from bench.fixtures import BENCH_TOOLS, ERA_ENV, RPC_TIMEOUT_S, BenchContext, Rlgate, child_process
 from bench.harness import Entry, Goal, alternate, closed_loop, stats_table, throughput_ratios
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_grpc_echo"

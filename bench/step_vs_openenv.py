@@ -38,7 +38,7 @@ from bench.fixtures import (
 )
 from bench.harness import Entry, Goal, Stats, alternate, closed_loop, failed, stats_table, throughput_ratios
 from rlgate import AsyncClient
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.v1 import orchestrator_pb2
 
 NAME = "step_vs_openenv"

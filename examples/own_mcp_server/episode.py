@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 import rlgate
-from rlgate.convert import parse_json_object
+from rlgate.core.convert import parse_json_object
 
 # Each task's question, as the arguments of the conversion that answers it.
 CONVERSIONS = {

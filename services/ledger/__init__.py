@@ -39,7 +39,7 @@ API (`RequestLedger(store, owner)`; one per process and plane):
     response = await ledger.run(scope, request_id, params, deadline, ResponseMessage, work, ...)
 
 - `params`: the request's parameters as {field: JSON value} (protobuf Structs through
-  `rlgate.convert.arguments_of` or `json_from_struct`); compared field by field, in the given order.
+  `rlgate.core.convert.arguments_of` or `json_from_struct`); compared field by field, in the given order.
 - `work(claim)`: does the request. `claim.prior` is the dead owner's record this attempt took over, else
   None. To record the response with the work's own last store write (one round trip instead of two), the
   work calls `await claim.commit(response=..., session=..., tool_call=...)` (`SessionStore.commit` with the

@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from rlgate.core.backoff import Backoff
+from rlgate.core.errors import DeadlineExceeded, clip
 from rlgate.ledger.binding import check_binding, decode_result, fingerprint
 from rlgate.ledger.claim import Claim, LedgerStore, Unwritten
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, clip
 from rlgate.store import RequestExists, RequestRecord, RequestState, StoreError
 
 log = logging.getLogger(__name__)

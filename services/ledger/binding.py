@@ -11,9 +11,9 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from rlgate.convert import InvalidJsonValue, json_text, parse_json_text
+from rlgate.core.convert import InvalidJsonValue, json_text, parse_json_text
+from rlgate.core.errors import InvalidArgument, clip
 from rlgate.runtime import jsoncodec
-from rlgate.runtime.errors import InvalidArgument, clip
 
 ANONYMOUS = "-"  # the caller when no credentials identify one (no API keys configured)
 DIGEST_CHARS = 16  # hex characters per field digest (64 bits: a collision is no practical concern)

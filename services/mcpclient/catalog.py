@@ -34,9 +34,9 @@ from typing import Any
 import mcp_types as mt
 from mcp import Client
 
-from rlgate.convert import InvalidJsonValue, json_text
-from rlgate.runtime.errors import clip
-from rlgate.runtime.redact import public_url
+from rlgate.core.convert import InvalidJsonValue, json_text
+from rlgate.core.errors import clip
+from rlgate.core.redact import public_url
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)

@@ -9,13 +9,13 @@ from typing import Any
 
 import mcp_types as mt
 
+from rlgate.core.errors import MAX_MESSAGE, clip
+from rlgate.core.redact import public_url
 from rlgate.mcpclient.catalog import ToolCatalog, union_tools
 from rlgate.mcpclient.connect import list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import tracing
-from rlgate.runtime.errors import MAX_MESSAGE, clip
-from rlgate.runtime.redact import public_url
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from mcp import Client, MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_REQUEST, PARSE_ERROR, REQUEST_TIMEOUT
 from pydantic import ValidationError
 
+from rlgate.core.redact import public_url
 from rlgate.mcpclient.errors import (
     CallLost,
     CallNotSent,
@@ -37,7 +38,6 @@ from rlgate.mcpclient.errors import (
 from rlgate.mcpclient.link import Link, SharedTools
 from rlgate.mcpclient.transport import Exchange, exchange
 from rlgate.runtime import metrics, tracing
-from rlgate.runtime.redact import public_url
 
 if TYPE_CHECKING:
     from rlgate.mcpclient.pool import UpstreamPool

@@ -23,13 +23,13 @@ from mcp.shared.inbound import x_mcp_header_map
 from mcp_types import METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from rlgate.core.errors import MAX_MESSAGE, clip
 from rlgate.mcpclient.catalog import listing_key
 from rlgate.mcpclient.connect import connect_error, leaves, list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallNotSent, EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.stateless import MAX_CONNECTIONS
 from rlgate.mcpclient.transport import HttpSettings, exchange
 from rlgate.runtime import metrics
-from rlgate.runtime.errors import MAX_MESSAGE, clip
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from rlgate.core.errors import ResourceExhausted, Unavailable
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.runtime.errors import ResourceExhausted, Unavailable
 from rlgate.store import SessionRecords
 
 

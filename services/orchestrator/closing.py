@@ -10,11 +10,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
+from rlgate.core.errors import InvalidArgument, NotFound
 from rlgate.orchestrator.instances import Instances
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.views import SESSION_STATUS
 from rlgate.runtime.auth import revoke_agent_token
-from rlgate.runtime.errors import InvalidArgument, NotFound
 from rlgate.store import Session, SessionStatus
 from rlgate.v1 import orchestrator_pb2
 

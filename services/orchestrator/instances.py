@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 
+from rlgate.core.errors import NotFound
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.pool import PoolEntry, WarmPool
@@ -19,7 +20,6 @@ from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Prov
 from rlgate.orchestrator.provisioning import Provisioner
 from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import NotFound
 from rlgate.store import Intent, IntentState, Session
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from rlgate.runtime.errors import InvalidArgument, NotFound, clip
+from rlgate.core.errors import InvalidArgument, NotFound, clip
 
 MAX_ID = 128  # request_id, run_id, session_id (rlgate's own session ids are 26 characters)
 MAX_KEY = 256  # task_key, env_key

@@ -14,12 +14,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from rlgate.core.errors import RlgateError
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.provisioning import Provisioner
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import RlgateError
 from rlgate.store import Intent, IntentState
 
 log = logging.getLogger(__name__)

@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlgate.core.backoff import Backoff
+from rlgate.core.errors import NotFound, ResourceExhausted, RlgateError, Unavailable, clip
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import (
@@ -42,7 +43,6 @@ from rlgate.orchestrator.providers.base import (
 )
 from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import NotFound, ResourceExhausted, RlgateError, Unavailable, clip
 from rlgate.store import Intent, IntentState, SessionStore, StoreError
 
 log = logging.getLogger(__name__)

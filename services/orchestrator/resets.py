@@ -22,6 +22,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
@@ -34,7 +35,6 @@ from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.views import instance_info, task_info
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import DoneReason, Intent, RequestRecord, Session, SessionStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2

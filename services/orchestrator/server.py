@@ -21,12 +21,12 @@ from typing import Any
 
 import grpc
 
+from rlgate.core.errors import Unavailable
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.servicer import OrchestratorServicer
 from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
-from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.interceptors import (
     ApiKeyInterceptor,

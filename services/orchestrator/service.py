@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +29,7 @@ from rlgate.orchestrator.reconcile import Reconciler
 from rlgate.orchestrator.tasks import TaskCatalog
 from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.verifier import Verifier
+from rlgate.runtime.identity import process_identity
 from rlgate.runtime.settings import default_store_url
 from rlgate.store import OPEN_STATUSES, SessionStore, open_store
 
@@ -101,7 +99,7 @@ class Orchestrator:
         self.store = store
         self.provider = provider
         self._owns_store = owns_store
-        self.owner = f"orch-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.owner = process_identity("orchestrator")
         self.catalog = TaskCatalog()
         self.provisioner = Provisioner(config, store, provider, self.owner, store_id)
         self.pool = WarmPool(config, provider, self.provisioner)

@@ -13,13 +13,13 @@ from google.protobuf.message import Message
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
+from rlgate.core.errors import MAX_MESSAGE, RlgateError, clip
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.limits import check_request
 from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.auth import bearer_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import MAX_MESSAGE, RlgateError, clip
 from rlgate.store import StoreError
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
+from rlgate.core.errors import InvalidArgument, NotFound, clip
 from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.orchestrator.tasks import TaskCatalog
-from rlgate.runtime.errors import InvalidArgument, NotFound, clip
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import OPEN_STATUSES, ConflictError, RequestExists, Session, SessionStore, Writes
 

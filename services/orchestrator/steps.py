@@ -14,13 +14,13 @@ import logging
 import time
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.core.convert import InvalidJsonValue, arguments_of
+from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.endings import Endings
 from rlgate.orchestrator.sessions import Sessions, unknown_session
 from rlgate.orchestrator.views import step_response
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import DoneReason, Session, SessionStatus
 from rlgate.v1 import orchestrator_pb2

@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgate.core.errors import InvalidArgument, NotFound, clip
 from rlgate.orchestrator.limits import MAX_KEY
 from rlgate.orchestrator.providers.base import TaskDef
-from rlgate.runtime.errors import InvalidArgument, NotFound, clip
 
 MODALITIES = ("tool_use", "computer_use", "browser_use")
 NO_MODALITY_FILTER = "all"  # bring-your-own endpoints: every tool, `computer` included (the gateway's word)

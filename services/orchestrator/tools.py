@@ -26,10 +26,10 @@ from typing import Any
 
 import mcp_types as mt
 
+from rlgate.core.errors import FailedPrecondition, Unavailable
+from rlgate.core.redact import public_url
 from rlgate.mcpclient.catalog import NO_MODALITY_FILTER, union_tools
 from rlgate.mcpclient.discovery import discover_tools
-from rlgate.runtime.errors import FailedPrecondition, Unavailable
-from rlgate.runtime.redact import public_url
 from rlgate.v1 import common_pb2
 
 log = logging.getLogger(__name__)

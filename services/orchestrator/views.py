@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
+from rlgate.core.errors import InvalidArgument
 from rlgate.orchestrator.providers.base import TaskDef
-from rlgate.runtime.errors import InvalidArgument
 from rlgate.store import DoneReason, Session, SessionStatus, ToolCallEntry, Verification, VerificationStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 

@@ -28,9 +28,9 @@ import grpc
 from grpc._cython import cygrpc  # type: ignore[attr-defined]  # private: not in grpc's stubs
 from opentelemetry import context as otel_context
 
+from rlgate.core.errors import ResourceExhausted, clip
 from rlgate.runtime import tracing
 from rlgate.runtime.auth import bearer_token, session_of_token, token_hash
-from rlgate.runtime.errors import ResourceExhausted, clip
 from rlgate.runtime.grpc_server import MAX_STREAMS_PER_CONNECTION
 from rlgate.runtime.logs import session_id_var, trace_id_var
 

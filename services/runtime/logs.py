@@ -20,7 +20,7 @@ import re
 import sys
 import time
 
-from rlgate.runtime.redact import redact_urls
+from rlgate.core.redact import redact_urls
 
 trace_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("rlgate_trace_id", default="-")
 session_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("rlgate_session_id", default="-")

@@ -33,7 +33,7 @@ import referencing
 import referencing.exceptions
 from jsonschema import exceptions as js_exceptions
 
-from rlgate.runtime.errors import clip
+from rlgate.core.errors import clip
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from rlgate.core.errors import FailedPrecondition, RlgateError, Unauthenticated, Unavailable
 from rlgate.runtime.auth import session_of_token, token_hash
-from rlgate.runtime.errors import FailedPrecondition, RlgateError, Unauthenticated, Unavailable
 from rlgate.runtime.logs import session_id_var
 from rlgate.store import RequestRecord, Session, SessionStatus, SessionStore, StoreError, call_scope
 from rlgate.toolgateway.recording import Recorder

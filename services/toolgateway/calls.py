@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, arguments_of
+from rlgate.core.convert import InvalidJsonValue, arguments_of
+from rlgate.core.errors import DeadlineExceeded, InvalidArgument, RlgateError, Unavailable, clip
+from rlgate.ledger import Claim, RequestLedger
 from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,
@@ -27,8 +29,6 @@ from rlgate.mcpclient.errors import (
 from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, InvalidArgument, RlgateError, Unavailable, clip
-from rlgate.ledger import Claim, RequestLedger
 from rlgate.store import RequestRecord, Session, SessionStore, StoreError, call_scope
 from rlgate.toolgateway import results
 from rlgate.toolgateway.arguments import check_arguments

@@ -8,11 +8,11 @@ import asyncio
 import logging
 import time
 
+from rlgate.core.errors import MAX_MESSAGE, DeadlineExceeded, Unavailable, clip
 from rlgate.mcpclient.catalog import CatalogTool
 from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import MAX_MESSAGE, DeadlineExceeded, Unavailable, clip
 from rlgate.store import Session
 from rlgate.v1 import toolgateway_pb2
 

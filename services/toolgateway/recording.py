@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from rlgate.runtime import metrics
 from rlgate.ledger import Claim
+from rlgate.runtime import metrics
 from rlgate.store import Session, SessionStore, StoreError, ToolCallEntry
 from rlgate.toolgateway import results
 from rlgate.v1 import common_pb2, toolgateway_pb2

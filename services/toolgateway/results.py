@@ -12,8 +12,8 @@ from typing import Any
 
 import mcp_types as mt
 
-from rlgate.convert import InvalidJsonValue, json_text
-from rlgate.runtime.redact import redact_urls
+from rlgate.core.convert import InvalidJsonValue, json_text
+from rlgate.core.redact import redact_urls
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind

@@ -5,9 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
 
 import grpc
@@ -17,6 +14,7 @@ from rlgate.mcpclient.transport import HttpSettings
 from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
+from rlgate.runtime.identity import process_identity
 from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor, ReplyBudgetInterceptor
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
@@ -29,11 +27,6 @@ from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
-
-
-def new_owner_id() -> str:
-    """This process's identity for request records (liveness via store heartbeats)."""
-    return f"toolgateway:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -90,7 +83,7 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
     owns_store = store is None
     if store is None:
         store = await open_store(config.store_url or default_store_url(config.data_dir))
-    owner = new_owner_id()
+    owner = process_identity("toolgateway")
     await store.heartbeat_owner(owner, config.owner_ttl_s)  # alive before the first claim
     pool = UpstreamPool(
         PoolSettings(

@@ -3,7 +3,7 @@ session), `catalog` (the session's tools, ListTools), `calls` (CallTool: ledger,
 results) and `recording` (the tool-call log and the bookkeeping of calls).
 
 Handlers in `servicer.py` only translate between gRPC and these methods; every caller-visible failure is an
-`RlgateError` (rlgate.runtime.errors), and every model mistake is an `is_error` result.
+`RlgateError` (rlgate.core.errors), and every model mistake is an `is_error` result.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from rlgate.ledger import RequestLedger
 from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.runtime.deadline import Deadline
-from rlgate.ledger import RequestLedger
 from rlgate.store import SessionStore
 from rlgate.toolgateway.auth import Authenticator
 from rlgate.toolgateway.calls import Calls

@@ -11,9 +11,9 @@ from typing import TypeVar
 import grpc
 from grpc_status import rpc_status
 
+from rlgate.core.errors import RlgateError
 from rlgate.runtime.auth import bearer_token
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import RlgateError
 from rlgate.toolgateway.service import DEADLINE_MARGIN_S, ToolGateway
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
 

@@ -17,9 +17,9 @@ from google.rpc import error_details_pb2
 import rlgate
 from rlgate import AsyncClient, Client, ClientSettings, RetryPolicy
 from rlgate.client import TRACE_HEADER
-from rlgate.convert import arguments_of
+from rlgate.core import errors as service_errors  # the classes both services raise (the client's own)
+from rlgate.core.convert import arguments_of
 from rlgate.retry import NO_RETRY, RetryState
-from rlgate.runtime import errors as service_errors  # what both services send; the client never imports it
 from tests.client.scripted import Rich, ScriptedServer, Sleep
 from tests.support.ports import free_port
 
@@ -229,7 +229,7 @@ def test_call_tool_without_a_gateway_says_what_to_pass(server: ScriptedServer) -
     assert server.script.count("CallTool") == 0
 
 
-# -- the services' statuses: google.rpc.Status details from rlgate.runtime.errors, on both planes
+# -- the services' statuses: google.rpc.Status details from rlgate.core.errors, on both planes
 
 
 def _one_call(method: str) -> Callable[[Any, str], Any]:
@@ -244,7 +244,7 @@ def _one_call(method: str) -> Callable[[Any, str], Any]:
 
 
 # Refusals the client retries after their RetryInfo: UNAVAILABLE from either service
-# (rlgate.runtime.errors.Unavailable), and a connection over its reply budget, refused before any work
+# (rlgate.core.errors.Unavailable), and a connection over its reply budget, refused before any work
 # (RESOURCE_EXHAUSTED with reason REPLY_BUDGET), which CallTool retries too.
 RETRIED_REFUSALS = {
     "unavailable": service_errors.Unavailable("upstream busy", retry_after_s=0.4),
@@ -302,6 +302,9 @@ async def test_status_details_from_either_service_reach_the_error(
     if isinstance(error, service_errors.InvalidArgument):
         bad = error_details_pb2.BadRequest()
         assert err.rich_status.details[1].Unpack(bad) and bad.field_violations[0].field == "arguments_json"
+    # One hierarchy: the class the service raised, with what it said in its details.
+    assert type(err) is type(error) and err.reason == error.reason and err.metadata == error.metadata
+    assert getattr(err, "field", "") == getattr(error, "field", "")
     assert server.script.count(method) == 1  # caller errors are not retried
 
 
@@ -352,6 +355,14 @@ def test_errors_pickle() -> None:
     assert isinstance(back, rlgate.VerifierError) and back.status == "TIMEOUT" and back.task_key == "t"
     nf = pickle.loads(pickle.dumps(rlgate.NotFound("x", trace_id="tr")))
     assert isinstance(nf, rlgate.NotFound) and nf.trace_id == "tr" and nf.code == grpc.StatusCode.NOT_FOUND
+    # A server's error as a client reads it back: its details survive a pickle too.
+    sent = service_errors.ResourceExhausted("full", subject="sessions", reason="MAX_SESSIONS", retry_after_s=2.5)
+    received = rlgate.ResourceExhausted.from_status(
+        "Reset: full", code=grpc.StatusCode.RESOURCE_EXHAUSTED, trace_id="tr", rich_status=sent.to_status()
+    )
+    back_ = pickle.loads(pickle.dumps(received))
+    assert (back_.subject, back_.reason, back_.retry_after_s) == ("sessions", "MAX_SESSIONS", 2.5)
+    assert back_.rich_status == sent.to_status() and str(back_) == "RESOURCE_EXHAUSTED: Reset: full (trace id tr)"
 
 
 def _self_signed() -> tuple[bytes, bytes]:

@@ -11,7 +11,7 @@ import pytest
 
 import rlgate
 from rlgate import AsyncClient, Client, RetryPolicy
-from rlgate.convert import arguments_of
+from rlgate.core.convert import arguments_of
 from rlgate.episode import RESET_LABEL
 from rlgate.messages import Message
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlgate import protocol
-from rlgate.convert import InvalidJsonValue
+from rlgate.core.convert import InvalidJsonValue
 from rlgate.protocol import ToolCall, parse_assistant_text, render_assistant_turn, render_tool_call
 from rlgate.v1 import common_pb2
 

@@ -9,6 +9,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 import rlgate
+from rlgate.core.backoff import Backoff
 from rlgate.errors import rich_status_of
 from rlgate.retry import RetryPolicy, RetryState
 
@@ -160,3 +161,24 @@ def test_another_resource_exhausted_is_not_retried() -> None:
     state.attempt_timeout()
     with pytest.raises(rlgate.ResourceExhausted):
         state.on_error(FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, (("grpc-status-details-bin", trailer),)))
+
+
+def test_the_policy_draws_its_delays_from_the_one_backoff_schedule() -> None:
+    policy = RetryPolicy(initial_backoff=0.2, max_backoff=3.0, multiplier=3.0, jitter=0.25)
+    schedule = Backoff(initial=0.2, maximum=3.0, multiplier=3.0, jitter=0.25)
+    for draw in (0.0, 0.3, 0.999):
+
+        def rng(d: float = draw) -> float:
+            return d
+
+        assert [policy.backoff(i, rng) for i in range(8)] == [schedule.delay(i, rng) for i in range(8)]
+    assert policy.backoff(10_000, rng=lambda: 0.5) == pytest.approx(3.0)  # capped, never an overflow
+
+
+def test_a_spent_deadline_keeps_its_advice_after_a_long_last_error() -> None:
+    state = _state("Step", max_attempts=5)
+    state.errors.append("x" * 5000)
+    state.clock.now = 11.0  # type: ignore[attr-defined]
+    with pytest.raises(rlgate.DeadlineExceeded) as info:
+        state.attempt_timeout()
+    assert info.value.message.endswith("to wait longer, pass a larger timeout= or set ClientSettings.timeouts")

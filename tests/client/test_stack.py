@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 import rlgate
-from rlgate.convert import parse_json_object
+from rlgate.core.convert import parse_json_object
+from rlgate.devtools.stack import LocalStack
 from rlgate.policies import reference_solution, reference_turns
 from rlgate.protocol import render_system_prompt
-from rlgate.runtime.stack import LocalStack
 from rlgate.v1 import common_pb2
 from tests.client.tinker_support import ScriptedPolicy, renderer
 from tests.support.ports import free_port, wait_for_port

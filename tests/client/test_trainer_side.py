@@ -13,8 +13,8 @@ import pytest
 
 import rlgate
 from rlgate import protocol
+from rlgate.core import errors as service_errors  # the classes the gateway raises (the client's own)
 from rlgate.episode import tool_timeout_setting
-from rlgate.runtime import errors as service_errors  # what the gateway sends; the client never imports it
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.client.scripted import Rich, ScriptedServer, Sleep
 from tests.client.tinker_support import ScriptedPolicy, renderer

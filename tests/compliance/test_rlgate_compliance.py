@@ -65,7 +65,7 @@ class TestToolGatewayWithApiKeys(RlgateServersWithApiKeys, ToolGatewayServiceCom
 
 
 def test_compliance_imports_no_service_code() -> None:
-    """rlgate.compliance tests any implementation: it needs the stubs, grpc and rlgate.convert, not rlgate's
+    """rlgate.compliance tests any implementation: it needs the stubs, grpc and rlgate.core.convert, not rlgate's
     servers."""
     code = (
         "import sys, rlgate.compliance;"

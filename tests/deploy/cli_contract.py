@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from rlgate.cli import cli
-from rlgate.runtime import healthcheck
+from rlgate.devtools import healthcheck
 from rlgate.runtime.config import env_vars, from_env, split_host_port
 
 REPO = Path(__file__).resolve().parents[2]

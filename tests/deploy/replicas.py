@@ -41,10 +41,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rlgate import AsyncClient
+from rlgate.devtools.healthcheck import EXIT_SERVING, check_grpc, check_http
 from rlgate.policies import reference_solution
 from rlgate.protocol import ToolCall, render_assistant_turn
 from rlgate.runtime.config import env_vars
-from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 from rlgate.v1 import orchestrator_pb2
 from tests.deploy.cli_contract import config_class
 from tests.support.ports import free_port

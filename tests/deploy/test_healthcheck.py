@@ -11,7 +11,7 @@ from threading import Thread
 
 import pytest
 
-from rlgate.runtime import healthcheck
+from rlgate.devtools import healthcheck
 from rlgate.runtime.grpc_server import RunningServer, start_server
 from tests.support.ports import free_port
 

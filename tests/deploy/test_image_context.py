@@ -66,7 +66,7 @@ def test_dockerignore_keeps_what_the_dockerfile_copies_and_nothing_else() -> Non
         "constraints.txt",
         "README.md",
         "clients/python/rlgate/cli.py",
-        "services/runtime/healthcheck.py",
+        "devtools/healthcheck.py",
         "services/localfleet/tasks_loader.py",
     ):
         assert not excluded(needed, rules), needed
@@ -132,7 +132,7 @@ async def test_the_build_context_installs_a_complete_package(tmp_path: Path) -> 
     # The installed copy, not the editable checkout: PYTHONPATH comes before the venv's editable finder.
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
-        "import rlgate, rlgate.cli, rlgate.v1.orchestrator_pb2, rlgate.runtime.healthcheck\n"
+        "import rlgate, rlgate.cli, rlgate.v1.orchestrator_pb2, rlgate.devtools.healthcheck\n"
         "import rlgate.orchestrator.server, rlgate.toolgateway.server, rlgate.localfleet.server\n"
         "import rlgate.store.sqlite, rlgate.store.redis\n"
         "from rlgate.localfleet.tasks_loader import load_tasks\n"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import rlgate
+from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.orchestrator.resets import gateway_for
-from rlgate.runtime.stack import LocalStack, StackSettings
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "bench" / "scale_upstream.py"  # one `wait` tool
 

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 
 from rlgate import protocol
 from rlgate.cli import cli
+from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.messages import IMAGE_OMITTED
-from rlgate.runtime.stack import LocalStack, StackSettings
 from tests.client.images import size_of_url
 from tests.client.openai_stub import OpenAIStub, image_urls, turn_of
 from tests.support.ports import free_port, wait_for_port

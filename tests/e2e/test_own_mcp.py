@@ -23,8 +23,8 @@ import pytest
 from click.testing import CliRunner
 
 from rlgate.cli import cli
-from rlgate.convert import parse_json_object
-from rlgate.runtime.stack import LocalStack, StackSettings
+from rlgate.core.convert import parse_json_object
+from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlgate.runtime.stack import LocalStack
+from rlgate.devtools.stack import LocalStack
 from tests.support.grpcurl import grpcurl_env, require_grpcurl, run_grpcurl
 
 README = Path(__file__).resolve().parents[2] / "README.md"

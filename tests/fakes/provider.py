@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlgate.core.errors import RlgateError
 from rlgate.orchestrator.providers.base import (
     InstanceGone,
     InstanceHandle,
@@ -24,7 +25,6 @@ from rlgate.orchestrator.providers.base import (
     TaskDef,
     VerifierRun,
 )
-from rlgate.runtime.errors import RlgateError
 from rlgate.v1 import common_pb2
 
 HANG = "hang"

@@ -17,7 +17,7 @@ import grpc
 import httpx
 import pytest
 
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.server import OrchestratorHandle, start_orchestrator
 from rlgate.store import SessionStore

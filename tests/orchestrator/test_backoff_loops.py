@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from rlgate.core.backoff import Backoff
+from rlgate.core.errors import RlgateError
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import InstanceHandle, InstanceLimit, Retryable, TaskDef
 from rlgate.orchestrator.providers.fleet import FleetProvider
@@ -22,7 +23,6 @@ from rlgate.orchestrator.provisioning import Provisioner
 from rlgate.orchestrator.service import Orchestrator
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import RlgateError
 from rlgate.store.sqlite import SqliteStore
 from tests.orchestrator.test_units import _RejectingProvider, _ScriptedProvider
 

@@ -15,7 +15,7 @@ import pytest
 from google.rpc import error_details_pb2
 from prometheus_client import REGISTRY
 
-from rlgate.convert import parse_json_object, parse_json_text, struct_from_dict
+from rlgate.core.convert import parse_json_object, parse_json_text, struct_from_dict
 from rlgate.ledger import decode_result, scope
 from rlgate.runtime.auth import session_of_token, token_hash
 from rlgate.store import SessionStore

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlgate.core.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rlgate.ledger import Claim, RequestLedger, decode_result, fingerprint, scope
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument
 from rlgate.store import RequestState, SessionStore, StoreError, open_store
 from rlgate.v1 import orchestrator_pb2
 from rlgate.v1.orchestrator_pb2 import StepResponse as Reply

@@ -25,7 +25,7 @@ import pytest
 from google.rpc import error_details_pb2
 from mcp.server import Server
 
-from rlgate.convert import parse_json_object
+from rlgate.core.convert import parse_json_object
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import EnvNotFound
 from rlgate.orchestrator.providers.mcp import McpProvider, merge_filters, parse_mcp_envs

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2
 
-from rlgate.convert import json_text, struct_from_dict
+from rlgate.core.convert import json_text, struct_from_dict
 from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, list_tools_code

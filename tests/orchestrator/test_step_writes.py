@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from rlgate.core.errors import FailedPrecondition, InvalidArgument
 from rlgate.ledger import decode_result, scope
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.service import Orchestrator, make_provider
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, InvalidArgument
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2
 

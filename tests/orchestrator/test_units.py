@@ -18,6 +18,16 @@ from fleet._async.exceptions import (
 )
 from google.rpc import error_details_pb2
 
+from rlgate.core.errors import (
+    MAX_ECHO,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    RlgateError,
+    Unavailable,
+    clip,
+)
 from rlgate.orchestrator.limits import MAX_KEY, MAX_PAGE_TOKEN, check_request
 from rlgate.orchestrator.pool import parse_pool_targets
 from rlgate.orchestrator.providers.base import (
@@ -36,16 +46,6 @@ from rlgate.orchestrator.providers.mcp import McpProvider, parse_mcp_envs
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, task_from_json
 from rlgate.orchestrator.verifier import Verifier
 from rlgate.orchestrator.views import DONE_REASON, SESSION_STATUS, VERIFICATION_STATUS, status_filter
-from rlgate.runtime.errors import (
-    MAX_ECHO,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    RlgateError,
-    Unavailable,
-    clip,
-)
 from rlgate.store import DoneReason, SessionStatus, VerificationStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
@@ -373,10 +373,10 @@ class _RejectingProvider(_ScriptedProvider):
 async def test_provisioner_retries_until_the_deadline_then_maps(
     error: Exception, code: grpc.StatusCode, reason: str, tmp_path: Any
 ) -> None:
+    from rlgate.core.errors import RlgateError
     from rlgate.orchestrator.config import OrchestratorConfig
     from rlgate.orchestrator.provisioning import Provisioner
     from rlgate.runtime.deadline import Deadline
-    from rlgate.runtime.errors import RlgateError
     from rlgate.store.sqlite import SqliteStore
 
     store = await SqliteStore.open(str(tmp_path / "s.db"))
@@ -400,10 +400,10 @@ async def test_provisioner_retries_until_the_deadline_then_maps(
 
 
 async def test_provisioner_marks_unknown_outcomes_for_deletion(tmp_path: Any) -> None:
+    from rlgate.core.errors import RlgateError
     from rlgate.orchestrator.config import OrchestratorConfig
     from rlgate.orchestrator.provisioning import Provisioner
     from rlgate.runtime.deadline import Deadline
-    from rlgate.runtime.errors import RlgateError
     from rlgate.store import IntentState
     from rlgate.store.sqlite import SqliteStore
 

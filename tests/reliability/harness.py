@@ -24,7 +24,7 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from rlgate.runtime.stack import LocalStack, StackSettings, free_port
+from rlgate.devtools.stack import LocalStack, StackSettings, free_port
 from rlgate.v1 import orchestrator_pb2_grpc, toolgateway_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,7 +325,7 @@ def bearer(token: str) -> list[tuple[str, str]]:
 
 def reference_solution(task: Any) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
     """(tool calls, final answer) of a TaskInfo listed with ListTasks(include_reference_solution=True)."""
-    from rlgate.convert import parse_json_object
+    from rlgate.core.convert import parse_json_object
 
     if not task.reference_solution_json:
         raise ValueError(f"task {task.key!r} was listed without its reference solution")

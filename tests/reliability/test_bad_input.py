@@ -24,7 +24,7 @@ from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-d
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlgate.convert import MAX_JSON_TEXT_DEPTH
+from rlgate.core.convert import MAX_JSON_TEXT_DEPTH
 from rlgate.store import open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.reliability.conftest import FULL, PROFILE, Figures

@@ -34,9 +34,9 @@ import httpx
 import psutil
 import pytest
 
+from rlgate.devtools.stack import free_port
 from rlgate.mcpclient.catalog import MAX_TOOLS
 from rlgate.mcpclient.transport import MAX_PAGE_BYTES
-from rlgate.runtime.stack import free_port
 from rlgate.toolgateway.results import MAX_CONTENT_BLOCKS
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.reliability.conftest import FULL, Figures

@@ -25,9 +25,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlgate.devtools.stack import free_port
 from rlgate.ledger import scope as ledger_scope
 from rlgate.runtime.auth import token_hash
-from rlgate.runtime.stack import free_port
 from rlgate.store import open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
 from tests.reliability.conftest import Figures
@@ -485,6 +485,6 @@ def test_no_secret_anywhere(stack: AuditedStack, audit: Audit, figures: Figures)
 
 
 def _struct(obj: dict[str, Any]) -> Any:
-    from rlgate.convert import struct_from_dict
+    from rlgate.core.convert import struct_from_dict
 
     return struct_from_dict(obj)

@@ -1,13 +1,16 @@
 """Lets import-linter see the whole `rlgate` namespace, whose folders setuptools' `package-dir` maps onto it
-(`services/toolgateway` is `rlgate.toolgateway`, and so on).
+(`services/toolgateway` is `rlgate.toolgateway`, `devtools` is `rlgate.devtools`, and so on).
 
 grimp, which builds import-linter's graph, finds a root package's modules by walking the folders its import
 spec lists (`submodule_search_locations`). The editable install's finder gives `rlgate` only
 `clients/python/rlgate`; the mapped subpackages are found one by one at import time, so grimp would never see
 them. `pyproject.toml` names this module as a contract type (`[tool.importlinter] contract_types`) only so
 import-linter imports it before building the graph: importing it puts a finder first on `sys.meta_path` that
-answers for `rlgate` with the client folder plus the folder holding the mapped ones, which then walk as
-`rlgate.<folder>`. Nothing else is changed; `MappedLayout` is the built-in forbidden contract, unused.
+answers for `rlgate` with one folder, the link tree scripts/typecheck.py lays out for mypy
+(`.mypy-tree/rlgate`: a link to each entry of the client folder and one to each mapped folder, named for its
+subpackage). grimp follows the links, so every mapped folder walks as `rlgate.<name>` wherever it lives, and
+nothing beside it does (a folder's parent, such as the repository's root for `devtools`, is never walked).
+Nothing else is changed; `MappedLayout` is the built-in forbidden contract, unused.
 
 The tree is the one import-linter runs in (its working directory, where it reads `pyproject.toml`):
 tests/unit/test_layering.py runs it on a copy of the repository with a forbidden import added.
@@ -18,26 +21,20 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from importlinter.contracts.forbidden import ForbiddenContract
 
+from scripts.typecheck import link_tree
+
 
 def search_locations(root: Path) -> list[str]:
-    """`rlgate`'s own folder, then the folders holding each mapped subpackage (in `package-dir` order)."""
-    mapping: dict[str, str] = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    locations = [str(root / mapping["rlgate"])]
-    for package, folder in mapping.items():
-        if package == "rlgate":
-            continue
-        path = root / folder
-        if package != f"rlgate.{path.name}":
-            raise ValueError(f"package-dir maps {package} onto {folder}: the folder must be named as the subpackage")
-        if str(path.parent) not in locations:
-            locations.append(str(path.parent))
-    return locations
+    """The one folder grimp walks for `rlgate`: scripts/typecheck.py's link tree, where the client folder's
+    entries and each mapped subpackage's folder sit side by side as `rlgate/<name>` (grimp follows the links).
+    A mapped folder anywhere (`devtools/` at the repository's root) is seen as its subpackage, and nothing
+    else in its parent folder is."""
+    return [str(link_tree(root) / "rlgate")]
 
 
 def rlgate_spec(root: Path) -> importlib.machinery.ModuleSpec:

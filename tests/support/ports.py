@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlgate.runtime.stack import free_port
+from rlgate.devtools.stack import free_port
 
 __all__ = ["IN_CI", "free_port", "require_binary", "wait_for_port"]
 

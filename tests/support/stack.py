@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rlgate.runtime.stack import LocalStack, StackSettings
+from rlgate.devtools.stack import LocalStack, StackSettings
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlgate.convert import struct_from_dict
+from rlgate.core.convert import struct_from_dict
 from rlgate.store import SessionStore
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from rlgate.v1.toolgateway_pb2_grpc import ToolGatewayServiceStub as Stub

@@ -14,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from rlgate.convert import struct_from_dict
+from rlgate.core.convert import struct_from_dict
 from rlgate.mcpclient.discovery import discover_tools
 from rlgate.mcpclient.errors import UpstreamUnavailable
 from rlgate.store import DoneReason, SessionStatus, SessionStore, call_scope, open_store

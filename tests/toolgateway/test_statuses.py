@@ -11,7 +11,7 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from rlgate.convert import struct_from_dict
+from rlgate.core.convert import struct_from_dict
 from rlgate.runtime.auth import MAX_REVOKED_TOKENS, mint_agent_token, revoke_agent_token, token_hash
 from rlgate.store import Session, SessionStatus, SessionStore, call_scope
 from rlgate.toolgateway.server import start_gateway

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from rlgate.core.errors import DeadlineExceeded, Unavailable
 from rlgate.ledger import decode_result
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, Unavailable
 from rlgate.store import RequestState, Session, SessionStatus, call_scope
 from rlgate.toolgateway.recording import ORPHAN_NOTE
 from rlgate.toolgateway.service import ToolGateway

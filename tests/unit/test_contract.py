@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rlgate.runtime import protogen
+from rlgate.devtools import protogen
 from tests.support.ports import IN_CI
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rlgate.convert import (
+from rlgate.core.convert import (
     MAX_JSON_DEPTH,
     MAX_JSON_TEXT_DEPTH,
     JsonTooDeepError,
@@ -58,7 +58,7 @@ def test_model_text_with_undeliverable_arguments_is_an_error_observation() -> No
 
 
 def test_json_text_refuses_a_lone_surrogate_instead_of_failing_to_encode_later() -> None:
-    from rlgate.convert import InvalidJsonValue, json_text
+    from rlgate.core.convert import InvalidJsonValue, json_text
 
     with pytest.raises(InvalidJsonValue, match="surrogate"):
         json_text({"q": "model wrote \ud800"})
@@ -67,7 +67,7 @@ def test_json_text_refuses_a_lone_surrogate_instead_of_failing_to_encode_later()
 
 @pytest.mark.parametrize("text", ['{"a": "\\ud800"}', '{"a": 1e999}', '{"\\udc00": 1}', "[-1e400]"])
 def test_parse_json_text_refuses_json_that_cannot_be_written_back(text: str) -> None:
-    from rlgate.convert import InvalidJsonValue, parse_json_text
+    from rlgate.core.convert import InvalidJsonValue, parse_json_text
 
     with pytest.raises(InvalidJsonValue):
         parse_json_text(text)

@@ -1,5 +1,8 @@
 """The layering contracts (`[tool.importlinter]` in pyproject.toml) hold for the repository, and each one breaks
-when a copy of the repository gains an import it forbids: `lint-imports` run as `make lint` runs it."""
+when a copy of the repository gains an import it forbids: `lint-imports` run as `make lint` runs it. The
+contracts: the planes independent; the services layered (cli, devtools, the planes, mcpclient and ledger, store,
+runtime, core, stubs); client code on the core; neither services nor client code importing the other; and no
+cycle among rlgate's packages and modules."""
 
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ def test_the_repository_keeps_every_contract() -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    assert len(contracts) == 3 and all(f"{c['name']}" in " ".join(result.stdout.split()) for c in contracts)
+    assert len(contracts) == len(CONTRACTS)
+    assert all(f"{c['name']}" in " ".join(result.stdout.split()) for c in contracts)
+    assert {c["name"].split(":")[0] for c in contracts} == {name.split(":")[0] for name in CONTRACTS.values()}
 
 
 def _not_python(folder: str, names: list[str]) -> list[str]:
@@ -48,56 +53,144 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tree
 
 
-@pytest.mark.parametrize(
-    ("path", "line", "contract", "chain"),
-    [
-        (
-            "services/orchestrator/probe.py",
-            "from rlgate.toolgateway import service",
-            "The planes are independent",
-            "rlgate.orchestrator.probe -> rlgate.toolgateway.service",
-        ),
-        (
-            "services/toolgateway/probe.py",
-            "import rlgate.orchestrator.tools",
-            "The planes are independent",
-            "rlgate.toolgateway.probe -> rlgate.orchestrator.tools",
-        ),
-        (
-            "services/mcpclient/probe.py",
-            "from rlgate.client import Client",
-            "Services import no client code",
-            "rlgate.mcpclient.probe -> rlgate.client",
-        ),
-        (
-            "services/orchestrator/probe.py",
-            "def later():\n    from rlgate.adapters import skyrl",
-            "Services import no client code",
-            "rlgate.orchestrator.probe -> rlgate.adapters.skyrl",
-        ),
-        (
-            "services/store/probe.py",
-            "from rlgate.toolgateway.server import run",
-            "Neutral packages import no plane",
-            "rlgate.store.probe -> rlgate.toolgateway.server",
-        ),
-        (
-            "services/mcpclient/probe.py",
-            "from rlgate.orchestrator import tools",
-            "Neutral packages import no plane",
-            "rlgate.mcpclient.probe -> rlgate.orchestrator.tools",
-        ),
-    ],
-)
+PLANES = "The planes are independent"
+SERVICES = "The services are layered"
+CLIENT = "Client code sits on the core"
+NO_CLIENT = "Services import no client code"
+NO_SERVICE = "Client code imports no service"
+ACYCLIC = "No cycles among rlgate's packages and modules"
+# Every contract in pyproject.toml, by the start of its name: each is broken by at least one case below.
+CONTRACTS = {
+    "planes": PLANES,
+    "services": SERVICES,
+    "client": CLIENT,
+    "no_client": NO_CLIENT,
+    "no_service": NO_SERVICE,
+    "acyclic": ACYCLIC,
+}
+
+# (file, the line added to it (a new module, or the end of an existing one), {contract broken: what it names}).
+# A cycle is named by the import import-linter would remove, either of its two: "a -> b | b -> a".
+# An import up the layers also closes a cycle when the layer imported already imports the importer.
+CASES = [
+    (
+        "services/orchestrator/probe.py",
+        "from rlgate.toolgateway import service",
+        {PLANES: "rlgate.orchestrator.probe -> rlgate.toolgateway.service", SERVICES: "rlgate.orchestrator.probe"},
+    ),
+    (
+        "services/toolgateway/probe.py",
+        "import rlgate.orchestrator.tools",
+        {PLANES: "rlgate.toolgateway.probe -> rlgate.orchestrator.tools", SERVICES: "rlgate.toolgateway.probe"},
+    ),
+    (
+        "services/localfleet/probe.py",
+        "from rlgate.orchestrator import config",
+        {SERVICES: "rlgate.localfleet.probe -> rlgate.orchestrator.config"},
+    ),
+    (
+        "services/store/probe.py",
+        "from rlgate.toolgateway.server import run",
+        {
+            SERVICES: "rlgate.store.probe -> rlgate.toolgateway.server",
+            ACYCLIC: ".store -> .toolgateway | .toolgateway -> .store",
+        },
+    ),
+    (
+        "services/mcpclient/probe.py",
+        "from rlgate.orchestrator import tools",
+        {
+            SERVICES: "rlgate.mcpclient.probe -> rlgate.orchestrator.tools",
+            ACYCLIC: ".mcpclient -> .orchestrator | .orchestrator -> .mcpclient",
+        },
+    ),
+    (
+        "services/orchestrator/probe.py",
+        "def later():\n    from rlgate.devtools import stack",
+        {
+            # devtools reads the toolgateway's config: the orchestrator would reach the other plane through it
+            PLANES: "rlgate.orchestrator.probe -> rlgate.devtools.stack",
+            SERVICES: "rlgate.orchestrator.probe -> rlgate.devtools.stack",
+            ACYCLIC: ".orchestrator -> .devtools | .devtools -> .orchestrator",
+        },
+    ),
+    (
+        "services/runtime/probe.py",
+        "from rlgate.store import SessionStore",
+        {SERVICES: "rlgate.runtime.probe -> rlgate.store", ACYCLIC: ".runtime -> .store | .store -> .runtime"},
+    ),
+    (
+        "clients/python/rlgate/core/probe.py",
+        "from rlgate.runtime import config",
+        {SERVICES: "rlgate.core.probe -> rlgate.runtime.config", ACYCLIC: ".core -> .runtime | .runtime -> .core"},
+    ),
+    (
+        "clients/python/rlgate/core/probe.py",
+        "from rlgate.protocol import ToolCall",
+        {CLIENT: "rlgate.core.probe -> rlgate.protocol", ACYCLIC: ".core -> .protocol | .protocol -> .core"},
+    ),
+    (
+        "clients/python/rlgate/core/probe.py",
+        "from rlgate.messages import TextPart",
+        {CLIENT: "rlgate.core.probe -> rlgate.messages"},
+    ),
+    (
+        "clients/python/rlgate/adapters/probe.py",
+        "from rlgate.cli import cli",
+        # the command line launches the services: client code that imported it would need the server extra
+        {CLIENT: "rlgate.adapters.probe -> rlgate.cli", NO_SERVICE: "rlgate.adapters.probe -> rlgate.cli"},
+    ),
+    (
+        "services/mcpclient/probe.py",
+        "from rlgate.client import Client",
+        {NO_CLIENT: "rlgate.mcpclient.probe -> rlgate.client"},
+    ),
+    (
+        "services/orchestrator/probe.py",
+        "def later():\n    from rlgate.adapters import skyrl",
+        {NO_CLIENT: "rlgate.orchestrator.probe -> rlgate.adapters.skyrl"},
+    ),
+    (
+        "services/store/probe.py",
+        "from rlgate.errors import NotFound",  # the client's path to the classes: services use rlgate.core.errors
+        {NO_CLIENT: "rlgate.store.probe -> rlgate.errors"},
+    ),
+    (
+        "clients/python/rlgate/adapters/probe.py",
+        "from rlgate.store import SessionStore",
+        {NO_SERVICE: "rlgate.adapters.probe -> rlgate.store"},
+    ),
+    (
+        "clients/python/rlgate/protocol.py",  # policies imports protocol: a cycle within one layer
+        "from rlgate import policies",
+        {ACYCLIC: ".protocol -> .policies | .policies -> .protocol"},
+    ),
+]
+
+
+def test_every_contract_has_a_case_that_breaks_it() -> None:
+    assert {contract for _, _, broken in CASES for contract in broken} == set(CONTRACTS.values())
+
+
+@pytest.mark.parametrize(("path", "line", "broken"), CASES, ids=[f"{path}: {line}" for path, line, _ in CASES])
 def test_a_forbidden_import_breaks_its_contract(
-    pristine: Path, tmp_path: Path, path: str, line: str, contract: str, chain: str
+    pristine: Path, tmp_path: Path, path: str, line: str, broken: dict[str, str]
 ) -> None:
     tree = tmp_path / "repo"
     shutil.copytree(pristine, tree)
-    (tree / path).write_text(f'"""A module a contract forbids."""\n\n{line}\n')
+    target = tree / path
+    if target.exists():
+        target.write_text(target.read_text() + f"\n{line}\n")
+    else:
+        target.write_text(f'"""A module a contract forbids."""\n\n{line}\n')
     result = lint_imports(tree)
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
     report = " ".join(result.stdout.split())
-    assert "2 kept, 1 broken" in report, report[-3000:]
-    broken = report.split("Broken contracts", 1)[1]
-    assert contract in broken and chain in broken, broken[-3000:]
+    assert f"{len(CONTRACTS) - len(broken)} kept, {len(broken)} broken" in report, report[-3000:]
+    section = report.split("Broken contracts", 1)[1]
+    for contract, chain in broken.items():
+        assert contract in section, (contract, section[-3000:])
+        named = section.split(contract, 1)[1]
+        for other in CONTRACTS.values():  # this contract's part of the report only
+            named = named.split(other, 1)[0]
+        assert any(one in named for one in chain.split(" | ")), (contract, chain, section[-3000:])

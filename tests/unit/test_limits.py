@@ -6,6 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from rlgate.core.errors import InvalidArgument, NotFound, RlgateError
 from rlgate.orchestrator.limits import (
     MAX_ID,
     MAX_LABEL,
@@ -14,7 +15,6 @@ from rlgate.orchestrator.limits import (
     check_request,
     unlimited_fields,
 )
-from rlgate.runtime.errors import InvalidArgument, NotFound, RlgateError
 from rlgate.v1 import orchestrator_pb2
 
 SERVICE = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"]

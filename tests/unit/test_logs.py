@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import mcp_types as mt
 import pytest
 
+from rlgate.core.errors import Unavailable
+from rlgate.core.redact import public_url, redact_urls
 from rlgate.mcpclient.catalog import union_tools
-from rlgate.runtime.errors import Unavailable
 from rlgate.runtime.logs import one_line, setup_logging
-from rlgate.runtime.redact import public_url, redact_urls
 
 
 @contextlib.contextmanager

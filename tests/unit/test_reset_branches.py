@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
+from rlgate.core.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from rlgate.ledger import scope
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.pool import PoolEntry
@@ -21,7 +22,6 @@ from rlgate.orchestrator.resets import ResetParams, session_id_for_request
 from rlgate.orchestrator.servicer import error_status
 from rlgate.runtime.auth import token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from rlgate.store import IntentState, RequestState, SessionStatus, StoreError
 from rlgate.v1 import orchestrator_pb2
 from tests.fakes import FakeProvider, make_episodes

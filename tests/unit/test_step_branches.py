@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from rlgate.core.errors import DeadlineExceeded, FailedPrecondition
 from rlgate.ledger import scope
 from rlgate.orchestrator.episodes import Episodes
 from rlgate.orchestrator.providers.base import Retryable, VerifierRun
 from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.deadline import Deadline
-from rlgate.runtime.errors import DeadlineExceeded, FailedPrecondition
 from rlgate.store import RequestState, StoreError
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.fakes import HANG, FakeProvider, make_episodes

@@ -64,7 +64,7 @@ def _service_commands() -> None:
 
         run(config)
 
-    from rlgate.runtime.stack import UpConfig
+    from rlgate.devtools.stack import UpConfig
 
     @cli.command("up")
     @click_options(UpConfig)
@@ -73,7 +73,7 @@ def _service_commands() -> None:
         --mcp NAME=URL the orchestrator and toolgateway on your own MCP servers (no localfleet)."""
         from pathlib import Path
 
-        from rlgate.runtime.stack import StackSettings, run_foreground
+        from rlgate.devtools.stack import StackSettings, run_foreground
 
         if config.mcp:
             _check_mcp_setup(config.mcp, config.tasks)
@@ -128,7 +128,7 @@ def healthcheck(target: str, service: str, timeout: float, quiet: bool) -> None:
 
     Without TARGET: $RLGATE_HEALTHCHECK_TARGET, else the service this container runs. Exit 1: not serving;
     2: unreachable."""
-    from rlgate.runtime.healthcheck import healthcheck as run_healthcheck
+    from rlgate.devtools.healthcheck import healthcheck as run_healthcheck
 
     raise SystemExit(run_healthcheck(target, service, timeout, quiet))
 

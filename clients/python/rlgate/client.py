@@ -31,7 +31,7 @@ from rlgate._tracing import TRACE_HEADER as TRACE_HEADER  # re-exported: part of
 from rlgate._tracing import new_trace_id as new_trace_id
 from rlgate._tracing import trace_metadata
 from rlgate.channels import Pool, aio_channel, sync_channel
-from rlgate.convert import InvalidJsonValue, json_text
+from rlgate.core.convert import InvalidJsonValue, json_text
 from rlgate.errors import InvalidArgument
 from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.protocol import DEFAULT_INSTRUCTIONS

@@ -27,7 +27,7 @@ from google.rpc import error_details_pb2
 
 from rlgate import protocol
 from rlgate._tracing import EpisodeTrace, new_trace_id
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.errors import DeadlineExceeded, InvalidArgument, RlgateError, VerifierError
 from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.messages import Message, Part

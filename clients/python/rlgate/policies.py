@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rlgate import protocol
-from rlgate.convert import InvalidJsonValue, parse_json_object
+from rlgate.core.convert import InvalidJsonValue, parse_json_object
 from rlgate.messages import Message, to_openai, to_text_dicts
 from rlgate.settings import ENV_OPENAI_API_KEY, read_env
 from rlgate.v1 import common_pb2

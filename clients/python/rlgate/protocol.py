@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlgate.convert import InvalidJsonValue, json_text, parse_json_object
+from rlgate.core.convert import InvalidJsonValue, json_text, parse_json_object
 from rlgate.messages import ImagePart, Message, Part, TextPart, UnreadableImage
 
 TOOL_CALL_OPEN = "<tool_call>"

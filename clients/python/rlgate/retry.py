@@ -30,7 +30,17 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from rlgate.errors import DeadlineExceeded, RlgateError, error_from_rpc, error_reason, retry_delay, status_code
+from rlgate.core.backoff import Backoff
+from rlgate.core.errors import (
+    MAX_MESSAGE,
+    DeadlineExceeded,
+    RlgateError,
+    clip,
+    error_from_rpc,
+    error_reason,
+    retry_delay,
+    status_code,
+)
 
 _UNAVAILABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
 _UNAVAILABLE_OR_DEADLINE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
@@ -66,6 +76,8 @@ class RetryPolicy:
     # Upper bound of one attempt; None lets an attempt use all the time left. A smaller value turns a hung
     # server into a retried DEADLINE_EXCEEDED instead of one long wait (Reset/Step only; see RETRYABLE).
     attempt_timeout: float | None = None
+    # The delays themselves: the one backoff schedule (rlgate.core.backoff), built from the fields above.
+    _schedule: Backoff = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         problems = [
@@ -87,11 +99,12 @@ class RetryPolicy:
         ]
         if problems:
             raise ValueError(f"RetryPolicy: {'; '.join(problems)}")
+        schedule = Backoff(self.initial_backoff, self.max_backoff, self.multiplier, self.jitter)
+        object.__setattr__(self, "_schedule", schedule)  # frozen: set once, here
 
     def backoff(self, retry_index: int, rng: Callable[[], float] = random.random) -> float:
         """The delay before retry number `retry_index` (0 for the first), jittered; `rng` draws in [0, 1)."""
-        base = min(self.max_backoff, self.initial_backoff * self.multiplier**retry_index)
-        return max(0.0, base * (1.0 - self.jitter + 2.0 * self.jitter * rng()))
+        return self._schedule.delay(retry_index, rng)
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
@@ -129,7 +142,8 @@ class RetryState:
             raise DeadlineExceeded(
                 f"{self.method}: the call's deadline of {self.timeout:.3g} s ran out after "
                 f"{self.attempts - 1} attempt(s)"
-                + (f"; last error: {self.errors[-1]}" if self.errors else "")
+                # The last error clipped, so the advice after it survives the message's own limit.
+                + (f"; last error: {clip(self.errors[-1], MAX_MESSAGE // 2)}" if self.errors else "")
                 + "; to wait longer, pass a larger timeout= or set ClientSettings.timeouts",
                 trace_id=self.trace_id,
             )

@@ -2,7 +2,7 @@
 
 `python -m rlgate.settingsdoc docs/client.md` rewrites the table between its two markers; a test compares
 the committed file with `render_table()`, so the reference never drifts from the code (as the services'
-docs/configuration.md, from `rlgate.runtime.configdoc`)."""
+docs/configuration.md, from `rlgate.devtools.configdoc`)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 check, over the wire, what the proto comments in proto/rlgate/v1/*.proto promise: the status of each RPC,
 request-id retries, the lifecycle of sessions and agent tokens, exact JSON, and the split between the
 orchestration and the agent plane. They import only the generated stubs, grpc, grpcio-status and
-rlgate.convert, so they test any server, rlgate's own included.
+rlgate.core.convert, so they test any server, rlgate's own included.
 
 Subclass them in a test module and say how to reach the server under test. Class names starting with
 `Test` make pytest collect them (the bases are not collected themselves); mixing in `unittest.TestCase`

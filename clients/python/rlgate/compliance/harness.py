@@ -1,7 +1,7 @@
 """What every compliance class shares: what a subclass provides, the channels and stubs built from it, and
 helpers for the calls and the statuses the proto documents.
 
-Only the wire contract is used here (rlgate.v1 stubs, grpc, grpcio-status, rlgate.convert), so the classes
+Only the wire contract is used here (rlgate.v1 stubs, grpc, grpcio-status, rlgate.core.convert), so the classes
 test any implementation of the two services, not rlgate's internals.
 """
 
@@ -20,7 +20,7 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from rlgate.convert import json_text, parse_json_text, struct_from_dict
+from rlgate.core.convert import json_text, parse_json_text, struct_from_dict
 from rlgate.v1 import (
     common_pb2,
     orchestrator_pb2,

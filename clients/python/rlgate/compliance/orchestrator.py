@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from rlgate.compliance.harness import ComplianceHarness, skip
-from rlgate.convert import json_text
+from rlgate.core.convert import json_text
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 Status = common_pb2.SessionStatus

@@ -1,4 +1,4 @@
-"""Render docs/configuration.md from the config dataclasses (`python -m rlgate.runtime.configdoc`).
+"""Render docs/configuration.md from the config dataclasses (`python -m rlgate.devtools.configdoc`).
 
 A test compares the committed file with this output, so the reference never drifts from the code."""
 
@@ -11,9 +11,9 @@ from rlgate.runtime.config import _flag_name, fields_of
 
 
 def _configs() -> list[tuple[str, type]]:
+    from rlgate.devtools.stack import UpConfig
     from rlgate.localfleet.config import LocalfleetConfig
     from rlgate.orchestrator.config import OrchestratorConfig
-    from rlgate.runtime.stack import UpConfig
     from rlgate.toolgateway.config import GatewayConfig
 
     return [
@@ -28,11 +28,11 @@ def render() -> str:
     lines = [
         "# Configuration",
         "",
-        "Generated from the config dataclasses by `python -m rlgate.runtime.configdoc docs/configuration.md`;",
+        "Generated from the config dataclasses by `python -m rlgate.devtools.configdoc docs/configuration.md`;",
         "a test fails when this file and the code disagree. Precedence: flag > environment variable > default.",
         "Secrets are never logged (start-up logs show `***`). An MCP endpoint URL may carry a key in its userinfo",
         "or query: wherever one leaves a process (log lines, error statuses, the tool specs an agent sees, spans)",
-        "it is shown without them, a removed query as `?…` (`rlgate.runtime.redact`); routing uses it whole.",
+        "it is shown without them, a removed query as `?…` (`rlgate.core.redact`); routing uses it whole.",
         "",
     ]
     for command, cls in _configs():

@@ -1,8 +1,8 @@
 """Health-check entry point for containers and scripts.
 
-    python -m rlgate.runtime.healthcheck HOST:PORT [--service NAME] [--timeout S]   # grpc.health.v1
-    python -m rlgate.runtime.healthcheck http://HOST:PORT/health [--timeout S]      # localfleet (HTTP)
-    python -m rlgate.runtime.healthcheck                                            # target from the environment
+    python -m rlgate.devtools.healthcheck HOST:PORT [--service NAME] [--timeout S]   # grpc.health.v1
+    python -m rlgate.devtools.healthcheck http://HOST:PORT/health [--timeout S]      # localfleet (HTTP)
+    python -m rlgate.devtools.healthcheck                                            # target from the environment
 
 Exit status: 0 when the target reports SERVING (HTTP: 2xx), 1 when it answers anything else, 2 when it
 cannot be reached in time. Without a target, `RLGATE_HEALTHCHECK_TARGET` is used, else the target is derived

@@ -1,6 +1,6 @@
 """Generate the Python code for proto/rlgate/v1 with grpcio-tools (`make proto`).
 
-`python -m rlgate.runtime.protogen OUT_DIR` writes `OUT_DIR/rlgate/v1/*_pb2.py, *_pb2.pyi, *_pb2_grpc.py`.
+`python -m rlgate.devtools.protogen OUT_DIR` writes `OUT_DIR/rlgate/v1/*_pb2.py, *_pb2.pyi, *_pb2_grpc.py`.
 The drift test runs it into a temporary directory and compares with the committed files.
 """
 
@@ -10,7 +10,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROTO_DIR = ROOT / "proto"
 
 

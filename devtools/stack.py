@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlgate.devtools.healthcheck import EXIT_SERVING, check_grpc, check_http
 from rlgate.runtime.config import setting
-from rlgate.runtime.healthcheck import EXIT_SERVING, check_grpc, check_http
 
 SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
 
