@@ -401,6 +401,11 @@ def folder_list(conn: sqlite3.Connection) -> FolderList:
     )
 
 
+def folder_name(conn: sqlite3.Connection, name: str) -> str:
+    """A folder's name as stored (names match case-insensitively); ToolError listing the folders if none."""
+    return str(_folder(conn, name)["name"])
+
+
 def message_page(
     conn: sqlite3.Connection,
     folder: str = "Inbox",
