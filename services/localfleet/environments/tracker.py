@@ -413,6 +413,11 @@ def repo_list(conn: sqlite3.Connection) -> RepoList:
     )
 
 
+def repo_name(conn: sqlite3.Connection, name: str) -> str:
+    """A repository's full name as stored ('owner/name'; a unique bare name is accepted); ToolError if none."""
+    return str(_repo(conn, name)["full_name"])
+
+
 def issue_page(
     conn: sqlite3.Connection,
     repo: str,

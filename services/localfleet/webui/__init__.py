@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from starlette.routing import BaseRoute
 
-from rlgate.localfleet.webui import mailbox
+from rlgate.localfleet.webui import mailbox, tracker
 
 APPS: dict[str, Callable[[Callable[[], sqlite3.Connection]], list[BaseRoute]]] = {
     "mailbox": mailbox.app_routes,
+    "tracker": tracker.app_routes,
 }
 
 __all__ = ["APPS"]
