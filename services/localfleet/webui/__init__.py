@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 from starlette.routing import BaseRoute
 
-from rlgate.localfleet.webui import mailbox, tracker
+from rlgate.localfleet.webui import booking, mailbox, tracker
 
 APPS: dict[str, Callable[[Callable[[], sqlite3.Connection]], list[BaseRoute]]] = {
     "mailbox": mailbox.app_routes,
     "tracker": tracker.app_routes,
+    "booking": booking.app_routes,
 }
 
 __all__ = ["APPS"]
