@@ -38,6 +38,10 @@ LAUNCH_ARGS = (
     "--disable-component-update",
     "--disable-sync",
 )
+BLOCKED_PAGE = (
+    "<!doctype html><html><head><title>Blocked</title></head><body style='font-family:sans-serif;margin:2em'>"
+    "<h1>Blocked</h1><p>That page is outside this app.</p></body></html>"
+)
 INSTALL_HINT = "install Debian's `chromium` package (apt-get install chromium) or set RLGATE_LOCALFLEET_BROWSER_PATH"
 
 
@@ -188,10 +192,14 @@ class BrowserManager:
             context.set_default_navigation_timeout(self.timeout_s * 1000)
 
             async def gate(route: Route) -> None:
-                if allow(route.request.url):
+                request = route.request
+                if allow(request.url):
                     await route.continue_()
+                    return
+                log.info("screen of %s: blocked a request outside its app: %.200s", instance_id, request.url)
+                if request.is_navigation_request():  # the page says so (a browser error page cannot be captured)
+                    await route.fulfill(status=403, content_type="text/html; charset=utf-8", body=BLOCKED_PAGE)
                 else:
-                    log.info("screen of %s: blocked a request outside its app: %.200s", instance_id, route.request.url)
                     await route.abort("blockedbyclient")
 
             await context.route("**/*", gate)

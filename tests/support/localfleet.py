@@ -269,7 +269,8 @@ def _notes_app(current_db: Any) -> list[Any]:
         "<style>body{margin:0;font-family:sans-serif}#count{position:absolute;left:20px;top:10px;font-size:32px}"
         "#title{position:absolute;left:20px;top:80px;width:300px;height:30px;font-size:18px}"
         "#add{position:absolute;left:340px;top:80px;width:100px;height:34px}"
-        "#list{position:absolute;left:20px;top:140px}#list a{display:block;height:40px;font-size:20px}</style>"
+        "#list{position:absolute;left:20px;top:140px}#list a{display:block;height:40px;font-size:20px}"
+        "#out{position:absolute;left:500px;top:10px;font-size:24px}</style>"
     )
 
     def page(title: str, body: str) -> HTMLResponse:
@@ -288,7 +289,8 @@ def _notes_app(current_db: Any) -> list[Any]:
             f'<form method="post" action="{request.url_for("add")}">'
             '<input id="title" name="title" autocomplete="off"><button id="add" type="submit">Add</button></form>'
         )
-        return page("Notes", f'<div id="count">{len(rows)} notes</div>{form}<div id="list">{links}</div>')
+        out = '<a id="out" href="/v1/regions">leave the app</a>'  # a link outside the app (the browser blocks it)
+        return page("Notes", f'<div id="count">{len(rows)} notes</div>{out}{form}<div id="list">{links}</div>')
 
     async def note(request: Request) -> HTMLResponse:
         rows = await asyncio.to_thread(
