@@ -42,7 +42,6 @@ class EnvironmentSpec:
     # function returning the instance's `current` connection, its routes, with paths relative to the app
     # root. None: a page naming the environment.
     app: AppFactory | None = None
-    render_screen: Callable[[sqlite3.Connection], bytes] | None = None  # unused: the old drawn screen
 
     @property
     def env_key(self) -> str:

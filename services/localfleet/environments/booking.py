@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 import sqlite3
+from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_NAME = "Jamie Park"
 USER_EMAIL = "jamie.park@example.com"
@@ -1032,27 +1032,11 @@ def register_tools(server: Any) -> None:
         return loyalty(instance_db(ctx))
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """'My trips' as the booking site shows it: bookings, newest first, with the points balance."""
-    found = rows(conn, _BOOKING_SQL + " ORDER BY b.created_at DESC, b.id DESC LIMIT 20")
-    trips = [_booking(r) for r in found]
-    return render(
-        Screen(
-            title=f"Travel - {USER_NAME} - My trips",
-            columns=(
-                Column("Conf.", 9),
-                Column("Trip", 44),
-                Column("Start", 16),
-                Column("Status", 10),
-                Column("Total", 10),
-            ),
-            rows=[
-                (b.confirmation, b.description, b.start.replace("T", " "), b.status, f"${b.total_usd:,.2f}")
-                for b in trips
-            ],
-            status=f"{_balance(conn):,} loyalty points",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The booking web UI's routes (services/localfleet/webui/booking.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import booking as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -1063,7 +1047,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

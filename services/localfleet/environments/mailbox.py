@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -31,7 +32,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_NAME = "Alex Morgan"
 USER_EMAIL = "alex.morgan@northwind.example"
@@ -731,25 +731,11 @@ def register_tools(server: Any) -> None:
         return new_folder(instance_db(ctx), name)
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """The Inbox as the mail client shows it: newest 20 messages, unread highlighted."""
-    inbox = rows(conn, _SUMMARY_SQL + " WHERE f.name = 'Inbox' ORDER BY m.sent_at DESC, m.id DESC LIMIT 20")
-    unread = scalar(
-        conn,
-        "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id WHERE f.name = 'Inbox' AND m.is_read = 0",
-    )
-    return render(
-        Screen(
-            title=f"Mail - {USER_NAME} <{USER_EMAIL}> - Inbox",
-            columns=(Column("", 2), Column("From", 22), Column("Subject", 50), Column("Date", 16)),
-            rows=[
-                ("F" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
-                for r in inbox
-            ],
-            bold_rows=frozenset(i for i, r in enumerate(inbox) if not r["is_read"]),
-            status=f"{unread} unread in Inbox",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The mailbox web UI's routes (services/localfleet/webui/mailbox.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import mailbox as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -760,7 +746,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

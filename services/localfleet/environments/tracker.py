@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_LOGIN = "sam-rivera"
 TODAY = "2026-03-02"
@@ -764,33 +764,11 @@ def register_tools(server: Any) -> None:
         return user_list(instance_db(ctx), query)
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """The issue list as the tracker shows it: the 20 most recently updated open issues across repositories."""
-    found = rows(conn, _ISSUE_SQL + " WHERE i.state = 'open' ORDER BY i.updated_at DESC, i.id DESC LIMIT 20")
-    total = scalar(conn, "SELECT COUNT(*) FROM issues WHERE state = 'open'")
-    return render(
-        Screen(
-            title=f"Tracker - signed in as {USER_LOGIN} - open issues",
-            columns=(
-                Column("Repo", 18),
-                Column("#", 4),
-                Column("Title", 44),
-                Column("Labels", 20),
-                Column("Assignee", 14),
-            ),
-            rows=[
-                (
-                    r["repo"].split("/")[-1],
-                    r["number"],
-                    r["title"],
-                    (r["label_names"] or "").replace("|", ", "),
-                    r["assignee"] or "",
-                )
-                for r in found
-            ],
-            status=f"{total} open issues",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The tracker web UI's routes (services/localfleet/webui/tracker.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import tracker as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -801,7 +779,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_LOGIN, "APP_TODAY": TODAY},
     mcp_era="legacy",
 )

@@ -501,7 +501,7 @@ def app_routes(connect: Connect) -> list[BaseRoute]:
         SHELL,
         connect,
         pages=[
-            ("/", lambda conn, req: Done("flights")),
+            ("/", flights),  # at the app's own URL (where a screen opens)
             ("/flights", flights),
             ("/hotels", hotels),
             ("/offer/{offer_id}", offer),

@@ -118,7 +118,7 @@ def _message_table(req: Req, page: mb.MessagePage, path: str, **query: object) -
 
 
 def folder(conn: sqlite3.Connection, req: Req) -> Page:
-    name = req.path["name"]
+    name = req.path.get("name", "Inbox")
     page = mb.message_page(conn, name, limit=PER_PAGE, offset=(req.page_number() - 1) * PER_PAGE)
     shown = mb.folder_name(conn, name)
     body = join([h("<h1>{name}</h1>", name=shown), _message_table(req, page, "folder/" + seg(shown))])
@@ -360,7 +360,7 @@ def app_routes(connect: Connect) -> list[BaseRoute]:
         SHELL,
         connect,
         pages=[
-            ("/", lambda conn, req: Done("folder/Inbox")),
+            ("/", folder),  # the Inbox, at the app's own URL (where a screen opens)
             ("/folder/{name}", folder),
             ("/search", search),
             ("/message/{id}", message),
