@@ -12,12 +12,13 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_status import rpc_status
+from google.rpc import error_details_pb2
 
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, call_tool, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.ports import require_binary
+from tests.support.statuses import detail
 
 TINY = "tests.support.localfleet:tiny_environments"
 TASKS = [
@@ -94,8 +95,7 @@ async def test_a_screen_task_without_a_browser_is_a_failed_precondition(
         await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="notes-screen"), timeout=60)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "chromium" in (err.value.details() or "")
-    status = rpc_status.from_call(err.value)
-    assert status is not None and b"PROVIDER_UNSUPPORTED" in status.details[0].value
+    assert detail(err.value, error_details_pb2.ErrorInfo).reason == "PROVIDER_UNSUPPORTED"
     assert instances_of(blind_lf, config.run_id) == []  # nothing created, nothing leaked
     # tool_use tasks do not need a browser.
     ok = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="notes-look"), timeout=60)
