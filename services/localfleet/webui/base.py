@@ -193,7 +193,7 @@ table.list th { background: #f6f8fa; color: #57606a; font-weight: normal; font-s
 table.list tr.unread td { font-weight: bold; }
 .muted { color: #57606a; }
 .toolbar { display: flex; gap: 8px; align-items: center; margin-bottom: 8px; height: 36px; flex-wrap: nowrap; }
-button, .button { height: 32px; padding: 0 14px; border: 1px solid #afb8c1; border-radius: 6px; background: #fff;
+button, .button { height: 32px; padding: 0 12px; border: 1px solid #afb8c1; border-radius: 6px; background: #fff;
   font: inherit; color: #1f2328; cursor: pointer; white-space: nowrap; display: inline-flex; align-items: center; }
 button.primary, .button.primary { background: #1f883d; border-color: #1a7f37; color: #fff; }
 button.danger { color: #cf222e; }

@@ -79,7 +79,7 @@ def _message_table(req: Req, page: mb.MessagePage, path: str, **query: object) -
         '<button name="op" value="flag">Flag</button><button name="op" value="unflag">Unflag</button>'
         '<button name="op" value="archive">Archive</button>'
         '<button name="op" value="delete" class="danger">Delete</button>'
-        '<input type="text" name="folder" placeholder="Folder name" aria-label="Move to folder" style="width:150px">'
+        '<input type="text" name="folder" placeholder="Folder name" aria-label="Move to folder" style="width:110px">'
         '<button name="op" value="move">Move</button></form>'
     )
     rows = []
