@@ -136,15 +136,20 @@ class BrowserManager:
     def running(self) -> bool:
         return self._browser is not None and self._browser.is_connected()
 
-    async def screen(self, instance_id: str, start_url: str, allow: Callable[[str], bool]) -> Screen:
-        """The instance's screen, opened on `start_url` on first use (requests outside `allow` aborted)."""
+    async def screen(
+        self, instance_id: str, start_url: str, allow: Callable[[str], bool], alive: Callable[[], bool]
+    ) -> Screen:
+        """The instance's screen, opened on `start_url` on first use (requests outside `allow` aborted).
+        `alive`: whether the instance still runs (one stopped while its screen opened gets none)."""
         existing = self._screens.get(instance_id)
-        if existing is not None:
+        if existing is not None and not existing.page.is_closed():
             return existing
         async with self._lock:
             existing = self._screens.get(instance_id)
             if existing is not None:
-                return existing
+                if not existing.page.is_closed():
+                    return existing
+                await self.close_screen(instance_id)  # the page closed itself (window.close()): a new one
             if self._closed:
                 raise BrowserUnavailable("localfleet is shutting down")
             if len(self._screens) >= self.max_contexts:
@@ -155,7 +160,10 @@ class BrowserManager:
             browser = await self._ensure_browser()
             screen = await asyncio.wait_for(self._open(browser, instance_id, start_url, allow), self.timeout_s)
             self._screens[instance_id] = screen
-            return screen
+        if not alive():  # its stop hook ran while the page opened, and found nothing to close
+            await self.close_screen(instance_id)
+            raise BrowserUnavailable(f"instance {instance_id} stopped")
+        return screen
 
     async def _ensure_browser(self) -> Browser:
         if self._browser is not None and self._browser.is_connected():

@@ -193,7 +193,11 @@ class Computer:
                 url=url,
             )
             form = str((getattr(inst, "env_variables", None) or {}).get(RESULT_FORM_VARIABLE, "image"))
-            return await self._run(inst.instance_id, origin, step, duration if action == "wait" else 0.0, form)
+
+            def alive() -> bool:
+                return getattr(inst, "status", "running") == "running"
+
+            return await self._run(inst.instance_id, origin, step, duration if action == "wait" else 0.0, form, alive)
 
     # -- validation: everything is checked before the page is touched --------------------------------------
     def _point(self, name: str, value: list[int] | None) -> tuple[int, int]:
@@ -330,14 +334,20 @@ class Computer:
 
     # -- running -------------------------------------------------------------------------------------------
     async def _run(
-        self, instance_id: str, origin: str, step: Callable[[Screen], Awaitable[str]], wait_s: float, form: str
+        self,
+        instance_id: str,
+        origin: str,
+        step: Callable[[Screen], Awaitable[str]],
+        wait_s: float,
+        form: str,
+        alive: Callable[[], bool],
     ) -> CallToolResult:
         def allow(request_url: str) -> bool:
             return same_origin(request_url, origin) and in_app(instance_id, urlsplit(request_url).path)
 
         timeout = self.browser.timeout_s
         try:
-            screen = await self.browser.screen(instance_id, origin + app_root(instance_id), allow)
+            screen = await self.browser.screen(instance_id, origin + app_root(instance_id), allow, alive)
             async with screen.lock:
                 if wait_s:
                     await asyncio.sleep(wait_s)

@@ -84,8 +84,10 @@ class Platform:
             async with self.endpoints.running():
                 yield
         finally:
-            await self.registry.stop()
-            await self.browser.aclose()
+            try:
+                await self.registry.stop()
+            finally:
+                await self.browser.aclose()
 
     def root_url(self, inst: Instance) -> str:
         return f"{self.public_url}/instances/{inst.instance_id}/"
