@@ -24,6 +24,10 @@ import pytest
 from mcp import Client
 from PIL import Image, ImageChops
 
+from rlgate.localfleet.computer import parse_keys
+from rlgate.localfleet.config import LocalfleetConfig
+from rlgate.localfleet.webapps import in_app
+from rlgate.runtime.config import SettingError
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.ports import require_binary
 
@@ -337,3 +341,51 @@ async def test_without_a_browser_screen_instances_are_refused_at_create() -> Non
         inst = create(proc)  # tool_use instances do not need one
         async with Client(inst["urls"]["mcp"]["aggregator"], read_timeout_seconds=30) as client:
             assert "computer" not in {t.name for t in (await client.list_tools()).tools}
+
+
+# ---- the rules, without a browser --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "chords"),
+    [
+        ("Return", ["Enter"]),
+        ("ctrl+a", ["Control+a"]),
+        ("shift+Tab", ["Shift+Tab"]),
+        ("ctrl+a BackSpace", ["Control+a", "Backspace"]),
+        ("Page_Down", ["PageDown"]),
+        ("cmd+shift+Up", ["Meta+Shift+ArrowUp"]),
+        ("ctrl++", ["Control++"]),
+        ("+", ["+"]),
+        ("F12 space", ["F12", "Space"]),
+    ],
+)
+def test_key_names(text: str, chords: list[str]) -> None:
+    assert parse_keys(text) == chords
+
+
+@pytest.mark.parametrize(
+    ("path", "inside"),
+    [
+        ("/instances/abc/", True),
+        ("/instances/abc", True),
+        ("/instances/abc/messages/7", True),
+        ("/instances/abc/mcpx", True),
+        ("/instances/abc/mcp", False),
+        ("/instances/abc/mcp/", False),
+        ("/instances/abc/api/v1/env/health", False),
+        ("/instances/abcd/", False),
+        ("/v1/account", False),
+    ],
+)
+def test_app_paths(path: str, inside: bool) -> None:
+    assert in_app("abc", path) is inside
+
+
+def test_viewport_setting_is_checked() -> None:
+    assert LocalfleetConfig(browser_viewport="800x600").viewport() == (800, 600)
+    for bad in ("800", "800x", "axb", "100x100", "5000x800"):
+        with pytest.raises(SettingError):
+            LocalfleetConfig(browser_viewport=bad)
+    with pytest.raises(SettingError):
+        LocalfleetConfig(screenshot_format="gif")
