@@ -197,7 +197,9 @@ class Computer:
             def alive() -> bool:
                 return getattr(inst, "status", "running") == "running"
 
-            return await self._run(inst.instance_id, origin, step, duration if action == "wait" else 0.0, form, alive)
+            wait_s = duration if action == "wait" else 0.0
+            looks_only = action in ("screenshot", "wait", "cursor_position")  # nothing to let settle
+            return await self._run(inst.instance_id, origin, step, wait_s, not looks_only, form, alive)
 
     # -- validation: everything is checked before the page is touched --------------------------------------
     def _point(self, name: str, value: list[int] | None) -> tuple[int, int]:
@@ -339,6 +341,7 @@ class Computer:
         origin: str,
         step: Callable[[Screen], Awaitable[str]],
         wait_s: float,
+        settle: bool,
         form: str,
         alive: Callable[[], bool],
     ) -> CallToolResult:
@@ -352,7 +355,8 @@ class Computer:
                 if wait_s:
                     await asyncio.sleep(wait_s)
                 output = await asyncio.wait_for(step(screen), timeout)
-                await screen.settle(timeout)
+                if settle:
+                    await screen.settle(timeout)
                 shot = await asyncio.wait_for(self._screenshot(screen), timeout)
         except (BrowserUnavailable, TooManyScreens) as exc:
             raise ToolError(f"computer: {exc}") from exc
