@@ -193,6 +193,30 @@ async def test_every_action_acts_on_the_page(lf: LocalfleetProcess, env_key: str
         delete(lf, inst["instance_id"])
 
 
+async def test_actions_on_one_instance_run_one_at_a_time(lf: LocalfleetProcess) -> None:
+    inst = create(lf, image_type="mcp")
+    url = inst["urls"]["mcp"]["aggregator"]
+    finished: list[str] = []
+    try:
+        async with Client(url, read_timeout_seconds=60) as a, Client(url, read_timeout_seconds=60) as b:
+            await act(a, "screenshot")  # the page is open
+
+            async def run(client: Client, name: str, delay: float, **args: Any) -> None:
+                await asyncio.sleep(delay)
+                image_of(await act(client, **args))
+                finished.append(name)
+
+            started = time.monotonic()
+            await asyncio.gather(
+                run(a, "wait", 0.0, action="wait", duration=1.5),
+                run(b, "screenshot", 0.3, action="screenshot"),
+            )
+            # The screenshot asked for during the wait was taken after it: one page, one action at a time.
+            assert finished == ["wait", "screenshot"] and time.monotonic() - started >= 1.5
+    finally:
+        delete(lf, inst["instance_id"])
+
+
 async def test_what_a_model_gets_wrong_is_an_error_result(lf: LocalfleetProcess) -> None:
     inst = create(lf, image_type="mcp")
     root = inst["urls"]["root"]
