@@ -170,7 +170,7 @@ class BrowserManager:
             return self._browser
         await self._stop_browser()  # a crashed browser: drop what is left of it first
         executable = self.executable()
-        playwright = await async_playwright().start()
+        playwright = await asyncio.wait_for(async_playwright().start(), self.timeout_s)  # the driver process
         try:
             browser = await playwright.chromium.launch(
                 executable_path=executable, headless=True, args=list(LAUNCH_ARGS), timeout=self.timeout_s * 1000
