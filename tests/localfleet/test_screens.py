@@ -340,6 +340,21 @@ async def test_contexts_are_bounded_and_close_with_their_instance_and_the_browse
         await wait_for(lambda: not _alive(browser + driver))  # no browser process outlives localfleet
 
 
+async def test_a_crashed_browser_is_started_again() -> None:
+    require_binary("chromium")
+    with LocalfleetProcess(environments=TINY) as proc:
+        assert proc.pid is not None
+        inst = create(proc, image_type="mcp")
+        image_of(await _screenshot(inst))
+        driver = psutil.Process(proc.pid).children()[0]
+        (browser,) = [p for p in driver.children() if "chrom" in p.name()]  # the browser's main process
+        browser.kill()
+        await wait_for(lambda: not proc.counters()["browser_running"])
+        assert proc.counters()["open_screens"] == 0
+        image_of(await _screenshot(inst))  # a new browser, a new page for the instance
+        assert proc.counters()["browser_running"] and proc.counters()["open_screens"] == 1
+
+
 async def test_no_browser_process_outlives_a_killed_localfleet() -> None:
     require_binary("chromium")
     with LocalfleetProcess(environments=TINY) as proc:
