@@ -91,11 +91,13 @@ class Req:
     query: Mapping[str, str]
     form: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
-    def field(self, name: str, default: str = "") -> str:
+    def value(self, name: str, default: str = "") -> str:
+        """A form field's (first) value."""
         values = self.form.get(name) or ()
         return values[0] if values else default
 
-    def fields(self, name: str) -> list[str]:
+    def values(self, name: str) -> list[str]:
+        """Every value of a form field (checkboxes)."""
         return list(self.form.get(name) or ())
 
     def arg(self, name: str, default: str = "") -> str:
@@ -133,7 +135,7 @@ class Page:
 
     title: str
     body: Html
-    active: str = ""  # sidebar/nav key to highlight
+    active: str = ""  # what to highlight: a nav key, or "key:item" (the nav key and a sidebar item)
     status: int = 200
 
 
@@ -236,7 +238,7 @@ def render(shell: Shell, conn: sqlite3.Connection, request: Request, page: Page)
     nav = join(
         h(
             '<a class="nav{on}" href="{href}">{label}</a>',
-            on=" on" if key == page.active else "",
+            on=" on" if page.active.partition(":")[0] == key else "",
             href=href,
             label=label,
         )

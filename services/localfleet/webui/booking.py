@@ -63,7 +63,7 @@ def _sidebar(conn: sqlite3.Connection, active: str) -> Html:
             h(
                 '<a class="{on}" href="trips/{conf}" title="{desc}"><span>{conf}</span>'
                 '<span class="count">{start}</span></a>',
-                on="on" if active == "trip:" + b.confirmation else "",
+                on="on" if active == "trips:" + b.confirmation else "",
                 conf=b.confirmation,
                 desc=b.description,
                 start=b.start[:10],
@@ -392,7 +392,7 @@ def trip(conn: sqlite3.Connection, req: Req) -> Page:
         refundable="yes" if b.refundable else "no",
         refund=_usd(b.refund_usd),
     )
-    return Page(f"Booking {b.confirmation}", body, active="trip:" + b.confirmation)
+    return Page(f"Booking {b.confirmation}", body, active="trips:" + b.confirmation)
 
 
 def cancel_form(conn: sqlite3.Connection, req: Req) -> Page:
@@ -416,7 +416,7 @@ def cancel_form(conn: sqlite3.Connection, req: Req) -> Page:
         start=_when(b.start),
         outcome=outcome,
     )
-    return Page("Cancel booking", body, active="trip:" + b.confirmation)
+    return Page("Cancel booking", body, active="trips:" + b.confirmation)
 
 
 def profile(conn: sqlite3.Connection, req: Req) -> Page:
@@ -475,12 +475,12 @@ def profile(conn: sqlite3.Connection, req: Req) -> Page:
 
 def book(conn: sqlite3.Connection, req: Req) -> Done:
     offer_id = req.path["offer_id"][:40]
-    passengers = checked(_PASSENGERS, number(req.field("passengers", "1"), "Passengers", low=1, high=6), "Passengers")
-    traveller = number(req.field("traveller"), "Lead traveller", low=1) if req.field("traveller") else None
-    card = number(req.field("card"), "Payment card", low=1) if req.field("card") else None
+    passengers = checked(_PASSENGERS, number(req.value("passengers", "1"), "Passengers", low=1, high=6), "Passengers")
+    traveller = number(req.value("traveller"), "Lead traveller", low=1) if req.value("traveller") else None
+    card = number(req.value("card"), "Payment card", low=1) if req.value("card") else None
     if traveller is None or card is None:
         raise BadInput("choose a lead traveller and a payment card")
-    points = number(req.field("points", "0") or "0", "Points to redeem", low=0)
+    points = number(req.value("points", "0") or "0", "Points to redeem", low=0)
     held = bk.hold(conn, offer_id, passengers)
     try:
         made = bk.book(conn, held.hold_id, traveller, card, points)

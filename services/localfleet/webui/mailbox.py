@@ -65,7 +65,7 @@ def _sidebar(conn: sqlite3.Connection, active: str) -> Html:
 SHELL = Shell(
     name="Mail",
     user=f"{mb.USER_NAME} <{mb.USER_EMAIL}>",
-    nav=(("mail", "Mail", "folder/Inbox"), ("contacts", "Contacts", "contacts")),
+    nav=(("folder", "Mail", "./"), ("contacts", "Contacts", "contacts")),
     sidebar=_sidebar,
     search=("search", "Search mail"),
 )
@@ -273,7 +273,7 @@ def _id(req: Req) -> int:
 
 
 def _flag_value(req: Req, name: str) -> bool:
-    value = req.field(name, "1")
+    value = req.value(name, "1")
     if value not in ("0", "1"):
         raise BadInput(f"{name} must be 0 or 1")
     return value == "1"
@@ -288,11 +288,11 @@ def set_read(conn: sqlite3.Connection, req: Req) -> Done:
 def set_flag(conn: sqlite3.Connection, req: Req) -> Done:
     flagged = _flag_value(req, "flagged")
     mb.flag(conn, [_id(req)], flagged)
-    return Done(back_path(req.field("back"), f"message/{_id(req)}"), "Flagged" if flagged else "Flag cleared")
+    return Done(back_path(req.value("back"), f"message/{_id(req)}"), "Flagged" if flagged else "Flag cleared")
 
 
 def move(conn: sqlite3.Connection, req: Req) -> Done:
-    result = mb.move(conn, [_id(req)], req.field("folder").strip() or "(none)")
+    result = mb.move(conn, [_id(req)], req.value("folder").strip() or "(none)")
     return Done(f"folder/{seg(result.folder or 'Inbox')}", f"Moved to {result.folder}")
 
 
@@ -303,11 +303,11 @@ def delete(conn: sqlite3.Connection, req: Req) -> Done:
 
 
 def bulk(conn: sqlite3.Connection, req: Req) -> Done:
-    raw = req.fields("ids")
+    raw = req.values("ids")
     if not raw:
         raise BadInput("select at least one message first")
     ids = [number(i, "message id", low=1) for i in raw[:100]]
-    op = req.field("op")
+    op = req.value("op")
     first = mb.full_message(conn, ids[0]).folder
     if op in ("read", "unread"):
         mb.mark(conn, ids, op == "read")
@@ -316,7 +316,7 @@ def bulk(conn: sqlite3.Connection, req: Req) -> Done:
     elif op == "archive":
         mb.move(conn, ids, "Archive")
     elif op == "move":
-        target = req.field("folder").strip()
+        target = req.value("folder").strip()
         if not target:
             raise BadInput("type the name of the folder to move to")
         mb.move(conn, ids, target)
@@ -334,22 +334,22 @@ def _addresses(text: str, adapter: TypeAdapter[list[str]], what: str) -> list[st
 
 
 def send(conn: sqlite3.Connection, req: Req) -> Done:
-    to = _addresses(req.field("to"), _ADDRESSES, "To")
-    cc = _addresses(req.field("cc"), _CC, "Cc")
-    subject = checked(_SUBJECT, req.field("subject").strip(), "Subject")
-    body = checked(_BODY, req.field("body"), "Message")
+    to = _addresses(req.value("to"), _ADDRESSES, "To")
+    cc = _addresses(req.value("cc"), _CC, "Cc")
+    subject = checked(_SUBJECT, req.value("subject").strip(), "Subject")
+    body = checked(_BODY, req.value("body"), "Message")
     new_id = mb.send(conn, to, subject, body, cc)
     return Done(f"message/{new_id}", "Message sent")
 
 
 def reply(conn: sqlite3.Connection, req: Req) -> Done:
-    body = checked(_BODY, req.field("body"), "Message")
+    body = checked(_BODY, req.value("body"), "Message")
     new_id = mb.reply(conn, _id(req), body, reply_all=req.arg("all") == "1")
     return Done(f"message/{new_id}", "Reply sent")
 
 
 def create_folder(conn: sqlite3.Connection, req: Req) -> Done:
-    name = checked(_FOLDER_NAME, req.field("name").strip(), "Folder name")
+    name = checked(_FOLDER_NAME, req.value("name").strip(), "Folder name")
     created = mb.new_folder(conn, name)
     return Done(f"folder/{seg(created.name)}", f"Folder {created.name} created")
 

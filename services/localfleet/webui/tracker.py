@@ -74,7 +74,7 @@ def _sidebar(conn: sqlite3.Connection, active: str) -> Html:
 SHELL = Shell(
     name="Tracker",
     user=tr.USER_LOGIN,
-    nav=(("repos", "Repositories", "./"),),
+    nav=(("repo", "Repositories", "./"),),
     sidebar=_sidebar,
     search=("search", "Search issues"),
 )
@@ -128,7 +128,7 @@ def repos(conn: sqlite3.Connection, req: Req) -> Page:
         "<tr><th>Repository</th><th>Description</th><th>Visibility</th><th>Open issues</th></tr>{rows}</table>",
         rows=rows,
     )
-    return Page("Repositories", body, active="repos")
+    return Page("Repositories", body, active="repo")
 
 
 def _full(req: Req) -> str:
@@ -326,8 +326,8 @@ def _issue_ref(conn: sqlite3.Connection, req: Req) -> tuple[str, int]:
 
 def comment(conn: sqlite3.Connection, req: Req) -> Done:
     full, n = _issue_ref(conn, req)
-    op = req.field("op")
-    text = req.field("body").strip()
+    op = req.value("op")
+    text = req.value("body").strip()
     back = f"{_repo_path(full)}/issues/{n}"
     if op == "comment":
         tr.comment(conn, full, n, checked(_BODY, text, "Comment"))
@@ -346,9 +346,9 @@ def comment(conn: sqlite3.Connection, req: Req) -> Done:
 
 def assign(conn: sqlite3.Connection, req: Req) -> Done:
     full, n = _issue_ref(conn, req)
-    op = req.field("op")
+    op = req.value("op")
     if op == "assign":
-        login = req.field("assignee").strip()
+        login = req.value("assignee").strip()
         if not login:
             raise BadInput("type the login of the person to assign")
         who: str | None = login[:64]
@@ -365,10 +365,10 @@ def assign(conn: sqlite3.Connection, req: Req) -> Done:
 def labels(conn: sqlite3.Connection, req: Req) -> Done:
     full, n = _issue_ref(conn, req)
     back = f"{_repo_path(full)}/issues/{n}"
-    if add := req.field("add"):
+    if add := req.value("add"):
         tr.label(conn, full, n, [add[:50]])
         return Done(back, f"Label {add} added")
-    if remove := req.field("remove"):
+    if remove := req.value("remove"):
         tr.unlabel(conn, full, n, remove[:50])
         return Done(back, f"Label {remove} removed")
     raise BadInput("choose a label")
@@ -376,10 +376,10 @@ def labels(conn: sqlite3.Connection, req: Req) -> Done:
 
 def create(conn: sqlite3.Connection, req: Req) -> Done:
     full = tr.repo_name(conn, _full(req))
-    title = checked(_TITLE, req.field("title").strip(), "Title")
-    body = req.field("body")
-    chosen = [name[:50] for name in req.fields("labels")[:10]]
-    assignee = req.field("assignee").strip()[:64] or None
+    title = checked(_TITLE, req.value("title").strip(), "Title")
+    body = req.value("body")
+    chosen = [name[:50] for name in req.values("labels")[:10]]
+    assignee = req.value("assignee").strip()[:64] or None
     made = tr.create(conn, full, title, body, chosen, assignee)
     return Done(f"{_repo_path(full)}/issues/{made.number}", f"Issue #{made.number} created")
 
