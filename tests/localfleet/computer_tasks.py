@@ -37,7 +37,7 @@ from playwright.async_api import Browser, Page, async_playwright
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from rlgate.localfleet.browser import LAUNCH_ARGS, Screen
+from rlgate.localfleet.browser import INSTALL_HINT, LAUNCH_ARGS, Screen, find_executable
 from rlgate.localfleet.computer import parse_keys
 from rlgate.localfleet.environments import get_environment
 from rlgate.localfleet.tasks_loader import TASKS_DIR
@@ -46,7 +46,6 @@ from rlgate.localfleet.webui import APPS
 TASK_FILE = TASKS_DIR / "computer_use.json"
 WIDTH, HEIGHT = 1280, 800  # localfleet's default screen (--browser-viewport)
 PREFIX = "/instances/build"  # where the app is mounted while building (any prefix gives the same layout)
-BROWSER = "/usr/bin/chromium"
 
 
 @dataclass(frozen=True)
@@ -599,9 +598,12 @@ def seed_db(env_id: str, path: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def launched() -> AsyncIterator[Browser]:
-    """Debian's Chromium, launched as localfleet launches it."""
+    """Debian's Chromium (as localfleet finds it), launched as localfleet launches it."""
+    executable = find_executable("")
+    if executable is None:
+        raise RuntimeError(f"no browser: {INSTALL_HINT}")
     async with async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=BROWSER, args=list(LAUNCH_ARGS))
+        browser = await pw.chromium.launch(executable_path=executable, args=list(LAUNCH_ARGS))
         try:
             yield browser
         finally:
