@@ -148,6 +148,9 @@ def test_pages_by_links_render_with_relative_links(env: str, app_of: object) -> 
         ("booking", "offer/HT-1-20200101-20200102"),
         ("booking", "trips/NOPE"),
         ("booking", "trips?tab=weird"),
+        ("booking", "offer/FL-99999999999999999999"),
+        ("mailbox", "no/such/page"),
+        ("tracker", "r//"),
     ],
 )
 def test_unknown_things_are_404_pages(env: str, path: str, app_of: object) -> None:
@@ -390,3 +393,51 @@ async def test_pages_fit_small_screens(env: str, chromium: str, seeds: dict[str,
                     "els => els.map(e => e.getBoundingClientRect().height)",
                 )
                 assert all(h >= 24 for h in heights), (path, heights)
+
+
+ODD = ["", "'", '"><', "%", "_", "\\", "0", "-1", "99999999999999999999999", "x" * 300, "2026-02-30", "é", "%00"]
+PAGES = {
+    "mailbox": [
+        "folder/{v}",
+        "message/{v}",
+        "message/{v}/reply",
+        "search?q={v}",
+        "folder/Inbox?page={v}",
+        "contacts?q={v}",
+        "compose?to={v}",
+    ],
+    "tracker": [
+        "r/{v}/{v}",
+        "r/northwind/docs?state={v}",
+        "r/northwind/docs?label={v}",
+        "r/northwind/docs?assignee={v}",
+        "r/northwind/docs/issues/{v}",
+        "r/northwind/docs?page={v}",
+        "search?q={v}",
+        "r/{v}/docs/new",
+    ],
+    "booking": [
+        "flights?from={v}&to=JFK&date=2026-03-10",
+        "flights?from=SFO&to=JFK&date={v}",
+        "flights?from=SFO&to=JFK&date=2026-03-10&sort={v}",
+        "hotels?city={v}&check_in=2026-03-10&check_out=2026-03-12",
+        "hotels?city=Paris&check_in=2026-03-10&check_out=2026-03-12&min_stars={v}",
+        "offer/FL-{v}",
+        "offer/HT-1-{v}-20260312",
+        "offer/{v}",
+        "trips?tab={v}",
+        "trips/{v}",
+        "trips/{v}/cancel",
+    ],
+}
+
+
+@pytest.mark.parametrize("env", ENVS)
+def test_odd_urls_are_pages_or_404s(env: str, app_of: object) -> None:
+    """Whatever a model types into the address bar is a page or a 404 saying why, never a 500."""
+    app = app_of(env)  # type: ignore[operator]
+    for template in PAGES[env]:
+        for value in ODD:
+            path = template.format(v=urllib.parse.quote(value, safe=""))
+            status, text = app.get(path)
+            assert status in (200, 404) and "</html>" in text, (path, status, text[:300])

@@ -489,8 +489,9 @@ Points = Annotated[
 Confirmation = Annotated[str, Field(min_length=4, max_length=12, description="Booking confirmation code")]
 Limit = Annotated[int, Field(ge=1, le=50, description="Maximum results (1-50)")]
 
-_HOTEL_OFFER = re.compile(r"^HT-(\d+)-(\d{8})-(\d{8})$")
-_FLIGHT_OFFER = re.compile(r"^FL-(\d+)$")
+# ids of at most 12 digits: a longer one names nothing (and would overflow SQLite's integers)
+_HOTEL_OFFER = re.compile(r"^HT-(\d{1,12})-(\d{8})-(\d{8})$")
+_FLIGHT_OFFER = re.compile(r"^FL-(\d{1,12})$")
 _BOOKING_SQL = (
     "SELECT b.*, t.name AS traveller, p.brand || ' ending ' || p.last4 AS payment,"
     " f.flight_no, f.origin, f.destination, f.depart_at, f.arrive_at, f.cabin, f.refundable AS f_refundable,"

@@ -355,8 +355,12 @@ def routes(
 
         return endpoint
 
+    def unknown(conn: sqlite3.Connection, req: Req) -> Page:
+        raise BadInput(f"this app has no page '{req.path['rest'][:200]}'")
+
     out: list[BaseRoute] = [Route(path, page_endpoint(fn), methods=["GET"]) for path, fn in pages]
     out += [Route(path, action_endpoint(fn), methods=["POST"]) for path, fn in actions]
+    out.append(Route("/{rest:path}", page_endpoint(unknown), methods=["GET"]))  # any other page: the app's 404
     return out
 
 
