@@ -321,8 +321,8 @@ def routes(
                 try:
                     out = handler(conn, req)
                 except (ToolError, BadInput) as exc:
-                    out = Page("Not found", h('<h1>Not found</h1><p class="box">{m}</p>', m=_error_message(exc)))
-                    out = Page(out.title, out.body, status=404)
+                    body = h('<h1>Not found</h1><p class="box">{m}</p>', m=_error_message(exc))
+                    out = Page("Not found", body, status=404)
                 if isinstance(out, Done):
                     return redirect(request, out.to, ok=out.notice)
                 return render(shell, conn, request, out)
