@@ -14,7 +14,6 @@ platform tests that should not depend on the bundled environments: start with
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -243,17 +242,6 @@ def _register_notes(server: Any) -> None:
     def whoami(ctx: Context) -> str:
         """The instance serving this call."""
         return current_instance(ctx).instance_id
-
-
-def _render_notes(conn: sqlite3.Connection) -> bytes:
-    from PIL import Image, ImageDraw
-
-    count = conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0]
-    img = Image.new("RGB", (200, 60), "white")
-    ImageDraw.Draw(img).text((10, 20), f"{count} notes", fill="black")
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
 
 
 def _notes_app(current_db: Any) -> list[Any]:
