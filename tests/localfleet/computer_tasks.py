@@ -281,6 +281,24 @@ return TASK_SUCCESSFUL_SCORE
             Click('button[value="read"]'),
         ),
     ),
+    ComputerTask(
+        key="mailbox-cu-archive-contoso-renewal",
+        env_id="mailbox",
+        prompt="Victor Petrov's email about the contract renewal with Contoso (in my Inbox, from mid-February) is "
+        "handled. Archive it.",
+        doc="Message 361 (Victor Petrov, Contract renewal with Contoso) is in Archive; no other message changed.",
+        check=_MAIL_FOLDERS
+        + """
+if by_id(cur, "messages")[361]["folder_id"] != folders["Archive"]:
+    print("the message is not in Archive")
+    return TASK_FAILED_SCORE
+if changed("messages") != {361} or changed("messages", ignore=("folder_id",)) or changed("folders"):
+    print("other messages or folders changed")
+    return TASK_FAILED_SCORE
+return TASK_SUCCESSFUL_SCORE
+""",
+        steps=(Click('a.button:text("Next")'), Click(_msg(361)), Click('button[name="folder"][value="Archive"]')),
+    ),
     # --- tracker ---------------------------------------------------------------------------------------------
     ComputerTask(
         key="tracker-cu-comment",
