@@ -29,6 +29,8 @@ def routes(platform: Platform) -> list[Route]:
         snap = platform.counters.snapshot()
         snap["open_connections"] = platform.endpoints.connections.open_count if platform.endpoints.connections else None
         snap["running_instances"] = platform.registry.running_count()
+        snap["open_screens"] = platform.browser.open_screens
+        snap["browser_running"] = platform.browser.running
         return JSONResponse(snap)
 
     async def reset_counters(request: Request) -> JSONResponse:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from rlgate.localfleet.browser import BrowserUnavailable
 from rlgate.localfleet.catalog import UnknownEnvironment
 from rlgate.localfleet.instances import (
     REGION,
@@ -26,6 +27,7 @@ from rlgate.localfleet.instances import (
     RateLimited,
     iso,
 )
+from rlgate.localfleet.mcp_mount import SCREEN_IMAGE_TYPE
 from rlgate.localfleet.platform import Platform
 from rlgate.localfleet.safe_unpickle import UnsafePayload, decode_verifier_args, split_env_marker
 from rlgate.localfleet.tasks_loader import task_response
@@ -148,6 +150,13 @@ def routes(platform: Platform) -> list[Route]:
             )
         except (ValueError, UnknownEnvironment) as exc:
             return error(400, str(exc))
+        if kwargs["image_type"] == SCREEN_IMAGE_TYPE:
+            try:
+                platform.browser.executable()  # refused now, not at the first screenshot
+            except BrowserUnavailable as exc:
+                return error(
+                    412, {"error_type": "browser_unavailable", "message": f"image_type 'mcp' needs a browser: {exc}"}
+                )
         try:
             inst = await registry.create(
                 spec, request_id=request.headers.get("x-request-id"), env_variables=env_vars, **kwargs

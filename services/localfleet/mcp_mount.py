@@ -1,4 +1,5 @@
-"""The MCP endpoints of every instance: `{root}mcp` (the app's tools) and `{root}api/v1/mcp` (aggregator).
+"""The MCP endpoints of every instance: `{root}mcp` (the app's tools) and `{root}api/v1/mcp` (aggregator:
+the same tools, plus the `computer` tool on instances created with `image_type="mcp"`, as Fleet's).
 
 One `MCPServer` per environment per endpoint kind, not per instance: the ASGI router below picks the
 instance from the URL path (`/instances/{id}/mcp`), stores its id in the ASGI scope, and the tools find it
@@ -25,12 +26,11 @@ from typing import Any, Literal
 
 import anyio
 from mcp.server import MCPServer
-from mcp.server.mcpserver import Context, Image
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from pydantic import Field
 from starlette.types import Message, Receive, Scope, Send
 
 from rlgate.localfleet.connections import ConnectionTracker
@@ -41,12 +41,12 @@ from rlgate.localfleet.instances import Instance, InstanceGone, InstanceRegistry
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["mcp", "aggregator"]
+Kind = Literal["mcp", "aggregator", "screen"]  # screen: the aggregator of image_type="mcp" instances
 SCOPE_KEY = "localfleet.instance_id"
 MCP_PATH = re.compile(r"^/instances/(?P<id>[A-Za-z0-9_-]+)/(?P<ep>mcp|api/v1/mcp)/?$")
 SESSION_HEADER = b"mcp-session-id"
 VERSION_HEADER = b"mcp-protocol-version"
-COMPUTER_ACTIONS = ("screenshot", "wait", "cursor_position")
+SCREEN_IMAGE_TYPE = "mcp"  # Fleet's image type whose aggregator has the `computer` tool
 
 
 class InstanceMCPServer(MCPServer):
@@ -99,34 +99,6 @@ def _request_of(context: Context[Any, Any] | None) -> Any:
         return None
 
 
-def _register_computer(server: MCPServer, spec: EnvironmentSpec) -> None:
-    from rlgate.localfleet.environments.base import current_instance
-
-    @server.tool(
-        description=(
-            "See the app's current screen. action='screenshot' returns a PNG of what the app shows now; "
-            "'wait' pauses (duration seconds, at most 5) and then returns a screenshot; 'cursor_position' "
-            "returns the pointer position. This screen is read-only: use the other tools to change anything."
-        )
-    )
-    async def computer(
-        ctx: Context,
-        action: Literal["screenshot", "wait", "cursor_position"] = "screenshot",
-        duration: float = Field(default=1.0, ge=0, le=5, description="Seconds to wait (action='wait')"),
-    ) -> Any:
-        if action == "cursor_position":
-            return {"x": 0, "y": 0}
-        if action == "wait":
-            await asyncio.sleep(duration)
-        inst = current_instance(ctx)
-
-        def render() -> bytes:
-            with db_call_scope():
-                return spec.render_screen(inst.current_db())
-
-        return Image(data=await asyncio.to_thread(render), format="png")
-
-
 class MCPEndpoints:
     """Builds the per-environment servers and routes `/instances/{id}/(mcp|api/v1/mcp)` to them."""
 
@@ -137,6 +109,7 @@ class MCPEndpoints:
         faults: FaultRegistry,
         counters: Counters,
         allowed_hosts: list[str],
+        register_computer: Callable[[MCPServer], None],
     ) -> None:
         self.registry = registry
         self.faults = faults
@@ -156,11 +129,12 @@ class MCPEndpoints:
         self.servers: dict[tuple[str, Kind], InstanceMCPServer] = {}
         self.managers: dict[tuple[str, Kind], StreamableHTTPSessionManager] = {}
         for spec in specs:
-            for kind in ("mcp", "aggregator"):
+            kinds: tuple[Kind, ...] = ("mcp", "aggregator", "screen")
+            for kind in kinds:
                 server = InstanceMCPServer(spec, kind, self)
                 spec.register_tools(server)
-                if kind == "aggregator":
-                    _register_computer(server, spec)
+                if kind == "screen":
+                    register_computer(server)
                 # Modern: json_response=False, because only the SSE-capable path watches for the client
                 # closing the POST (how a modern client cancels); short calls are still plain JSON.
                 # Legacy: plain JSON responses, as the images speak them; cancellation is a notification.
@@ -258,6 +232,8 @@ class MCPEndpoints:
             return
         scope = dict(scope)
         scope[SCOPE_KEY] = instance_id
+        if kind == "aggregator" and inst.image_type == SCREEN_IMAGE_TYPE:
+            kind = "screen"
         key: tuple[str, Kind] = (spec.env_key, kind)
         manager = self.managers[key]
         opened: list[str] = []

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from rlgate.localfleet.browser import BrowserManager
 from rlgate.localfleet.catalog import Catalog
+from rlgate.localfleet.computer import Computer
 from rlgate.localfleet.config import LocalfleetConfig
 from rlgate.localfleet.counters import Counters
 from rlgate.localfleet.environments.base import EnvironmentSpec
@@ -19,6 +21,8 @@ from rlgate.localfleet.instances import Instance, InstanceRegistry
 from rlgate.localfleet.mcp_mount import MCPEndpoints
 from rlgate.localfleet.tasks_loader import load_tasks
 from rlgate.localfleet.verifier_exec import VerifierService
+from rlgate.localfleet.webapps import WebApps
+from rlgate.runtime.config import split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,19 @@ class Platform:
         self.registry = InstanceRegistry(
             self.catalog, data_dir, self.faults, self.counters, config.instance_limit, config.reaper_interval_s
         )
-        self.endpoints = MCPEndpoints(specs, self.registry, self.faults, self.counters, _allowed_hosts(self))
+        self.browser = BrowserManager(config)
+        self.registry.on_stopped.append(self.browser.close_screen)  # a stopped instance's page goes with it
+        computer = Computer(
+            self.browser,
+            self.public_url,
+            split_host_port(config.listen)[0],
+            config.screenshot_format,
+            config.screenshot_quality,
+        )
+        self.endpoints = MCPEndpoints(
+            specs, self.registry, self.faults, self.counters, _allowed_hosts(self), computer.register
+        )
+        self.webapps = WebApps(specs, self.registry)
         self.verifiers = VerifierService(
             self.counters, config.verifier_timeout_s, config.verifier_memory_mb, data_dir / "verifier-runs"
         )
@@ -68,7 +84,10 @@ class Platform:
             async with self.endpoints.running():
                 yield
         finally:
-            await self.registry.stop()
+            try:
+                await self.registry.stop()
+            finally:
+                await self.browser.aclose()
 
     def root_url(self, inst: Instance) -> str:
         return f"{self.public_url}/instances/{inst.instance_id}/"

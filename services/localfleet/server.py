@@ -4,6 +4,7 @@ Layout (all under one port; `{root}` = `{public_url}/instances/{id}/`):
   /health, /v1/...                     control plane (fleet-python's FLEET_BASE_URL)
   {root}api/v1/env/...                 instance manager
   {root}mcp, {root}api/v1/mcp          MCP endpoints (routed by `MCPEndpoints`, outside Starlette)
+  {root} and its other sub-paths       the instance's web app (routed by `WebApps`)
   /_admin/...                          faults and counters, for tests
 """
 
@@ -53,6 +54,10 @@ class LocalfleetApp:
             target = self.platform.endpoints.match(path)
             if target is not None:
                 await self.platform.endpoints.handle(scope, receive, send, *target)
+                return
+            instance_id = self.platform.webapps.match(path)
+            if instance_id is not None:
+                await self.platform.webapps.handle(scope, receive, send, instance_id)
                 return
             if path.startswith("/v1/") and not _has_credentials(scope):
                 await _deny(send)

@@ -50,7 +50,10 @@ class OrchestratorConfig:
     session_ttl_s: float = setting(3600.0, "RLGATE_SESSION_TTL_S", "Session lifetime before it is reaped")
     idle_timeout_s: float = setting(900.0, "RLGATE_IDLE_TIMEOUT_S", "Reap sessions idle this long")
     instance_ttl_s: int = setting(
-        3600, "RLGATE_INSTANCE_TTL_S", "ttl_seconds on every instance (dies even if the store is lost)"
+        0,
+        "RLGATE_INSTANCE_TTL_S",
+        "ttl_seconds on every instance (dies even if the store is lost); 0: the provider's default by modality "
+        "(fleet: 1800 for computer_use/browser_use, 900 for tool_use)",
     )
     heartbeat_interval_s: int = setting(
         60, "RLGATE_HEARTBEAT_INTERVAL_S", "heartbeat_interval on every instance; heartbeats sent at half of it"

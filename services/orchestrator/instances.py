@@ -16,7 +16,14 @@ from rlgate.core.errors import NotFound
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.pool import PoolEntry, WarmPool
-from rlgate.orchestrator.providers.base import EnvNotFound, InstanceHandle, Provider, ResetFailed, TaskDef
+from rlgate.orchestrator.providers.base import (
+    SCREEN_MODALITIES,
+    EnvNotFound,
+    InstanceHandle,
+    Provider,
+    ResetFailed,
+    TaskDef,
+)
 from rlgate.orchestrator.provisioning import Provisioner
 from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
@@ -45,12 +52,18 @@ class Instances:
             except EnvNotFound as exc:
                 raise NotFound(str(exc), reason="ENV_NOT_FOUND", metadata={"env_key": env_key}) from exc
             return InstanceHandle(instance_id="", env_key=env_key, endpoints=endpoints), None, False
-        entry = await self.pool.take(env_key)
-        if entry is not None:
-            return entry.handle, entry.intent, True
+        modality = self._modality(env_key, task)
+        if modality not in SCREEN_MODALITIES:  # warm pools hold tool_use instances (no screen)
+            entry = await self.pool.take(env_key)
+            if entry is not None:
+                return entry.handle, entry.intent, True
         env_vars = dict(task.env_variables) if task else {}
-        handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
+        handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars, modality=modality)
         return handle, intent, False
+
+    def _modality(self, env_key: str, task: TaskDef | None) -> str:
+        """The modality a session on `env_key` runs (it decides the kind of instance created)."""
+        return str(self._provider.session_filter(env_key, task)["modality"])
 
     def settled(self, intent_id: str) -> None:
         """A pooled instance `acquire` handed out is now a session's, or released (reconciliation may judge
@@ -86,7 +99,9 @@ class Instances:
             log.warning("reset failed on reused instance %s: replacing it: %s", handle.instance_id, exc)
         await self.discard(handle, intent)
         env_vars = dict(task.env_variables) if task else {}
-        fresh, fresh_intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars)
+        fresh, fresh_intent = await self.provisioner.create(
+            env_key, deadline, env_variables=env_vars, modality=self._modality(env_key, task)
+        )
         return await self.reset(fresh, fresh_intent, False, env_key, task, deadline)
 
     async def bind(self, intent: Intent, session_id: str) -> None:
@@ -104,6 +119,7 @@ class Instances:
         if not session.instance_id:
             return
         handle = InstanceHandle.from_record(session.instance)
+        pool_ok = pool_ok and session.modality not in SCREEN_MODALITIES  # a screen instance is not a pool's kind
         if pool_ok and self._config.pool_on_close and session.env_key in self.pool.targets:
             intent = Intent(
                 intent_id=session.intent_id,

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 from rlgate.core.backoff import Backoff
-from rlgate.core.errors import NotFound, ResourceExhausted, RlgateError, Unavailable, clip
+from rlgate.core.errors import FailedPrecondition, NotFound, ResourceExhausted, RlgateError, Unavailable, clip
 from rlgate.orchestrator import metrics
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.providers.base import (
@@ -40,6 +40,7 @@ from rlgate.orchestrator.providers.base import (
     ProviderError,
     RateLimited,
     Retryable,
+    Unsupported,
 )
 from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
@@ -122,8 +123,10 @@ class Provisioner:
         *,
         env_variables: dict[str, Any] | None = None,
         state: str = IntentState.CREATING,
+        modality: str = "tool_use",
     ) -> tuple[InstanceHandle, Intent]:
-        """A running instance and its intent (state `state`), or an RlgateError by the deadline."""
+        """A running instance of the kind `modality` needs and its intent (state `state`), or an RlgateError
+        by the deadline."""
         last: ProviderError | None = None
         retry = 0
         while True:
@@ -135,7 +138,7 @@ class Provisioner:
             except TimeoutError:
                 raise self._give_up(env_key, last) from None
             try:
-                return await self._create_once(env_key, deadline, env_variables or {}, state)
+                return await self._create_once(env_key, deadline, env_variables or {}, state, modality)
             except InstanceLimit as exc:
                 last = exc
                 # Not jittered: a deleted instance wakes the waiters early, the delay only bounds the wait.
@@ -172,7 +175,7 @@ class Provisioner:
         )
 
     async def _create_once(
-        self, env_key: str, deadline: Deadline, env_variables: dict[str, Any], state: str
+        self, env_key: str, deadline: Deadline, env_variables: dict[str, Any], state: str, modality: str
     ) -> tuple[InstanceHandle, Intent]:
         intent = Intent(
             intent_id=new_intent_id(self._owner, self.store_id),
@@ -193,6 +196,7 @@ class Provisioner:
                 ttl_s=self._config.instance_ttl_s,
                 heartbeat_interval_s=self._config.heartbeat_interval_s,
                 timeout_s=max(0.1, timeout),
+                modality=modality,
             )
         except BaseException as exc:
             metrics.PROVISION_SECONDS.labels("error").observe(time.perf_counter() - start)
@@ -202,6 +206,12 @@ class Provisioner:
                     f"unknown environment {clip(env_key)!r}: {exc}",
                     reason="ENV_NOT_FOUND",
                     metadata={"env_key": env_key},
+                ) from exc
+            if isinstance(exc, Unsupported):
+                raise FailedPrecondition(
+                    f"the provider cannot create a {modality} instance of {clip(env_key)}: {exc}",
+                    reason="PROVIDER_UNSUPPORTED",
+                    metadata={"env_key": env_key, "modality": modality},
                 ) from exc
             if isinstance(exc, ProviderError) and not isinstance(exc, InstanceLimit | Retryable):
                 raise Unavailable(
@@ -227,7 +237,7 @@ class Provisioner:
         """A definite rejection created nothing: drop the intent. Anything else may have created an
         instance we never heard of: mark the intent DELETING so reconciliation removes it."""
         try:
-            if isinstance(exc, InstanceLimit | EnvNotFound | RateLimited):
+            if isinstance(exc, InstanceLimit | EnvNotFound | RateLimited | Unsupported):
                 await self._store.delete_intent(intent.intent_id)
             else:
                 intent.state = IntentState.DELETING

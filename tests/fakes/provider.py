@@ -101,6 +101,7 @@ class FakeProvider(Provider):
         ttl_s: int,
         heartbeat_interval_s: int,
         timeout_s: float,
+        modality: str = "tool_use",
     ) -> InstanceHandle:
         await self._play(self.creates.next())
         instance_id = f"fake-{next(self._ids)}"

@@ -1,4 +1,4 @@
-"""localfleet environments on their own: seeds, tool surface, errors and screens, through the in-memory MCP client."""
+"""localfleet environments on their own: seeds, tool surface, errors and web apps, through the in-memory MCP client."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.server import MCPServer
+from starlette.applications import Starlette
+from starlette.testclient import TestClient
 
 from rlgate.localfleet.environments import all_environments, get_environment
 from rlgate.localfleet.environments.base import EnvironmentSpec, _bound, bind_instance
@@ -241,21 +243,36 @@ async def test_state_rules_hold_across_calls(seeds: dict[str, Path], tmp_path: P
 
 
 @pytest.mark.parametrize("spec", ENVS, ids=ENV_IDS)
-async def test_render_screen_tracks_state(spec: EnvironmentSpec, seeds: dict[str, Path], tmp_path: Path) -> None:
-    changes: dict[str, tuple[str, dict[str, Any]]] = {
-        "mailbox:v1": ("mark_read", {"message_ids": list(range(380, 431)), "read": False}),
-        "tracker:v1": ("add_comment", {"repo": "northwind/docs", "number": 1, "body": "bump"}),
-        "booking:v1": ("cancel_booking", {"confirmation": "PK799999"}),
+async def test_web_app_tracks_state(spec: EnvironmentSpec, seeds: dict[str, Path], tmp_path: Path) -> None:
+    """The app's page (what the computer tool's browser shows) is drawn from `current`: a tool's change shows."""
+    changes: dict[str, tuple[str, str, dict[str, Any], str]] = {
+        "mailbox:v1": (
+            "/",
+            "mark_read",
+            {"message_ids": [429], "read": False},
+            '<tr class="unread"><td><input type="checkbox" form="bulk" name="ids" value="429"',
+        ),
+        "tracker:v1": (
+            "/r/northwind/docs/issues/1",
+            "add_comment",
+            {"repo": "northwind/docs", "number": 1, "body": "bump"},
+            "bump",
+        ),
+        "booking:v1": ("/trips/PK799999", "cancel_booking", {"confirmation": "PK799999"}, "cancelled"),
     }
-    change = changes[spec.env_key]
+    path, tool, args, shows = changes[spec.env_key]
+    assert spec.app is not None
     with bound_copy(seeds[spec.env_key], tmp_path / "current.db") as inst:
-        before = spec.render_screen(inst.current_db())
-        assert before.startswith(b"\x89PNG\r\n\x1a\n")
-        assert spec.render_screen(inst.current_db()) == before
-        async with client_for(build_server(spec)) as client:
-            result = await client.call_tool(*change)
-            assert not result.is_error, error_text(result)
-        assert spec.render_screen(inst.current_db()) != before
+        app = Starlette(routes=spec.app(lambda: sqlite3.connect(inst.path, check_same_thread=False)))
+        with TestClient(app) as web:
+            before = web.get(path)
+            assert before.status_code == 200 and before.headers["content-type"].startswith("text/html")
+            assert web.get(path).text == before.text
+            async with client_for(build_server(spec)) as client:
+                result = await client.call_tool(tool, args)
+                assert not result.is_error, error_text(result)
+            after = web.get(path).text
+        assert after != before.text and shows in after
 
 
 async def test_concurrent_bookings_of_one_hold_book_once(

@@ -1,6 +1,11 @@
 """Every localfleet task: its reference solution earns 1.0, a fresh instance 0.0, and a partial solution (the last
 state-changing call dropped, or a wrong final answer) 0.0 — scored the way Fleet scores locally
-(`fleet.verifiers.local_executor.execute_verifier_local`) and through the SDK's own task loader."""
+(`fleet.verifiers.local_executor.execute_verifier_local`) and through the SDK's own task loader.
+
+A computer_use task's solution is `computer` actions (clicks at coordinates, typing, keys): they are replayed
+through a real localfleet's `computer` tool on an `image_type="mcp"` instance (its Chromium showing the app),
+and scored by the platform's verifier. Those tests need Debian's `chromium` (skipped without it; under CI=true
+they fail)."""
 
 from __future__ import annotations
 
@@ -19,9 +24,13 @@ from rlgate.localfleet.environments import all_environments, get_environment
 from rlgate.localfleet.tasks_loader import load_tasks
 from tests.localfleet.test_environments import bound_copy, build_server, error_text, write_seed
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.ports import require_binary
 
 TASKS = load_tasks()  # the bundled services/localfleet/tasks/*.json, as localfleet serves them
 BY_KEY = {t["key"]: t for t in TASKS}
+TOOL_USE = sorted(t["key"] for t in TASKS if t["task_modality"] == "tool_use")
+COMPUTER_USE = sorted(t["key"] for t in TASKS if t["task_modality"] == "computer_use")
+COMPUTER_ACTIONS = {"left_click", "double_click", "type", "key", "navigate", "scroll", "screenshot"}
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +67,11 @@ def test_task_set_shape() -> None:
     keys = [t["key"] for t in TASKS]
     assert len(keys) == len(set(keys))
     assert len(TASKS) >= 30
-    per_env: dict[str, int] = {}
+    per_env: dict[tuple[str, str], int] = {}
     for t in TASKS:
-        per_env[t["env_id"]] = per_env.get(t["env_id"], 0) + 1
-    assert all(per_env.get(spec.env_id, 0) >= 10 for spec in all_environments()), per_env
+        per_env[t["env_id"], t["task_modality"]] = per_env.get((t["env_id"], t["task_modality"]), 0) + 1
+    assert all(per_env.get((spec.env_id, "tool_use"), 0) >= 10 for spec in all_environments()), per_env
+    assert all(per_env.get((spec.env_id, "computer_use"), 0) >= 4 for spec in all_environments()), per_env
     judged = {t["metadata"]["judged_by"] for t in TASKS}
     assert judged == {"database", "final_answer", "both"}
     assert sum(len(t["metadata"]["reference_solution"]["tool_calls"]) >= 3 for t in TASKS) >= 8
@@ -72,7 +82,7 @@ def test_task_format(key: str) -> None:
     task = BY_KEY[key]
     assert task["key"].startswith(task["env_id"] + "-")
     assert get_environment(f"{task['env_id']}:{task['version']}").env_id == task["env_id"]
-    assert task["task_modality"] == "tool_use"
+    assert task["task_modality"] in ("tool_use", "computer_use")
     assert len(task["prompt"]) > 20
     # The SDK runs the FIRST function in the code: it must be verify(env, final_answer=None).
     tree = ast.parse(task["verifier_code"])
@@ -86,9 +96,18 @@ def test_task_format(key: str) -> None:
     assert meta["max_turns"] >= len(calls)
     if meta["judged_by"] != "database":
         assert meta["reference_solution"]["final_answer"] and meta["wrong_final_answer"]
+        # Fleet's client offers its synthetic answer tool only when the prompt names it.
+        assert "submit_final_answer" in task["prompt"]
+    if task["task_modality"] == "computer_use":
+        # The model has only the `computer` tool (Fleet's client filters every other out): no answer tool,
+        # so the database judges; every step is a computer action, and the last one changes the state.
+        assert meta["judged_by"] == "database" and meta["reference_solution"]["final_answer"] is None
+        assert {c["name"] for c in calls} == {"computer"}
+        assert {c["arguments"]["action"] for c in calls} <= COMPUTER_ACTIONS
+        assert calls[-1]["arguments"]["action"] == "left_click"
 
 
-@pytest.mark.parametrize("key", sorted(BY_KEY))
+@pytest.mark.parametrize("key", TOOL_USE)
 async def test_reference_solution_scores(
     key: str, seeds: dict[str, Path], servers: dict[str, MCPServer], tmp_path: Path
 ) -> None:
@@ -154,9 +173,8 @@ async def test_reference_solution_over_http(key: str, localfleet_module: Localfl
                 result = await client.call_tool(call["name"], call["arguments"])
                 assert not result.is_error, f"{call['name']} failed: {error_text(result)}"
         async with Client(env.urls.root + "api/v1/mcp", read_timeout_seconds=30) as aggregator:
-            assert {t.name for t in (await aggregator.list_tools()).tools} == names | {"computer"}
-            screen = await aggregator.call_tool("computer", {"action": "screenshot"})
-            assert not screen.is_error and screen.content[0].type == "image"
+            # A tool_use image (no image_type="mcp"): the aggregator serves the app's tools, no `computer`.
+            assert {t.name for t in (await aggregator.list_tools()).tools} == names
 
         tasks = {t.key: t for t in await fleet.load_tasks(env_key=task["env_id"])}
         assert key in tasks
@@ -170,3 +188,40 @@ async def test_reference_solution_over_http(key: str, localfleet_module: Localfl
         assert fresh.success and fresh.result == 0, fresh
     finally:
         await env.close()
+
+
+@pytest.fixture(scope="module")
+def screens_localfleet(localfleet_module: LocalfleetProcess) -> LocalfleetProcess:
+    """The module's localfleet, for instances with a screen: needs Debian's chromium (skip, or fail under CI)."""
+    require_binary("chromium")
+    return localfleet_module
+
+
+async def _replay(env: Any, calls: list[dict[str, Any]]) -> None:
+    assert env.urls is not None
+    async with Client(env.urls.root + "api/v1/mcp", read_timeout_seconds=60) as aggregator:
+        assert "computer" in {t.name for t in (await aggregator.list_tools()).tools}
+        for call in calls:
+            result = await aggregator.call_tool(call["name"], call["arguments"])
+            assert not result.is_error, f"{call['arguments']} failed: {error_text(result)}"
+            assert any(block.type == "image" for block in result.content)
+
+
+@pytest.mark.parametrize("key", COMPUTER_USE)
+async def test_computer_reference_solution_scores(key: str, screens_localfleet: LocalfleetProcess) -> None:
+    """The stored actions, replayed by a real localfleet's `computer` tool on the app in its Chromium, score 1.0
+    on the platform's verifier; without their last action (the click that submits) 0.0."""
+    task = BY_KEY[key]
+    calls = task["metadata"]["reference_solution"]["tool_calls"]
+    fleet = AsyncFleet(api_key="test", base_url=screens_localfleet.base_url)
+    env_key = f"{task['env_id']}:{task['version']}"
+    tasks = {t.key: t for t in await fleet.load_tasks(env_key=task["env_id"])}
+    assert (tasks[key].metadata or {}).get("task_modality") == "computer_use"
+    for replayed, expected in ((calls, 1), (calls[:-1], 0)):
+        env = await fleet.make(env_key, image_type="mcp")
+        try:
+            await _replay(env, replayed)
+            scored = await tasks[key].verify_detailed_async(env)
+            assert scored.success and scored.result == expected, (len(replayed), scored)
+        finally:
+            await env.close()

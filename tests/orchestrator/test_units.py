@@ -357,6 +357,7 @@ class _RejectingProvider(_ScriptedProvider):
         ttl_s: int,
         heartbeat_interval_s: int,
         timeout_s: float,
+        modality: str = "tool_use",
     ) -> InstanceHandle:
         self.creates += 1
         raise self.error

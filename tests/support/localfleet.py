@@ -14,7 +14,6 @@ platform tests that should not depend on the bundled environments: start with
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -245,15 +244,69 @@ def _register_notes(server: Any) -> None:
         return current_instance(ctx).instance_id
 
 
-def _render_notes(conn: sqlite3.Connection) -> bytes:
-    from PIL import Image, ImageDraw
+def _notes_app(current_db: Any) -> list[Any]:
+    """A small web app over the notes (the stub the screen tests drive): elements at fixed places."""
+    import asyncio
+    import html
 
-    count = conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0]
-    img = Image.new("RGB", (200, 60), "white")
-    ImageDraw.Draw(img).text((10, 20), f"{count} notes", fill="black")
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return buf.getvalue()
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, RedirectResponse
+    from starlette.routing import Route
+
+    style = (
+        "<style>body{margin:0;font-family:sans-serif}#count{position:absolute;left:20px;top:10px;font-size:32px}"
+        "#title{position:absolute;left:20px;top:80px;width:300px;height:30px;font-size:18px}"
+        "#add{position:absolute;left:340px;top:80px;width:100px;height:34px}"
+        "#list{position:absolute;left:20px;top:140px}#list a{display:block;height:40px;font-size:20px}"
+        "#out{position:absolute;left:500px;top:10px;font-size:24px}</style>"
+    )
+
+    def page(title: str, body: str) -> HTMLResponse:
+        return HTMLResponse(
+            f"<!doctype html><html><head><title>{title}</title>{style}</head><body>{body}</body></html>"
+        )
+
+    def read(sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        conn = current_db()
+        return list(conn.execute(sql, args).fetchall())
+
+    async def index(request: Request) -> HTMLResponse:
+        rows = await asyncio.to_thread(read, "SELECT id, title FROM notes ORDER BY id DESC")
+        links = "".join(f'<a href="{request.url_for("note", note_id=i)}">{html.escape(t)}</a>' for i, t in rows)
+        form = (
+            f'<form method="post" action="{request.url_for("add")}">'
+            '<input id="title" name="title" autocomplete="off"><button id="add" type="submit">Add</button></form>'
+        )
+        out = '<a id="out" href="/v1/regions">leave the app</a>'  # a link outside the app (the browser blocks it)
+        return page("Notes", f'<div id="count">{len(rows)} notes</div>{out}{form}<div id="list">{links}</div>')
+
+    async def note(request: Request) -> HTMLResponse:
+        rows = await asyncio.to_thread(
+            read, "SELECT title, body FROM notes WHERE id = ?", request.path_params["note_id"]
+        )
+        if not rows:
+            return HTMLResponse("no such note", status_code=404)
+        return page(
+            rows[0][0],
+            f'<h1 id="count">{html.escape(rows[0][0])}</h1><p style="margin-top:80px">{html.escape(rows[0][1])}</p>',
+        )
+
+    async def add(request: Request) -> RedirectResponse:
+        title = str((await request.form()).get("title") or "")
+
+        def insert() -> None:
+            conn = current_db()
+            conn.execute("INSERT INTO notes (title, body, starred) VALUES (?, '', 0)", (title,))
+            conn.commit()
+
+        await asyncio.to_thread(insert)
+        return RedirectResponse(str(request.url_for("index")), status_code=303)
+
+    return [
+        Route("/", index, methods=["GET"], name="index"),
+        Route("/notes/{note_id:int}", note, methods=["GET"], name="note"),
+        Route("/add", add, methods=["POST"], name="add"),
+    ]
 
 
 def tiny_environments() -> list[Any]:
@@ -265,7 +318,7 @@ def tiny_environments() -> list[Any]:
         schema_sql=_NOTES_SCHEMA,
         seed=_seed_notes,
         register_tools=_register_notes,
-        render_screen=_render_notes,
+        app=_notes_app,
         env_variables={"LOGGED_IN_USER": "tester@example.com"},
     )
     return [

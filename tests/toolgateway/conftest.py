@@ -22,6 +22,7 @@ from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import toolgateway_pb2_grpc
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.ports import require_binary
 from tests.toolgateway.upstreams import exact_server, serve_mcp
 
 ENVIRONMENTS = "tests.toolgateway.envs:gateway_environments"
@@ -78,10 +79,14 @@ async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
     await handle.stop(grace=0)
 
 
-def create_instance(fleet: LocalfleetProcess, env_key: str) -> dict[str, Any]:
+def create_instance(fleet: LocalfleetProcess, env_key: str, image_type: str | None = None) -> dict[str, Any]:
+    """A localfleet instance; `image_type="mcp"` gives its aggregator the `computer` tool (as Fleet's), which
+    localfleet creates only with a browser (skipped without `chromium`, failed under CI=true)."""
+    if image_type == "mcp":
+        require_binary("chromium")
     r = httpx.post(
         f"{fleet.base_url}/v1/env/instances",
-        json={"env_key": env_key},
+        json={"env_key": env_key, "image_type": image_type},
         headers={"Authorization": "Bearer test"},
         timeout=30,
     )
@@ -108,12 +113,13 @@ async def make_session(
     instance: dict[str, Any] | None = None,
     **fields: Any,
 ) -> AgentSession:
-    """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it."""
-    inst = instance or create_instance(fleet, env_key)
+    """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it (a screen
+    instance, `image_type="mcp"`, for any modality but tool_use)."""
+    modality = fields.pop("modality", "tool_use")
+    inst = instance or create_instance(fleet, env_key, image_type=None if modality == "tool_use" else "mcp")
     session_id = uuid.uuid4().hex
     token = mint_agent_token(session_id)
     urls = inst["urls"]["mcp"]
-    modality = fields.pop("modality", "tool_use")
     session = Session(
         session_id=session_id,
         env_key=f"{env_key}:v1",

@@ -17,7 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ImageContent
 from pydantic import StrictInt
 
-from tests.support.localfleet import _NOTES_SCHEMA, _render_notes, _seed_notes
+from tests.support.localfleet import _NOTES_SCHEMA, _seed_notes
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -71,7 +71,6 @@ def gateway_environments() -> list[Any]:
         schema_sql=_NOTES_SCHEMA,
         seed=_seed_notes,
         register_tools=_register,
-        render_screen=_render_notes,
     )
     return [
         EnvironmentSpec(env_id="gw", name="Gateway tools", mcp_era="modern", **common),

@@ -32,7 +32,7 @@ async def test_clients_forward_results_without_schema_copies(fleet: LocalfleetPr
 async def test_endpoint_owning_no_visible_tool_is_closed_after_listing(
     gateway: GatewayHandle, stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
 ) -> None:
-    s = await make_session(store, fleet, era)  # tool_use: the aggregator's only own tool is `computer`
+    s = await make_session(store, fleet, era)  # tool_use: the aggregator owns no tool of its own
     fleet.reset_counters()
     assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
     assert gateway.pool.open_clients() == 1

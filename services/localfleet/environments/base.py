@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+AppFactory = Callable[[Callable[[], sqlite3.Connection]], list[Any]]  # -> list[starlette.routing.BaseRoute]
+
 
 class InstanceLike(Protocol):
     """The part of a localfleet instance that tools need."""
@@ -34,9 +36,12 @@ class EnvironmentSpec:
     schema_sql: str  # CREATE TABLE statements
     seed: Callable[[sqlite3.Connection], None]  # deterministic: same rows on every call
     register_tools: Callable[[Any], None]  # (mcp.server.MCPServer) -> None; adds 8-15 tools
-    render_screen: Callable[[sqlite3.Connection], bytes]  # PNG of the app's current state (computer tool)
     env_variables: dict[str, str] = field(default_factory=dict)  # e.g. LOGGED_IN_USER
     mcp_era: str = "modern"  # "modern" (2026-07-28, stateless) or "legacy" (initialize + Mcp-Session-Id)
+    # The web app served at the instance's `{root}` (what the `computer` tool's browser shows): given a
+    # function returning the instance's `current` connection, its routes, with paths relative to the app
+    # root. None: a page naming the environment.
+    app: AppFactory | None = None
 
     @property
     def env_key(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import re
 import sqlite3
+from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_NAME = "Jamie Park"
 USER_EMAIL = "jamie.park@example.com"
@@ -481,11 +481,17 @@ OfferId = Annotated[
         description=("Offer id from a search: 'FL-<n>' for flights, 'HT-<n>-<YYYYMMDD>-<YYYYMMDD>' for hotel stays"),
     ),
 ]
+City = Annotated[str, Field(min_length=2, max_length=60, description="City name, e.g. 'Lisbon'")]
+Passengers = Annotated[int, Field(ge=1, le=6, description="Seats for a flight, or guests in one room for a hotel")]
+Points = Annotated[
+    int, Field(ge=0, description="Loyalty points to spend (1 point = 1 cent off); the rest is charged to the card")
+]
 Confirmation = Annotated[str, Field(min_length=4, max_length=12, description="Booking confirmation code")]
 Limit = Annotated[int, Field(ge=1, le=50, description="Maximum results (1-50)")]
 
-_HOTEL_OFFER = re.compile(r"^HT-(\d+)-(\d{8})-(\d{8})$")
-_FLIGHT_OFFER = re.compile(r"^FL-(\d+)$")
+# ids of at most 12 digits: a longer one names nothing (and would overflow SQLite's integers)
+_HOTEL_OFFER = re.compile(r"^HT-(\d{1,12})-(\d{8})-(\d{8})$")
+_FLIGHT_OFFER = re.compile(r"^FL-(\d{1,12})$")
 _BOOKING_SQL = (
     "SELECT b.*, t.name AS traveller, p.brand || ' ending ' || p.last4 AS payment,"
     " f.flight_no, f.origin, f.destination, f.depart_at, f.arrive_at, f.cabin, f.refundable AS f_refundable,"
@@ -733,6 +739,193 @@ def _cancel(conn: sqlite3.Connection, confirmation: str) -> int:
     return int(b["id"])
 
 
+# --- operations: the one code path of the MCP tools and the web UI (services/localfleet/webui/booking.py) ---
+# Each takes the instance's connection and raises ToolError with a message fit for the model or the page.
+
+
+def flights(
+    conn: sqlite3.Connection,
+    origin: str,
+    destination: str,
+    day: str,
+    *,
+    cabin: str | None = None,
+    max_price_usd: int | None = None,
+    sort: str = "price",
+    limit: int = 20,
+) -> FlightResults:
+    """Fares between two airports on one day (sold-out ones included), cheapest or earliest first."""
+    when = _parse_day(day, "date")
+    if when <= _today(conn):
+        raise ToolError(f"date must be after today ({_today(conn).isoformat()})")
+    for code in (origin, destination):
+        if scalar(conn, "SELECT 1 FROM airports WHERE code = ?", (code.strip().upper(),)) is None:
+            known = ", ".join(r["code"] for r in rows(conn, "SELECT code FROM airports ORDER BY code"))
+            raise ToolError(f"unknown airport '{code}'; airports served: {known}")
+    clauses = ["origin = ?", "destination = ?", "depart_at >= ?", "depart_at < ?"]
+    params: list[Any] = [
+        origin.strip().upper(),
+        destination.strip().upper(),
+        when.isoformat(),
+        (when + timedelta(days=1)).isoformat(),
+    ]
+    if cabin:
+        clauses.append("cabin = ?")
+        params.append(cabin)
+    if max_price_usd:
+        clauses.append("price_cents <= ?")
+        params.append(max_price_usd * 100)
+    order = "price_cents, depart_at, id" if sort == "price" else "depart_at, price_cents, id"
+    found = rows(
+        conn, f"SELECT * FROM flights WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?", [*params, limit]
+    )
+    return FlightResults(offers=[_flight_offer(r) for r in found])
+
+
+def hotels(
+    conn: sqlite3.Connection,
+    city: str,
+    check_in: str,
+    check_out: str,
+    *,
+    min_stars: int | None = None,
+    max_nightly_usd: int | None = None,
+    limit: int = 20,
+) -> HotelResults:
+    """Hotels in a city for a stay, cheapest first; each offer id encodes the dates."""
+    ci, co = _parse_day(check_in, "check_in"), _parse_day(check_out, "check_out")
+    _stay(ci, co, _today(conn))
+    if scalar(conn, "SELECT 1 FROM hotels WHERE city = ? COLLATE NOCASE", (city.strip(),)) is None:
+        known = ", ".join(r["city"] for r in rows(conn, "SELECT DISTINCT city FROM hotels ORDER BY city"))
+        raise ToolError(f"no hotels in '{city}'; cities: {known}")
+    clauses: list[str] = ["city = ? COLLATE NOCASE"]
+    params: list[Any] = [city.strip()]
+    if min_stars:
+        clauses.append("stars >= ?")
+        params.append(min_stars)
+    if max_nightly_usd:
+        clauses.append("nightly_cents <= ?")
+        params.append(max_nightly_usd * 100)
+    found = rows(
+        conn,
+        f"SELECT * FROM hotels WHERE {' AND '.join(clauses)} ORDER BY nightly_cents, id LIMIT ?",
+        [*params, limit],
+    )
+    return HotelResults(offers=[_hotel_offer(r, ci, co) for r in found])
+
+
+def offer(conn: sqlite3.Connection, offer_id: str) -> Offer:
+    """The current details, price and availability of one offer."""
+    return _offer(conn, offer_id)
+
+
+def hold(conn: sqlite3.Connection, offer_id: str, passengers: int = 1) -> Hold:
+    """Holds an offer's price and availability for HOLD_MINUTES."""
+    found = _offer(conn, offer_id)
+    if found.flight is not None:
+        if found.flight.seats_left < passengers:
+            raise ToolError(
+                f"only {found.flight.seats_left} seat(s) left on {found.flight.flight_no} in "
+                f"{found.flight.cabin}; choose another flight or fewer passengers"
+            )
+        total = round(found.flight.price_usd * 100) * passengers
+        offer_key = found.flight.offer_id
+        fid, hid, ci, co = int(offer_key[3:]), None, None, None
+    else:
+        assert found.hotel is not None
+        if found.hotel.rooms_left < 1:
+            raise ToolError(f"{found.hotel.hotel} has no rooms left")
+        if passengers > 4:
+            raise ToolError("a hotel room holds at most 4 guests")
+        total = round(found.hotel.total_usd * 100)
+        offer_key = found.hotel.offer_id
+        fid, hid = None, int(offer_key.split("-")[1])
+        ci, co = found.hotel.check_in, found.hotel.check_out
+    with write(conn):
+        now = _now(conn)
+        expires = (datetime.fromisoformat(now) + timedelta(minutes=HOLD_MINUTES)).strftime("%Y-%m-%dT%H:%M")
+        cur = conn.execute(
+            "INSERT INTO holds (offer_id, kind, flight_id, hotel_id, check_in, check_out, passengers,"
+            " total_cents, created_at, expires_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
+            (offer_key, found.kind, fid, hid, ci, co, passengers, total, now, expires),
+        )
+    return _hold(require(conn, "SELECT * FROM holds WHERE id = ?", (cur.lastrowid,), "hold vanished"))
+
+
+def release(conn: sqlite3.Connection, hold_id: int) -> Hold:
+    """Releases an active hold."""
+    found = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
+    if found["status"] != "active":
+        raise ToolError(f"hold {hold_id} is {found['status']}, not active")
+    with write(conn):
+        conn.execute("UPDATE holds SET status = 'released' WHERE id = ?", (hold_id,))
+    return _hold({**found, "status": "released"})
+
+
+def book(
+    conn: sqlite3.Connection, hold_id: int, traveller_id: int, payment_method_id: int, points_to_redeem: int = 0
+) -> Booking:
+    """Books a held offer for a traveller with a saved card (and optionally points); returns the booking."""
+    with write(conn):
+        booking_id = _book_hold(conn, hold_id, traveller_id, payment_method_id, points_to_redeem)
+    return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
+
+
+def cancel(conn: sqlite3.Connection, confirmation: str) -> Booking:
+    """Cancels a confirmed upcoming booking (refunds and points as its fare allows); returns it."""
+    with write(conn):
+        booking_id = _cancel(conn, confirmation)
+    return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
+
+
+def booking_list(conn: sqlite3.Connection, status: str = "all", *, upcoming_only: bool = False) -> BookingList:
+    """The bookings, most recent first."""
+    clauses: list[str] = ["1 = 1"]
+    params: list[Any] = []
+    if status != "all":
+        clauses.append("b.status = ?")
+        params.append(status)
+    if upcoming_only:
+        clauses.append("COALESCE(f.depart_at, b.check_in) > ?")
+        params.append(meta(conn, "today") + "T23:59")
+    found = rows(conn, _BOOKING_SQL + f" WHERE {' AND '.join(clauses)} ORDER BY b.created_at DESC, b.id DESC", params)
+    return BookingList(bookings=[_booking(r) for r in found])
+
+
+def booking(conn: sqlite3.Connection, confirmation: str) -> Booking:
+    """One booking by its confirmation code."""
+    code = confirmation.strip().upper()
+    return _booking(require(conn, _BOOKING_SQL + " WHERE b.confirmation = ?", (code,), f"no booking {code}"))
+
+
+def profile(conn: sqlite3.Connection) -> Profile:
+    """The profile: travellers, saved cards and loyalty balance."""
+    return Profile(
+        name=meta(conn, "user_name"),
+        email=meta(conn, "user_email"),
+        travellers=[
+            Traveller(**{**t, "is_primary": bool(t["is_primary"])})
+            for t in rows(conn, "SELECT * FROM travellers ORDER BY id")
+        ],
+        payment_methods=[
+            PaymentMethod(**{**p, "is_default": bool(p["is_default"])})
+            for p in rows(conn, "SELECT * FROM payment_methods ORDER BY id")
+        ],
+        loyalty_points=_balance(conn),
+    )
+
+
+def loyalty(conn: sqlite3.Connection) -> Loyalty:
+    """The points balance and the 20 most recent movements."""
+    history = rows(
+        conn,
+        "SELECT l.points, l.reason, l.created_at, b.confirmation FROM loyalty_ledger l"
+        " LEFT JOIN bookings b ON b.id = l.booking_id ORDER BY l.created_at DESC, l.id DESC"
+        " LIMIT 20",
+    )
+    return Loyalty(balance=_balance(conn), history=[LedgerEntry(**h) for h in history])
+
+
 def register_tools(server: Any) -> None:
     """Adds the booking tools to an `MCPServer`."""
     read_only = ToolAnnotations(read_only_hint=True)
@@ -751,37 +944,21 @@ def register_tools(server: Any) -> None:
         limit: Limit = 20,
     ) -> FlightResults:
         """Search flights between two airports on one day. Results include sold-out fares (seats_left 0)."""
-        conn = instance_db(ctx)
-        day = _parse_day(date, "date")
-        if day <= _today(conn):
-            raise ToolError(f"date must be after today ({_today(conn).isoformat()})")
-        for code in (origin, destination):
-            if scalar(conn, "SELECT 1 FROM airports WHERE code = ?", (code.upper(),)) is None:
-                known = ", ".join(r["code"] for r in rows(conn, "SELECT code FROM airports ORDER BY code"))
-                raise ToolError(f"unknown airport '{code}'; airports served: {known}")
-        clauses = ["origin = ?", "destination = ?", "depart_at >= ?", "depart_at < ?"]
-        params: list[Any] = [
-            origin.upper(),
-            destination.upper(),
-            day.isoformat(),
-            (day + timedelta(days=1)).isoformat(),
-        ]
-        if cabin:
-            clauses.append("cabin = ?")
-            params.append(cabin)
-        if max_price_usd:
-            clauses.append("price_cents <= ?")
-            params.append(max_price_usd * 100)
-        order = "price_cents, depart_at, id" if sort == "price" else "depart_at, price_cents, id"
-        found = rows(
-            conn, f"SELECT * FROM flights WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?", [*params, limit]
+        return flights(
+            instance_db(ctx),
+            origin,
+            destination,
+            date,
+            cabin=cabin,
+            max_price_usd=max_price_usd,
+            sort=sort,
+            limit=limit,
         )
-        return FlightResults(offers=[_flight_offer(r) for r in found])
 
     @server.tool(annotations=read_only)
     def search_hotels(
         ctx: Context,
-        city: Annotated[str, Field(min_length=2, max_length=60, description="City name, e.g. 'Lisbon'")],
+        city: City,
         check_in: Day,
         check_out: Day,
         min_stars: Annotated[int | None, Field(ge=1, le=5, description="Lowest star rating")] = None,
@@ -789,82 +966,30 @@ def register_tools(server: Any) -> None:
         limit: Limit = 20,
     ) -> HotelResults:
         """Search hotels in a city for a stay, cheapest first. Each result's offer_id encodes the dates."""
-        conn = instance_db(ctx)
-        ci, co = _parse_day(check_in, "check_in"), _parse_day(check_out, "check_out")
-        _stay(ci, co, _today(conn))
-        if scalar(conn, "SELECT 1 FROM hotels WHERE city = ? COLLATE NOCASE", (city.strip(),)) is None:
-            known = ", ".join(r["city"] for r in rows(conn, "SELECT DISTINCT city FROM hotels ORDER BY city"))
-            raise ToolError(f"no hotels in '{city}'; cities: {known}")
-        clauses: list[str] = ["city = ? COLLATE NOCASE"]
-        params: list[Any] = [city.strip()]
-        if min_stars:
-            clauses.append("stars >= ?")
-            params.append(min_stars)
-        if max_nightly_usd:
-            clauses.append("nightly_cents <= ?")
-            params.append(max_nightly_usd * 100)
-        found = rows(
-            conn,
-            f"SELECT * FROM hotels WHERE {' AND '.join(clauses)} ORDER BY nightly_cents, id LIMIT ?",
-            [*params, limit],
+        return hotels(
+            instance_db(ctx),
+            city,
+            check_in,
+            check_out,
+            min_stars=min_stars,
+            max_nightly_usd=max_nightly_usd,
+            limit=limit,
         )
-        return HotelResults(offers=[_hotel_offer(r, ci, co) for r in found])
 
     @server.tool(annotations=read_only)
     def get_offer(ctx: Context, offer_id: OfferId) -> Offer:
         """Get the current details, price and availability of one flight or hotel offer."""
-        return _offer(instance_db(ctx), offer_id)
+        return offer(instance_db(ctx), offer_id)
 
     @server.tool()
-    def hold_offer(
-        ctx: Context,
-        offer_id: OfferId,
-        passengers: Annotated[
-            int, Field(ge=1, le=6, description=("Seats for a flight, or guests in one room for a hotel"))
-        ] = 1,
-    ) -> Hold:
+    def hold_offer(ctx: Context, offer_id: OfferId, passengers: Passengers = 1) -> Hold:
         """Hold an offer's price and availability for 30 minutes; book it with book_hold."""
-        conn = instance_db(ctx)
-        offer = _offer(conn, offer_id)
-        if offer.flight is not None:
-            if offer.flight.seats_left < passengers:
-                raise ToolError(
-                    f"only {offer.flight.seats_left} seat(s) left on {offer.flight.flight_no} in "
-                    f"{offer.flight.cabin}; choose another flight or fewer passengers"
-                )
-            total = round(offer.flight.price_usd * 100) * passengers
-            offer_key = offer.flight.offer_id
-            fid, hid, ci, co = int(offer_key[3:]), None, None, None
-        else:
-            assert offer.hotel is not None
-            if offer.hotel.rooms_left < 1:
-                raise ToolError(f"{offer.hotel.hotel} has no rooms left")
-            if passengers > 4:
-                raise ToolError("a hotel room holds at most 4 guests")
-            total = round(offer.hotel.total_usd * 100)
-            offer_key = offer.hotel.offer_id
-            fid, hid = None, int(offer_key.split("-")[1])
-            ci, co = offer.hotel.check_in, offer.hotel.check_out
-        with write(conn):
-            now = _now(conn)
-            expires = (datetime.fromisoformat(now) + timedelta(minutes=HOLD_MINUTES)).strftime("%Y-%m-%dT%H:%M")
-            cur = conn.execute(
-                "INSERT INTO holds (offer_id, kind, flight_id, hotel_id, check_in, check_out, passengers,"
-                " total_cents, created_at, expires_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active')",
-                (offer_key, offer.kind, fid, hid, ci, co, passengers, total, now, expires),
-            )
-        return _hold(require(conn, "SELECT * FROM holds WHERE id = ?", (cur.lastrowid,), "hold vanished"))
+        return hold(instance_db(ctx), offer_id, passengers)
 
     @server.tool()
     def release_hold(ctx: Context, hold_id: Annotated[int, Field(ge=1, description="From hold_offer")]) -> Hold:
         """Release an active hold you no longer want."""
-        conn = instance_db(ctx)
-        hold = require(conn, "SELECT * FROM holds WHERE id = ?", (hold_id,), f"no hold {hold_id}")
-        if hold["status"] != "active":
-            raise ToolError(f"hold {hold_id} is {hold['status']}, not active")
-        with write(conn):
-            conn.execute("UPDATE holds SET status = 'released' WHERE id = ?", (hold_id,))
-        return _hold({**hold, "status": "released"})
+        return release(instance_db(ctx), hold_id)
 
     @server.tool()
     def book_hold(
@@ -872,30 +997,19 @@ def register_tools(server: Any) -> None:
         hold_id: Annotated[int, Field(ge=1, description="From hold_offer")],
         traveller_id: Annotated[int, Field(ge=1, description="Lead traveller, from get_profile")],
         payment_method_id: Annotated[int, Field(ge=1, description="Saved card, from get_profile")],
-        points_to_redeem: Annotated[
-            int,
-            Field(
-                ge=0, description=("Loyalty points to spend (1 point = 1 cent off); the rest is charged to the card")
-            ),
-        ] = 0,
+        points_to_redeem: Points = 0,
     ) -> Booking:
         """Book a held offer for a traveller on the profile, paying with a saved card and optionally points.
 
         Earns 1 loyalty point per whole dollar charged to the card. Returns the confirmed booking.
         """
-        conn = instance_db(ctx)
-        with write(conn):
-            booking_id = _book_hold(conn, hold_id, traveller_id, payment_method_id, points_to_redeem)
-        return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
+        return book(instance_db(ctx), hold_id, traveller_id, payment_method_id, points_to_redeem)
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True))
     def cancel_booking(ctx: Context, confirmation: Confirmation) -> Booking:
         """Cancel a confirmed upcoming booking. Refundable fares refund the card charge and return redeemed
         points; non-refundable fares refund nothing. Points earned on the booking are taken back."""
-        conn = instance_db(ctx)
-        with write(conn):
-            booking_id = _cancel(conn, confirmation)
-        return _booking(require(conn, _BOOKING_SQL + " WHERE b.id = ?", (booking_id,), "booking vanished"))
+        return cancel(instance_db(ctx), confirmation)
 
     @server.tool(annotations=read_only)
     def list_bookings(
@@ -906,72 +1020,24 @@ def register_tools(server: Any) -> None:
         upcoming_only: Annotated[bool, Field(description="Only trips starting after today")] = False,
     ) -> BookingList:
         """List your bookings, most recent first."""
-        conn = instance_db(ctx)
-        clauses: list[str] = ["1 = 1"]
-        params: list[Any] = []
-        if status != "all":
-            clauses.append("b.status = ?")
-            params.append(status)
-        if upcoming_only:
-            clauses.append("COALESCE(f.depart_at, b.check_in) > ?")
-            params.append(meta(conn, "today") + "T23:59")
-        found = rows(
-            conn, _BOOKING_SQL + f" WHERE {' AND '.join(clauses)} ORDER BY b.created_at DESC, b.id DESC", params
-        )
-        return BookingList(bookings=[_booking(r) for r in found])
+        return booking_list(instance_db(ctx), status, upcoming_only=upcoming_only)
 
     @server.tool(annotations=read_only)
     def get_profile(ctx: Context) -> Profile:
         """Your profile: travellers you can book for, saved payment cards (with expiry) and loyalty balance."""
-        conn = instance_db(ctx)
-        return Profile(
-            name=meta(conn, "user_name"),
-            email=meta(conn, "user_email"),
-            travellers=[
-                Traveller(**{**t, "is_primary": bool(t["is_primary"])})
-                for t in rows(conn, "SELECT * FROM travellers ORDER BY id")
-            ],
-            payment_methods=[
-                PaymentMethod(**{**p, "is_default": bool(p["is_default"])})
-                for p in rows(conn, "SELECT * FROM payment_methods ORDER BY id")
-            ],
-            loyalty_points=_balance(conn),
-        )
+        return profile(instance_db(ctx))
 
     @server.tool(annotations=read_only)
     def get_loyalty(ctx: Context) -> Loyalty:
         """Your loyalty points balance and the 20 most recent point movements."""
-        conn = instance_db(ctx)
-        history = rows(
-            conn,
-            "SELECT l.points, l.reason, l.created_at, b.confirmation FROM loyalty_ledger l"
-            " LEFT JOIN bookings b ON b.id = l.booking_id ORDER BY l.created_at DESC, l.id DESC"
-            " LIMIT 20",
-        )
-        return Loyalty(balance=_balance(conn), history=[LedgerEntry(**h) for h in history])
+        return loyalty(instance_db(ctx))
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """'My trips' as the booking site shows it: bookings, newest first, with the points balance."""
-    found = rows(conn, _BOOKING_SQL + " ORDER BY b.created_at DESC, b.id DESC LIMIT 20")
-    trips = [_booking(r) for r in found]
-    return render(
-        Screen(
-            title=f"Travel - {USER_NAME} - My trips",
-            columns=(
-                Column("Conf.", 9),
-                Column("Trip", 44),
-                Column("Start", 16),
-                Column("Status", 10),
-                Column("Total", 10),
-            ),
-            rows=[
-                (b.confirmation, b.description, b.start.replace("T", " "), b.status, f"${b.total_usd:,.2f}")
-                for b in trips
-            ],
-            status=f"{_balance(conn):,} loyalty points",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The booking web UI's routes (services/localfleet/webui/booking.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import booking as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -982,7 +1048,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -31,7 +32,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_NAME = "Alex Morgan"
 USER_EMAIL = "alex.morgan@northwind.example"
@@ -293,6 +293,16 @@ Limit = Annotated[int, Field(ge=1, le=100, description="Page size (1-100)")]
 Offset = Annotated[int, Field(ge=0, description="Messages to skip (for paging)")]
 UnreadOnly = Annotated[bool, Field(description="Only unread messages")]
 Body = Annotated[str, Field(min_length=1, max_length=10000, description="Plain-text message body")]
+Subject = Annotated[str, Field(min_length=1, max_length=200, description="Subject line")]
+NewFolderName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[\w][\w .&-]*$",
+        description="New folder name (letters, digits, spaces, '.', '&', '-')",
+    ),
+]
 
 _SUMMARY_SQL = "SELECT m.*, f.name AS folder FROM messages m JOIN folders f ON f.id = m.folder_id"
 
@@ -371,6 +381,214 @@ def _insert_sent(
     return next_id
 
 
+# --- operations: the one code path of the MCP tools and the web UI (services/localfleet/webui/mailbox.py) ---
+# Each takes the instance's connection and raises ToolError with a message fit for the model or the page.
+
+
+def folder_list(conn: sqlite3.Connection) -> FolderList:
+    """Every folder with its total and unread counts, in display order."""
+    found = rows(
+        conn,
+        "SELECT f.name, f.is_system, COUNT(m.id) AS total,"
+        " COALESCE(SUM(m.is_read = 0), 0) AS unread FROM folders f"
+        " LEFT JOIN messages m ON m.folder_id = f.id GROUP BY f.id ORDER BY f.id",
+    )
+    return FolderList(
+        folders=[
+            FolderInfo(name=r["name"], total=r["total"], unread=r["unread"], is_system=bool(r["is_system"]))
+            for r in found
+        ]
+    )
+
+
+def folder_name(conn: sqlite3.Connection, name: str) -> str:
+    """A folder's name as stored (names match case-insensitively); ToolError listing the folders if none."""
+    return str(_folder(conn, name)["name"])
+
+
+def message_page(
+    conn: sqlite3.Connection,
+    folder: str = "Inbox",
+    *,
+    unread_only: bool = False,
+    flagged_only: bool = False,
+    limit: int = 20,
+    offset: int = 0,
+) -> MessagePage:
+    """One page of a folder's messages, newest first."""
+    f = _folder(conn, folder)
+    where = (
+        " WHERE m.folder_id = ?"
+        + (" AND m.is_read = 0" if unread_only else "")
+        + (" AND m.is_flagged = 1" if flagged_only else "")
+    )
+    total = scalar(conn, "SELECT COUNT(*) FROM messages m" + where, (f["id"],))
+    found = rows(
+        conn,
+        _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
+        (f["id"], limit, offset),
+    )
+    return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
+
+
+def search(
+    conn: sqlite3.Connection,
+    query: str | None = None,
+    sender: str | None = None,
+    folder: str | None = None,
+    *,
+    unread_only: bool = False,
+    since: str | None = None,
+    limit: int = 20,
+    offset: int = 0,
+) -> MessagePage:
+    """Messages matching a text and/or a sender, newest first; Trash and Spam only when that folder is named."""
+    if not (query and query.strip()) and not (sender and sender.strip()):
+        raise ToolError("give a query or a sender to search for")
+    clauses: list[str] = []
+    params: list[Any] = []
+    if folder is not None:
+        clauses.append("m.folder_id = ?")
+        params.append(_folder(conn, folder)["id"])
+    else:
+        clauses.append("f.name NOT IN ('Trash', 'Spam')")
+    if query and query.strip():
+        clauses.append("(m.subject LIKE ? ESCAPE '\\' OR m.body LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')")
+        params += [like_pattern(query.strip())] * 3
+    if sender and sender.strip():
+        clauses.append("(m.from_addr LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')")
+        params += [like_pattern(sender.strip())] * 2
+    if unread_only:
+        clauses.append("m.is_read = 0")
+    if since:
+        clauses.append("m.sent_at >= ?")
+        params.append(since)
+    where = " WHERE " + " AND ".join(clauses)
+    total = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id" + where, params)
+    found = rows(
+        conn,
+        _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    )
+    return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
+
+
+def full_message(conn: sqlite3.Connection, message_id: int) -> Message:
+    """One message in full (recipients, body, thread). Reading never marks it read."""
+    r = _message(conn, message_id)
+    return Message(
+        **_summary(r).model_dump(),
+        to=_split(r["to_addrs"]),
+        cc=_split(r["cc_addrs"]),
+        body=r["body"],
+        thread_id=r["thread_id"],
+        in_reply_to=r["in_reply_to"],
+    )
+
+
+def send(conn: sqlite3.Connection, to: list[str], subject: str, body: str, cc: list[str] | None = None) -> int:
+    """Sends a new message from the logged-in user; returns the id of its copy in Sent."""
+    with write(conn):
+        return _insert_sent(
+            conn, to=to, cc=cc or [], subject=subject.strip(), body=body, thread_id=None, in_reply_to=None
+        )
+
+
+def reply(conn: sqlite3.Connection, message_id: int, body: str, *, reply_all: bool = False) -> int:
+    """Replies to a message (its sender; with reply_all everyone on it) in its thread; returns the reply's id."""
+    original = _message(conn, message_id)
+    if original["folder"] == "Trash":
+        raise ToolError(f"message {message_id} is in Trash; move it out of Trash before replying")
+    me = meta(conn, "user_email")
+    to = _split(original["to_addrs"]) if original["from_addr"] == me else [original["from_addr"]]
+    cc: list[str] = []
+    if reply_all:
+        others = _split(original["to_addrs"]) + _split(original["cc_addrs"])
+        cc = [a for a in dict.fromkeys(others) if a != me and a not in to]
+    subject = original["subject"]
+    if not subject.lower().startswith("re:"):
+        subject = "Re: " + subject
+    with write(conn):
+        return _insert_sent(
+            conn, to=to, cc=cc, subject=subject, body=body, thread_id=original["thread_id"], in_reply_to=message_id
+        )
+
+
+def move(conn: sqlite3.Connection, message_ids: list[int], folder: str) -> UpdateResult:
+    """Moves messages to a folder (never into Sent or Drafts, nor into the folder they are in)."""
+    target = _folder(conn, folder)
+    if target["name"] in NO_MOVE_INTO:
+        raise ToolError(f"messages cannot be moved into {target['name']}")
+    ids = _check_ids(conn, message_ids)
+    marks = ",".join("?" * len(ids))
+    already = [
+        r["id"]
+        for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, target["id"]])
+    ]
+    if already:
+        raise ToolError(f"message {', '.join(map(str, already))} is already in {target['name']}; nothing was changed")
+    with write(conn):
+        conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [target["id"], *ids])
+    return UpdateResult(updated=ids, folder=target["name"])
+
+
+def flag(conn: sqlite3.Connection, message_ids: list[int], flagged: bool = True) -> UpdateResult:
+    """Flags messages for follow-up, or clears their flag."""
+    ids = _check_ids(conn, message_ids)
+    with write(conn):
+        conn.execute(
+            f"UPDATE messages SET is_flagged = ? WHERE id IN ({','.join('?' * len(ids))})", [int(flagged), *ids]
+        )
+    return UpdateResult(updated=ids)
+
+
+def mark(conn: sqlite3.Connection, message_ids: list[int], read: bool = True) -> UpdateResult:
+    """Marks messages read (or unread)."""
+    ids = _check_ids(conn, message_ids)
+    with write(conn):
+        conn.execute(f"UPDATE messages SET is_read = ? WHERE id IN ({','.join('?' * len(ids))})", [int(read), *ids])
+    return UpdateResult(updated=ids)
+
+
+def delete(conn: sqlite3.Connection, message_ids: list[int]) -> UpdateResult:
+    """Moves messages to Trash (those already there cannot be deleted again)."""
+    ids = _check_ids(conn, message_ids)
+    trash = _folder(conn, "Trash")["id"]
+    marks = ",".join("?" * len(ids))
+    already = [
+        r["id"] for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, trash])
+    ]
+    if already:
+        raise ToolError(
+            f"message {', '.join(map(str, already))} is already in Trash (permanent deletion is "
+            "not supported); nothing was changed"
+        )
+    with write(conn):
+        conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [trash, *ids])
+    return UpdateResult(updated=ids, folder="Trash")
+
+
+def find_contacts(conn: sqlite3.Connection, query: str) -> ContactList:
+    """Contacts whose name, email or company contains `query` (at most 25)."""
+    pattern = like_pattern(query.strip())
+    found = rows(
+        conn,
+        "SELECT * FROM contacts WHERE name LIKE ? ESCAPE '\\' OR email LIKE ?"
+        " ESCAPE '\\' OR company LIKE ? ESCAPE '\\' ORDER BY name LIMIT 25",
+        (pattern, pattern, pattern),
+    )
+    return ContactList(contacts=[Contact(**{**r, "is_favorite": bool(r["is_favorite"])}) for r in found])
+
+
+def new_folder(conn: sqlite3.Connection, name: str) -> FolderInfo:
+    """Creates a custom folder (names are unique, case-insensitively)."""
+    if row(conn, "SELECT id FROM folders WHERE name = ? COLLATE NOCASE", (name.strip(),)) is not None:
+        raise ToolError(f"a folder named '{name.strip()}' already exists")
+    with write(conn):
+        conn.execute("INSERT INTO folders (name, is_system) VALUES (?, 0)", (name.strip(),))
+    return FolderInfo(name=name.strip(), total=0, unread=0, is_system=False)
+
+
 def register_tools(server: Any) -> None:
     """Adds the mailbox tools to an `MCPServer`."""
     read_only = ToolAnnotations(read_only_hint=True)
@@ -378,19 +596,7 @@ def register_tools(server: Any) -> None:
     @server.tool(annotations=read_only)
     def list_folders(ctx: Context) -> FolderList:
         """List every mail folder with its total and unread message counts."""
-        conn = instance_db(ctx)
-        found = rows(
-            conn,
-            "SELECT f.name, f.is_system, COUNT(m.id) AS total,"
-            " COALESCE(SUM(m.is_read = 0), 0) AS unread FROM folders f"
-            " LEFT JOIN messages m ON m.folder_id = f.id GROUP BY f.id ORDER BY f.id",
-        )
-        return FolderList(
-            folders=[
-                FolderInfo(name=r["name"], total=r["total"], unread=r["unread"], is_system=bool(r["is_system"]))
-                for r in found
-            ]
-        )
+        return folder_list(instance_db(ctx))
 
     @server.tool(annotations=read_only)
     def list_messages(
@@ -406,20 +612,9 @@ def register_tools(server: Any) -> None:
         Returns summaries (sender, subject, date, read/flag state, a short snippet); use read_message for the
         full body and recipients.
         """
-        conn = instance_db(ctx)
-        f = _folder(conn, folder)
-        where = (
-            " WHERE m.folder_id = ?"
-            + (" AND m.is_read = 0" if unread_only else "")
-            + (" AND m.is_flagged = 1" if flagged_only else "")
+        return message_page(
+            instance_db(ctx), folder, unread_only=unread_only, flagged_only=flagged_only, limit=limit, offset=offset
         )
-        total = scalar(conn, "SELECT COUNT(*) FROM messages m" + where, (f["id"],))
-        found = rows(
-            conn,
-            _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
-            (f["id"], limit, offset),
-        )
-        return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
 
     @server.tool(annotations=read_only)
     def search_messages(
@@ -449,69 +644,33 @@ def register_tools(server: Any) -> None:
         Give at least one of query or sender. Messages in Trash and Spam are included only when that folder
         is named.
         """
-        if not (query and query.strip()) and not (sender and sender.strip()):
-            raise ToolError("give a query or a sender to search for")
-        conn = instance_db(ctx)
-        clauses: list[str] = []
-        params: list[Any] = []
-        if folder is not None:
-            clauses.append("m.folder_id = ?")
-            params.append(_folder(conn, folder)["id"])
-        else:
-            clauses.append("f.name NOT IN ('Trash', 'Spam')")
-        if query and query.strip():
-            clauses.append(
-                "(m.subject LIKE ? ESCAPE '\\' OR m.body LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')"
-            )
-            params += [like_pattern(query.strip())] * 3
-        if sender and sender.strip():
-            clauses.append("(m.from_addr LIKE ? ESCAPE '\\' OR m.from_name LIKE ? ESCAPE '\\')")
-            params += [like_pattern(sender.strip())] * 2
-        if unread_only:
-            clauses.append("m.is_read = 0")
-        if since:
-            clauses.append("m.sent_at >= ?")
-            params.append(since)
-        where = " WHERE " + " AND ".join(clauses)
-        total = scalar(conn, "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id" + where, params)
-        found = rows(
-            conn,
-            _SUMMARY_SQL + where + " ORDER BY m.sent_at DESC, m.id DESC LIMIT ? OFFSET ?",
-            [*params, limit, offset],
-        )
-        return MessagePage(total=total, offset=offset, messages=[_summary(r) for r in found])
-
-    def full_message(ctx: Context, message_id: int) -> Message:
-        r = _message(instance_db(ctx), message_id)
-        return Message(
-            **_summary(r).model_dump(),
-            to=_split(r["to_addrs"]),
-            cc=_split(r["cc_addrs"]),
-            body=r["body"],
-            thread_id=r["thread_id"],
-            in_reply_to=r["in_reply_to"],
+        return search(
+            instance_db(ctx),
+            query,
+            sender,
+            folder,
+            unread_only=unread_only,
+            since=since,
+            limit=limit,
+            offset=offset,
         )
 
     @server.tool(annotations=read_only)
     def read_message(ctx: Context, message_id: MessageId) -> Message:
         """Read one message in full: recipients, body, thread. Does not mark it read (use mark_read)."""
-        return full_message(ctx, message_id)
+        return full_message(instance_db(ctx), message_id)
 
     @server.tool()
     def send_message(
         ctx: Context,
         to: Annotated[list[Email], Field(min_length=1, max_length=20, description="Recipient addresses")],
-        subject: Annotated[str, Field(min_length=1, max_length=200, description="Subject line")],
+        subject: Subject,
         body: Body,
         cc: Annotated[list[Email] | None, Field(max_length=20, description="Carbon-copy addresses")] = None,
     ) -> Message:
         """Send a new email from the logged-in user. A copy is stored in Sent and returned."""
         conn = instance_db(ctx)
-        with write(conn):
-            new_id = _insert_sent(
-                conn, to=to, cc=cc or [], subject=subject.strip(), body=body, thread_id=None, in_reply_to=None
-            )
-        return full_message(ctx, new_id)
+        return full_message(conn, send(conn, to, subject, body, cc))
 
     @server.tool()
     def reply_to_message(
@@ -523,46 +682,12 @@ def register_tools(server: Any) -> None:
         """Reply to a message: goes to its sender (and with reply_all, everyone else on it), subject 'Re: ...',
         kept in the same thread. The reply is stored in Sent and returned."""
         conn = instance_db(ctx)
-        original = _message(conn, message_id)
-        if original["folder"] == "Trash":
-            raise ToolError(f"message {message_id} is in Trash; move it out of Trash before replying")
-        me = meta(conn, "user_email")
-        to = _split(original["to_addrs"]) if original["from_addr"] == me else [original["from_addr"]]
-        cc: list[str] = []
-        if reply_all:
-            others = _split(original["to_addrs"]) + _split(original["cc_addrs"])
-            cc = [a for a in dict.fromkeys(others) if a != me and a not in to]
-        subject = original["subject"]
-        if not subject.lower().startswith("re:"):
-            subject = "Re: " + subject
-        with write(conn):
-            new_id = _insert_sent(
-                conn, to=to, cc=cc, subject=subject, body=body, thread_id=original["thread_id"], in_reply_to=message_id
-            )
-        return full_message(ctx, new_id)
+        return full_message(conn, reply(conn, message_id, body, reply_all=reply_all))
 
     @server.tool()
     def move_message(ctx: Context, message_ids: MessageIds, folder: FolderName) -> UpdateResult:
         """Move messages to another folder (e.g. Archive, Projects). Nothing can be moved into Sent or Drafts."""
-        conn = instance_db(ctx)
-        target = _folder(conn, folder)
-        if target["name"] in NO_MOVE_INTO:
-            raise ToolError(f"messages cannot be moved into {target['name']}")
-        ids = _check_ids(conn, message_ids)
-        marks = ",".join("?" * len(ids))
-        already = [
-            r["id"]
-            for r in rows(
-                conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, target["id"]]
-            )
-        ]
-        if already:
-            raise ToolError(
-                f"message {', '.join(map(str, already))} is already in {target['name']}; nothing was changed"
-            )
-        with write(conn):
-            conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [target["id"], *ids])
-        return UpdateResult(updated=ids, folder=target["name"])
+        return move(instance_db(ctx), message_ids, folder)
 
     @server.tool()
     def set_flag(
@@ -571,13 +696,7 @@ def register_tools(server: Any) -> None:
         flagged: Annotated[bool, Field(description="true to flag, false to clear the flag")] = True,
     ) -> UpdateResult:
         """Flag messages for follow-up, or clear their flag."""
-        conn = instance_db(ctx)
-        ids = _check_ids(conn, message_ids)
-        with write(conn):
-            conn.execute(
-                f"UPDATE messages SET is_flagged = ? WHERE id IN ({','.join('?' * len(ids))})", [int(flagged), *ids]
-            )
-        return UpdateResult(updated=ids)
+        return flag(instance_db(ctx), message_ids, flagged)
 
     @server.tool()
     def mark_read(
@@ -586,31 +705,12 @@ def register_tools(server: Any) -> None:
         read: Annotated[bool, Field(description="true marks read, false marks unread")] = True,
     ) -> UpdateResult:
         """Mark messages read (or unread)."""
-        conn = instance_db(ctx)
-        ids = _check_ids(conn, message_ids)
-        with write(conn):
-            conn.execute(f"UPDATE messages SET is_read = ? WHERE id IN ({','.join('?' * len(ids))})", [int(read), *ids])
-        return UpdateResult(updated=ids)
+        return mark(instance_db(ctx), message_ids, read)
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=True))
     def delete_message(ctx: Context, message_ids: MessageIds) -> UpdateResult:
         """Delete messages by moving them to Trash. Messages already in Trash cannot be deleted again."""
-        conn = instance_db(ctx)
-        ids = _check_ids(conn, message_ids)
-        trash = _folder(conn, "Trash")["id"]
-        marks = ",".join("?" * len(ids))
-        already = [
-            r["id"]
-            for r in rows(conn, f"SELECT id FROM messages WHERE id IN ({marks}) AND folder_id = ?", [*ids, trash])
-        ]
-        if already:
-            raise ToolError(
-                f"message {', '.join(map(str, already))} is already in Trash (permanent deletion is "
-                "not supported); nothing was changed"
-            )
-        with write(conn):
-            conn.execute(f"UPDATE messages SET folder_id = ? WHERE id IN ({marks})", [trash, *ids])
-        return UpdateResult(updated=ids, folder="Trash")
+        return delete(instance_db(ctx), message_ids)
 
     @server.tool(annotations=read_only)
     def lookup_contact(
@@ -623,56 +723,19 @@ def register_tools(server: Any) -> None:
         ],
     ) -> ContactList:
         """Find contacts in the address book by name, email or company (at most 25)."""
-        pattern = like_pattern(query.strip())
-        found = rows(
-            instance_db(ctx),
-            "SELECT * FROM contacts WHERE name LIKE ? ESCAPE '\\' OR email LIKE ?"
-            " ESCAPE '\\' OR company LIKE ? ESCAPE '\\' ORDER BY name LIMIT 25",
-            (pattern, pattern, pattern),
-        )
-        return ContactList(contacts=[Contact(**{**r, "is_favorite": bool(r["is_favorite"])}) for r in found])
+        return find_contacts(instance_db(ctx), query)
 
     @server.tool()
-    def create_folder(
-        ctx: Context,
-        name: Annotated[
-            str,
-            Field(
-                min_length=1,
-                max_length=64,
-                pattern=r"^[\w][\w .&-]*$",
-                description="New folder name (letters, digits, spaces, '.', '&', '-')",
-            ),
-        ],
-    ) -> FolderInfo:
+    def create_folder(ctx: Context, name: NewFolderName) -> FolderInfo:
         """Create a new mail folder."""
-        conn = instance_db(ctx)
-        if row(conn, "SELECT id FROM folders WHERE name = ? COLLATE NOCASE", (name.strip(),)) is not None:
-            raise ToolError(f"a folder named '{name.strip()}' already exists")
-        with write(conn):
-            conn.execute("INSERT INTO folders (name, is_system) VALUES (?, 0)", (name.strip(),))
-        return FolderInfo(name=name.strip(), total=0, unread=0, is_system=False)
+        return new_folder(instance_db(ctx), name)
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """The Inbox as the mail client shows it: newest 20 messages, unread highlighted."""
-    inbox = rows(conn, _SUMMARY_SQL + " WHERE f.name = 'Inbox' ORDER BY m.sent_at DESC, m.id DESC LIMIT 20")
-    unread = scalar(
-        conn,
-        "SELECT COUNT(*) FROM messages m JOIN folders f ON f.id = m.folder_id WHERE f.name = 'Inbox' AND m.is_read = 0",
-    )
-    return render(
-        Screen(
-            title=f"Mail - {USER_NAME} <{USER_EMAIL}> - Inbox",
-            columns=(Column("", 2), Column("From", 22), Column("Subject", 50), Column("Date", 16)),
-            rows=[
-                ("F" if r["is_flagged"] else "", r["from_name"], r["subject"], r["sent_at"][:16].replace("T", " "))
-                for r in inbox
-            ],
-            bold_rows=frozenset(i for i, r in enumerate(inbox) if not r["is_read"]),
-            status=f"{unread} unread in Inbox",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The mailbox web UI's routes (services/localfleet/webui/mailbox.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import mailbox as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -683,7 +746,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

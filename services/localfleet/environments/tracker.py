@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -30,7 +31,6 @@ from rlgate.localfleet.environments._support import (
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
-from rlgate.localfleet.environments.render import Column, Screen, render
 
 USER_LOGIN = "sam-rivera"
 TODAY = "2026-03-02"
@@ -305,6 +305,7 @@ State = Annotated[Literal["open", "closed", "all"], Field(description="Issue sta
 Limit = Annotated[int, Field(ge=1, le=100, description="Page size (1-100)")]
 Offset = Annotated[int, Field(ge=0, description="Issues to skip (for paging)")]
 Body = Annotated[str, Field(min_length=1, max_length=20000, description="Markdown text")]
+Title = Annotated[str, Field(min_length=3, max_length=200, description="Issue title")]
 
 _ISSUE_SQL = (
     "SELECT i.*, r.full_name AS repo, a.login AS author, s.login AS assignee,"
@@ -388,45 +389,258 @@ def _touch(conn: sqlite3.Connection, issue_id: int) -> None:
     conn.execute("UPDATE issues SET updated_at = ? WHERE id = ?", (_now(conn), issue_id))
 
 
+# --- operations: the one code path of the MCP tools and the web UI (services/localfleet/webui/tracker.py) ---
+# Each takes the instance's connection and raises ToolError with a message fit for the model or the page.
+
+
+def repo_list(conn: sqlite3.Connection) -> RepoList:
+    """Every repository with its open issue count."""
+    found = rows(
+        conn,
+        "SELECT r.*, (SELECT COUNT(*) FROM issues i WHERE i.repo_id = r.id"
+        " AND i.state = 'open') AS open_issues FROM repos r ORDER BY r.id",
+    )
+    return RepoList(
+        repos=[
+            Repo(
+                full_name=r["full_name"],
+                description=r["description"],
+                is_private=bool(r["is_private"]),
+                open_issues=r["open_issues"],
+            )
+            for r in found
+        ]
+    )
+
+
+def repo_name(conn: sqlite3.Connection, name: str) -> str:
+    """A repository's full name as stored ('owner/name'; a unique bare name is accepted); ToolError if none."""
+    return str(_repo(conn, name)["full_name"])
+
+
+def issue_page(
+    conn: sqlite3.Connection,
+    repo: str,
+    state: str = "open",
+    *,
+    label: str | None = None,
+    assignee: str | None = None,
+    author: str | None = None,
+    limit: int = 30,
+    offset: int = 0,
+) -> IssuePage:
+    """One page of a repository's issues, newest first; `assignee='none'` means unassigned."""
+    r = _repo(conn, repo)
+    clauses, params = ["i.repo_id = ?"], [r["id"]]
+    if state != "all":
+        clauses.append("i.state = ?")
+        params.append(state)
+    if label:
+        lab = _labels(conn, r["id"], r["full_name"], [label])[0]
+        clauses.append("EXISTS (SELECT 1 FROM issue_labels il WHERE il.issue_id = i.id AND il.label_id = ?)")
+        params.append(lab["id"])
+    if assignee and assignee.strip().lower() == "none":
+        clauses.append("i.assignee_id IS NULL")
+    elif assignee:
+        clauses.append("i.assignee_id = ?")
+        params.append(_user(conn, assignee)["id"])
+    if author:
+        clauses.append("i.author_id = ?")
+        params.append(_user(conn, author)["id"])
+    where = " WHERE " + " AND ".join(clauses)
+    total = scalar(conn, "SELECT COUNT(*) FROM issues i" + where, params)
+    found = rows(conn, _ISSUE_SQL + where + " ORDER BY i.number DESC LIMIT ? OFFSET ?", [*params, limit, offset])
+    return IssuePage(total=total, offset=offset, issues=[_summary(x) for x in found])
+
+
+def search(
+    conn: sqlite3.Connection,
+    query: str,
+    repo: str | None = None,
+    state: str = "all",
+    *,
+    limit: int = 30,
+    offset: int = 0,
+) -> IssuePage:
+    """Issues whose title or body contains `query`, across repositories (or one), newest first."""
+    if not query.strip():
+        raise ToolError("give some text to search for")
+    pattern = like_pattern(query.strip())
+    clauses = ["(i.title LIKE ? ESCAPE '\\' OR i.body LIKE ? ESCAPE '\\')"]
+    params: list[Any] = [pattern, pattern]
+    if repo:
+        clauses.append("i.repo_id = ?")
+        params.append(_repo(conn, repo)["id"])
+    if state != "all":
+        clauses.append("i.state = ?")
+        params.append(state)
+    where = " WHERE " + " AND ".join(clauses)
+    total = scalar(conn, "SELECT COUNT(*) FROM issues i" + where, params)
+    found = rows(
+        conn,
+        _ISSUE_SQL + where + " ORDER BY i.created_at DESC, i.id DESC LIMIT ? OFFSET ?",
+        [*params, limit, offset],
+    )
+    return IssuePage(total=total, offset=offset, issues=[_summary(x) for x in found])
+
+
+def full_issue(conn: sqlite3.Connection, repo: str, number: int) -> Issue:
+    """One issue in full, with its comments in order."""
+    r = _issue(conn, repo, number)
+    comments = rows(
+        conn,
+        "SELECT c.id, u.login AS author, c.body, c.created_at FROM comments c"
+        " JOIN users u ON u.id = c.author_id WHERE c.issue_id = ? ORDER BY c.id",
+        (r["id"],),
+    )
+    return Issue(
+        **_summary(r).model_dump(),
+        body=r["body"],
+        closed_at=r["closed_at"],
+        comment_list=[Comment(**c) for c in comments],
+    )
+
+
+def create(
+    conn: sqlite3.Connection,
+    repo: str,
+    title: str,
+    body: str = "",
+    labels: list[str] | None = None,
+    assignee: str | None = None,
+) -> Issue:
+    """Opens an issue as the logged-in user, optionally labelled and assigned."""
+    r = _repo(conn, repo)
+    labs = _labels(conn, r["id"], r["full_name"], labels or [])
+    assignee_id = _user(conn, assignee)["id"] if assignee else None
+    with write(conn):
+        number = int(scalar(conn, "SELECT COALESCE(MAX(number), 0) + 1 FROM issues WHERE repo_id = ?", (r["id"],)))
+        now = _now(conn)
+        cur = conn.execute(
+            "INSERT INTO issues (repo_id, number, title, body, state, author_id, assignee_id, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, 'open', ?, ?, ?, ?)",
+            (r["id"], number, title.strip(), body, _me(conn), assignee_id, now, now),
+        )
+        conn.executemany("INSERT INTO issue_labels VALUES (?, ?)", [(cur.lastrowid, lab["id"]) for lab in labs])
+    return full_issue(conn, r["full_name"], number)
+
+
+def comment(conn: sqlite3.Connection, repo: str, number: int, body: str) -> Comment:
+    """Comments on an issue as the logged-in user."""
+    issue = _issue(conn, repo, number)
+    with write(conn):
+        now = _now(conn)
+        cur = conn.execute(
+            "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
+            (issue["id"], _me(conn), body, now),
+        )
+        conn.execute("UPDATE issues SET updated_at = ? WHERE id = ?", (now, issue["id"]))
+    return Comment(id=int(cur.lastrowid or 0), author=meta(conn, "user_login"), body=body, created_at=now)
+
+
+def label(conn: sqlite3.Connection, repo: str, number: int, labels: list[str]) -> IssueSummary:
+    """Adds existing labels to an issue (those it has already are left as they are)."""
+    issue = _issue(conn, repo, number)
+    labs = _labels(conn, issue["repo_id"], issue["repo"], labels)
+    with write(conn):
+        conn.executemany("INSERT OR IGNORE INTO issue_labels VALUES (?, ?)", [(issue["id"], lab["id"]) for lab in labs])
+        _touch(conn, issue["id"])
+    return _summary(_issue(conn, repo, number))
+
+
+def unlabel(conn: sqlite3.Connection, repo: str, number: int, name: str) -> IssueSummary:
+    """Removes one label from an issue."""
+    issue = _issue(conn, repo, number)
+    lab = _labels(conn, issue["repo_id"], issue["repo"], [name])[0]
+    with write(conn):
+        cur = conn.execute("DELETE FROM issue_labels WHERE issue_id = ? AND label_id = ?", (issue["id"], lab["id"]))
+        if cur.rowcount == 0:
+            raise ToolError(f"{issue['repo']}#{number} does not have the label '{lab['name']}'")
+        _touch(conn, issue["id"])
+    return _summary(_issue(conn, repo, number))
+
+
+def assign(conn: sqlite3.Connection, repo: str, number: int, assignee: str | None) -> IssueSummary:
+    """Sets (or with None clears) an issue's assignee."""
+    issue = _issue(conn, repo, number)
+    assignee_id = _user(conn, assignee)["id"] if assignee else None
+    if assignee_id == issue["assignee_id"]:
+        who = f"assigned to {assignee}" if assignee else "unassigned"
+        raise ToolError(f"{issue['repo']}#{number} is already {who}")
+    with write(conn):
+        conn.execute("UPDATE issues SET assignee_id = ? WHERE id = ?", (assignee_id, issue["id"]))
+        _touch(conn, issue["id"])
+    return _summary(_issue(conn, repo, number))
+
+
+def close(
+    conn: sqlite3.Connection, repo: str, number: int, reason: str = "completed", closing_comment: str | None = None
+) -> Issue:
+    """Closes an open issue with a reason ('completed' or 'not_planned'), optionally commenting first."""
+    if reason not in ("completed", "not_planned"):
+        raise ToolError(f"reason must be 'completed' or 'not_planned', not '{reason}'")
+    with write(conn):  # the state check belongs to the same transaction as the change
+        issue = _issue(conn, repo, number)
+        if issue["state"] == "closed":
+            raise ToolError(f"{issue['repo']}#{number} is already closed")
+        now = _now(conn)
+        if closing_comment:
+            conn.execute(
+                "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
+                (issue["id"], _me(conn), closing_comment, now),
+            )
+        conn.execute(
+            "UPDATE issues SET state = 'closed', state_reason = ?, closed_at = ?, updated_at = ? WHERE id = ?",
+            (reason, now, now, issue["id"]),
+        )
+    return full_issue(conn, repo, number)
+
+
+def reopen(conn: sqlite3.Connection, repo: str, number: int) -> IssueSummary:
+    """Reopens a closed issue."""
+    with write(conn):
+        issue = _issue(conn, repo, number)
+        if issue["state"] == "open":
+            raise ToolError(f"{issue['repo']}#{number} is already open")
+        conn.execute(
+            "UPDATE issues SET state = 'open', state_reason = NULL, closed_at = NULL WHERE id = ?", (issue["id"],)
+        )
+        _touch(conn, issue["id"])
+    return _summary(_issue(conn, repo, number))
+
+
+def label_list(conn: sqlite3.Connection, repo: str) -> LabelList:
+    """A repository's labels with how many open issues carry each."""
+    r = _repo(conn, repo)
+    found = rows(
+        conn,
+        "SELECT l.name, l.color, l.description, (SELECT COUNT(*) FROM issue_labels il"
+        " JOIN issues i ON i.id = il.issue_id WHERE il.label_id = l.id AND i.state = 'open')"
+        " AS open_issues FROM labels l WHERE l.repo_id = ? ORDER BY l.name",
+        (r["id"],),
+    )
+    return LabelList(repo=r["full_name"], labels=[Label(**x) for x in found])
+
+
+def user_list(conn: sqlite3.Connection, query: str | None = None) -> UserList:
+    """Users whose login or name contains `query` (everyone without one)."""
+    pattern = like_pattern((query or "").strip())
+    found = rows(
+        conn,
+        "SELECT login, name, role FROM users WHERE login LIKE ? ESCAPE '\\' OR name LIKE ? ESCAPE '\\' ORDER BY login",
+        (pattern, pattern),
+    )
+    return UserList(users=[User(**u) for u in found])
+
+
 def register_tools(server: Any) -> None:
     """Adds the tracker tools to an `MCPServer`."""
     read_only = ToolAnnotations(read_only_hint=True)
 
-    def full_issue(ctx: Context, repo: str, number: int) -> Issue:
-        conn = instance_db(ctx)
-        r = _issue(conn, repo, number)
-        comments = rows(
-            conn,
-            "SELECT c.id, u.login AS author, c.body, c.created_at FROM comments c"
-            " JOIN users u ON u.id = c.author_id WHERE c.issue_id = ? ORDER BY c.id",
-            (r["id"],),
-        )
-        return Issue(
-            **_summary(r).model_dump(),
-            body=r["body"],
-            closed_at=r["closed_at"],
-            comment_list=[Comment(**c) for c in comments],
-        )
-
     @server.tool(annotations=read_only)
     def list_repos(ctx: Context) -> RepoList:
         """List the repositories you can see, with their open issue counts."""
-        found = rows(
-            instance_db(ctx),
-            "SELECT r.*, (SELECT COUNT(*) FROM issues i WHERE i.repo_id = r.id"
-            " AND i.state = 'open') AS open_issues FROM repos r ORDER BY r.id",
-        )
-        return RepoList(
-            repos=[
-                Repo(
-                    full_name=r["full_name"],
-                    description=r["description"],
-                    is_private=bool(r["is_private"]),
-                    open_issues=r["open_issues"],
-                )
-                for r in found
-            ]
-        )
+        return repo_list(instance_db(ctx))
 
     @server.tool(annotations=read_only)
     def list_issues(
@@ -443,28 +657,9 @@ def register_tools(server: Any) -> None:
         offset: Offset = 0,
     ) -> IssuePage:
         """List a repository's issues, newest first, filtered by state, label, assignee or author."""
-        conn = instance_db(ctx)
-        r = _repo(conn, repo)
-        clauses, params = ["i.repo_id = ?"], [r["id"]]
-        if state != "all":
-            clauses.append("i.state = ?")
-            params.append(state)
-        if label:
-            lab = _labels(conn, r["id"], r["full_name"], [label])[0]
-            clauses.append("EXISTS (SELECT 1 FROM issue_labels il WHERE il.issue_id = i.id AND il.label_id = ?)")
-            params.append(lab["id"])
-        if assignee and assignee.strip().lower() == "none":
-            clauses.append("i.assignee_id IS NULL")
-        elif assignee:
-            clauses.append("i.assignee_id = ?")
-            params.append(_user(conn, assignee)["id"])
-        if author:
-            clauses.append("i.author_id = ?")
-            params.append(_user(conn, author)["id"])
-        where = " WHERE " + " AND ".join(clauses)
-        total = scalar(conn, "SELECT COUNT(*) FROM issues i" + where, params)
-        found = rows(conn, _ISSUE_SQL + where + " ORDER BY i.number DESC LIMIT ? OFFSET ?", [*params, limit, offset])
-        return IssuePage(total=total, offset=offset, issues=[_summary(x) for x in found])
+        return issue_page(
+            instance_db(ctx), repo, state, label=label, assignee=assignee, author=author, limit=limit, offset=offset
+        )
 
     @server.tool(annotations=read_only)
     def search_issues(
@@ -483,68 +678,29 @@ def register_tools(server: Any) -> None:
         offset: Offset = 0,
     ) -> IssuePage:
         """Search issues by text across all repositories (or one), newest first."""
-        conn = instance_db(ctx)
-        pattern = like_pattern(query.strip())
-        clauses = ["(i.title LIKE ? ESCAPE '\\' OR i.body LIKE ? ESCAPE '\\')"]
-        params: list[Any] = [pattern, pattern]
-        if repo:
-            clauses.append("i.repo_id = ?")
-            params.append(_repo(conn, repo)["id"])
-        if state != "all":
-            clauses.append("i.state = ?")
-            params.append(state)
-        where = " WHERE " + " AND ".join(clauses)
-        total = scalar(conn, "SELECT COUNT(*) FROM issues i" + where, params)
-        found = rows(
-            conn,
-            _ISSUE_SQL + where + " ORDER BY i.created_at DESC, i.id DESC LIMIT ? OFFSET ?",
-            [*params, limit, offset],
-        )
-        return IssuePage(total=total, offset=offset, issues=[_summary(x) for x in found])
+        return search(instance_db(ctx), query, repo, state, limit=limit, offset=offset)
 
     @server.tool(annotations=read_only)
     def get_issue(ctx: Context, repo: RepoName, number: IssueNumber) -> Issue:
         """Get one issue in full: body, labels, assignee, state and all comments."""
-        return full_issue(ctx, repo, number)
+        return full_issue(instance_db(ctx), repo, number)
 
     @server.tool()
     def create_issue(
         ctx: Context,
         repo: RepoName,
-        title: Annotated[str, Field(min_length=3, max_length=200, description="Issue title")],
+        title: Title,
         body: Annotated[str, Field(max_length=20000, description="Markdown description")] = "",
         labels: Annotated[list[LabelName] | None, Field(max_length=10, description="Existing label names")] = None,
         assignee: Annotated[str | None, Field(max_length=64, description="Login to assign")] = None,
     ) -> Issue:
         """Open a new issue as the logged-in user, optionally labelled and assigned. Returns it with its number."""
-        conn = instance_db(ctx)
-        r = _repo(conn, repo)
-        labs = _labels(conn, r["id"], r["full_name"], labels or [])
-        assignee_id = _user(conn, assignee)["id"] if assignee else None
-        with write(conn):
-            number = int(scalar(conn, "SELECT COALESCE(MAX(number), 0) + 1 FROM issues WHERE repo_id = ?", (r["id"],)))
-            now = _now(conn)
-            cur = conn.execute(
-                "INSERT INTO issues (repo_id, number, title, body, state, author_id, assignee_id, created_at,"
-                " updated_at) VALUES (?, ?, ?, ?, 'open', ?, ?, ?, ?)",
-                (r["id"], number, title.strip(), body, _me(conn), assignee_id, now, now),
-            )
-            conn.executemany("INSERT INTO issue_labels VALUES (?, ?)", [(cur.lastrowid, lab["id"]) for lab in labs])
-        return full_issue(ctx, r["full_name"], number)
+        return create(instance_db(ctx), repo, title, body, labels, assignee)
 
     @server.tool()
     def add_comment(ctx: Context, repo: RepoName, number: IssueNumber, body: Body) -> Comment:
         """Comment on an issue as the logged-in user."""
-        conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        with write(conn):
-            now = _now(conn)
-            cur = conn.execute(
-                "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
-                (issue["id"], _me(conn), body, now),
-            )
-            conn.execute("UPDATE issues SET updated_at = ? WHERE id = ?", (now, issue["id"]))
-        return Comment(id=int(cur.lastrowid or 0), author=meta(conn, "user_login"), body=body, created_at=now)
+        return comment(instance_db(ctx), repo, number, body)
 
     @server.tool()
     def add_labels(
@@ -556,28 +712,12 @@ def register_tools(server: Any) -> None:
         ],
     ) -> IssueSummary:
         """Add existing labels to an issue (labels it already has are left as they are)."""
-        conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        labs = _labels(conn, issue["repo_id"], issue["repo"], labels)
-        with write(conn):
-            conn.executemany(
-                "INSERT OR IGNORE INTO issue_labels VALUES (?, ?)", [(issue["id"], lab["id"]) for lab in labs]
-            )
-            _touch(conn, issue["id"])
-        return _summary(_issue(conn, repo, number))
+        return label(instance_db(ctx), repo, number, labels)
 
     @server.tool()
     def remove_label(ctx: Context, repo: RepoName, number: IssueNumber, label: LabelName) -> IssueSummary:
         """Remove one label from an issue."""
-        conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        lab = _labels(conn, issue["repo_id"], issue["repo"], [label])[0]
-        with write(conn):
-            cur = conn.execute("DELETE FROM issue_labels WHERE issue_id = ? AND label_id = ?", (issue["id"], lab["id"]))
-            if cur.rowcount == 0:
-                raise ToolError(f"{issue['repo']}#{number} does not have the label '{lab['name']}'")
-            _touch(conn, issue["id"])
-        return _summary(_issue(conn, repo, number))
+        return unlabel(instance_db(ctx), repo, number, label)
 
     @server.tool()
     def assign_issue(
@@ -587,16 +727,7 @@ def register_tools(server: Any) -> None:
         assignee: Annotated[str | None, Field(max_length=64, description=("Login to assign; null to unassign"))],
     ) -> IssueSummary:
         """Set (or clear, with null) an issue's assignee. Only maintainers and members can be assigned."""
-        conn = instance_db(ctx)
-        issue = _issue(conn, repo, number)
-        assignee_id = _user(conn, assignee)["id"] if assignee else None
-        if assignee_id == issue["assignee_id"]:
-            who = f"assigned to {assignee}" if assignee else "unassigned"
-            raise ToolError(f"{issue['repo']}#{number} is already {who}")
-        with write(conn):
-            conn.execute("UPDATE issues SET assignee_id = ? WHERE id = ?", (assignee_id, issue["id"]))
-            _touch(conn, issue["id"])
-        return _summary(_issue(conn, repo, number))
+        return assign(instance_db(ctx), repo, number, assignee)
 
     @server.tool()
     def close_issue(
@@ -610,50 +741,17 @@ def register_tools(server: Any) -> None:
         comment: Annotated[str | None, Field(max_length=20000, description="Optional closing comment")] = None,
     ) -> Issue:
         """Close an open issue with a reason, optionally leaving a comment first."""
-        conn = instance_db(ctx)
-        with write(conn):  # the state check belongs to the same transaction as the change
-            issue = _issue(conn, repo, number)
-            if issue["state"] == "closed":
-                raise ToolError(f"{issue['repo']}#{number} is already closed")
-            now = _now(conn)
-            if comment:
-                conn.execute(
-                    "INSERT INTO comments (issue_id, author_id, body, created_at) VALUES (?, ?, ?, ?)",
-                    (issue["id"], _me(conn), comment, now),
-                )
-            conn.execute(
-                "UPDATE issues SET state = 'closed', state_reason = ?, closed_at = ?, updated_at = ? WHERE id = ?",
-                (reason, now, now, issue["id"]),
-            )
-        return full_issue(ctx, repo, number)
+        return close(instance_db(ctx), repo, number, reason, comment)
 
     @server.tool()
     def reopen_issue(ctx: Context, repo: RepoName, number: IssueNumber) -> IssueSummary:
         """Reopen a closed issue."""
-        conn = instance_db(ctx)
-        with write(conn):
-            issue = _issue(conn, repo, number)
-            if issue["state"] == "open":
-                raise ToolError(f"{issue['repo']}#{number} is already open")
-            conn.execute(
-                "UPDATE issues SET state = 'open', state_reason = NULL, closed_at = NULL WHERE id = ?", (issue["id"],)
-            )
-            _touch(conn, issue["id"])
-        return _summary(_issue(conn, repo, number))
+        return reopen(instance_db(ctx), repo, number)
 
     @server.tool(annotations=read_only)
     def list_labels(ctx: Context, repo: RepoName) -> LabelList:
         """List a repository's labels with how many open issues carry each."""
-        conn = instance_db(ctx)
-        r = _repo(conn, repo)
-        found = rows(
-            conn,
-            "SELECT l.name, l.color, l.description, (SELECT COUNT(*) FROM issue_labels il"
-            " JOIN issues i ON i.id = il.issue_id WHERE il.label_id = l.id AND i.state = 'open')"
-            " AS open_issues FROM labels l WHERE l.repo_id = ? ORDER BY l.name",
-            (r["id"],),
-        )
-        return LabelList(repo=r["full_name"], labels=[Label(**x) for x in found])
+        return label_list(instance_db(ctx), repo)
 
     @server.tool(annotations=read_only)
     def list_users(
@@ -663,43 +761,14 @@ def register_tools(server: Any) -> None:
         ] = None,
     ) -> UserList:
         """List users (logins, names, roles) who can be assigned or mentioned."""
-        pattern = like_pattern((query or "").strip())
-        found = rows(
-            instance_db(ctx),
-            "SELECT login, name, role FROM users WHERE login LIKE ? ESCAPE '\\'"
-            " OR name LIKE ? ESCAPE '\\' ORDER BY login",
-            (pattern, pattern),
-        )
-        return UserList(users=[User(**u) for u in found])
+        return user_list(instance_db(ctx), query)
 
 
-def render_screen(conn: sqlite3.Connection) -> bytes:
-    """The issue list as the tracker shows it: the 20 most recently updated open issues across repositories."""
-    found = rows(conn, _ISSUE_SQL + " WHERE i.state = 'open' ORDER BY i.updated_at DESC, i.id DESC LIMIT 20")
-    total = scalar(conn, "SELECT COUNT(*) FROM issues WHERE state = 'open'")
-    return render(
-        Screen(
-            title=f"Tracker - signed in as {USER_LOGIN} - open issues",
-            columns=(
-                Column("Repo", 18),
-                Column("#", 4),
-                Column("Title", 44),
-                Column("Labels", 20),
-                Column("Assignee", 14),
-            ),
-            rows=[
-                (
-                    r["repo"].split("/")[-1],
-                    r["number"],
-                    r["title"],
-                    (r["label_names"] or "").replace("|", ", "),
-                    r["assignee"] or "",
-                )
-                for r in found
-            ],
-            status=f"{total} open issues",
-        )
-    )
+def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+    """The tracker web UI's routes (services/localfleet/webui/tracker.py), served at each instance's app URL."""
+    from rlgate.localfleet.webui import tracker as ui  # the UI builds on this module's operations
+
+    return ui.app_routes(connect)
 
 
 SPEC = EnvironmentSpec(
@@ -710,7 +779,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    render_screen=render_screen,
+    app=web_app,
     env_variables={"LOGGED_IN_USER": USER_LOGIN, "APP_TODAY": TODAY},
     mcp_era="legacy",
 )

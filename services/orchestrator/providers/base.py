@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 INTENT_ENV_VAR = "RLGATE_INTENT_ID"  # rides in every instance's env_variables (crash recovery)
+SCREEN_MODALITIES = frozenset({"computer_use", "browser_use"})  # tasks whose instance must have a screen
 
 
 class ProviderError(Exception):
@@ -50,6 +51,11 @@ class InstanceGone(ProviderError):
 
 class ResetFailed(ProviderError):
     """The instance manager's reset failed or did not answer in time."""
+
+
+class Unsupported(ProviderError):
+    """The platform cannot create this kind of instance as it is set up (e.g. screens without a browser);
+    retrying does not help until someone changes it."""
 
 
 @dataclass
@@ -158,8 +164,11 @@ class Provider(abc.ABC):
         ttl_s: int,
         heartbeat_interval_s: int,
         timeout_s: float,
+        modality: str = "tool_use",
     ) -> InstanceHandle:
-        """Create an instance and return it running. Never retried here: the caller owns retry policy."""
+        """Create an instance and return it running, of the kind `modality` needs (a screen for
+        `SCREEN_MODALITIES`). `ttl_s` 0: the provider's default for the modality. Never retried here: the
+        caller owns retry policy."""
 
     @abc.abstractmethod
     async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:

@@ -32,6 +32,7 @@ from fleet.runner_auth import RunnerTokenProvider
 
 from rlgate.core.backoff import Backoff
 from rlgate.orchestrator.providers.base import (
+    SCREEN_MODALITIES,
     EnvNotFound,
     InstanceGone,
     InstanceHandle,
@@ -42,6 +43,7 @@ from rlgate.orchestrator.providers.base import (
     ResetFailed,
     Retryable,
     TaskDef,
+    Unsupported,
     VerifierRun,
     score_of,
 )
@@ -52,6 +54,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 # Between attempts of an idempotent SDK call: 0.2 s doubling to 2 s, ±50 %.
 CALL_BACKOFF = Backoff(0.2, 2.0, jitter=0.5)
+
+SCREEN_IMAGE_TYPE = "mcp"  # the image type whose aggregator serves the `computer` tool
+SCREEN_TTL_S = 1800  # default instance lifetimes (when RLGATE_INSTANCE_TTL_S is 0), as Fleet's client sets
+TOOL_USE_TTL_S = 900
 
 # Placement failures Fleet reports as transient (fleet.md §5 #9).
 _RETRYABLE_HINTS = ("retryable", "in-flight", "in flight", "placement", "temporarily", "try again")
@@ -76,6 +82,8 @@ def map_fleet_error(exc: BaseException, what: str) -> ProviderError:
         text = exc.message.lower()
         if status == 404:
             return InstanceGone(f"{what}: not found")
+        if status == 412:  # the platform cannot serve this kind of instance (localfleet: screens, no browser)
+            return Unsupported(f"{what}: {exc.message}")
         if status is None or status >= 500 or any(h in text for h in _RETRYABLE_HINTS):
             return Retryable(f"{what}: {exc.message}")
         if status == 400 and "not found" in text:
@@ -212,13 +220,20 @@ class FleetProvider(Provider):
         ttl_s: int,
         heartbeat_interval_s: int,
         timeout_s: float,
+        modality: str = "tool_use",
     ) -> InstanceHandle:
+        # As Fleet's reference client provisions: screens on `image_type="mcp"` images (whose aggregator has
+        # the `computer` tool), and a longer default life for them.
+        screen = modality in SCREEN_MODALITIES
+        ttl = ttl_s or (SCREEN_TTL_S if screen else TOOL_USE_TTL_S)
+
         async def make() -> AsyncEnv:
             return await self._fleet.make(
                 env_key,
                 env_variables=env_variables,
+                image_type=SCREEN_IMAGE_TYPE if screen else None,
                 run_id=run_id,
-                ttl_seconds=ttl_s,
+                ttl_seconds=ttl,
                 heartbeat_interval=heartbeat_interval_s,
                 timeout=timeout_s,
                 max_wait_seconds=max(1, int(timeout_s) - 2),

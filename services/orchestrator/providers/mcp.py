@@ -125,6 +125,7 @@ class McpProvider(Provider):
         ttl_s: int,
         heartbeat_interval_s: int,
         timeout_s: float,
+        modality: str = "tool_use",
     ) -> InstanceHandle:
         raise EnvNotFound("the mcp provider does not create instances")
 

@@ -118,9 +118,12 @@ class OrchestratorServiceServicer:
         to a caller that asks).
 
         Errors: NOT_FOUND (unknown task_key, env_key or session_id),
-        FAILED_PRECONDITION (the session is closed or expired), RESOURCE_EXHAUSTED
-        (max sessions, or the provider's instance limit), UNAVAILABLE (provider
-        down or rate limited past the deadline), DEADLINE_EXCEEDED.
+        FAILED_PRECONDITION (the session is closed or expired, or the provider
+        cannot create the kind of instance the task needs, e.g. a computer_use
+        task on a localfleet without a browser: reason PROVIDER_UNSUPPORTED),
+        RESOURCE_EXHAUSTED (max sessions, or the provider's instance limit),
+        UNAVAILABLE (provider down or rate limited past the deadline),
+        DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
