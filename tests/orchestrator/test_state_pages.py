@@ -5,6 +5,7 @@ page token of another session, a forged token and a bad page size are INVALID_AR
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+import rlgate
 from rlgate.orchestrator.logpages import PAGE_BYTES
 from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import orchestrator_pb2
@@ -99,6 +101,18 @@ async def test_hundred_screens_keep_state_small(
         assert entry.result_summary.startswith("[image: image/png, ") and "sha256:" in entry.result_summary
         assert entry.ByteSize() < 1024  # a note per screen, not the screen
     assert state.ByteSize() < 128 * 1024 < image_bytes
+    # The clients read the same log page by page.
+    logged = [e.request_id for e in state.tool_calls]
+    async with rlgate.AsyncClient(orch.handle.address) as client:
+        assert [e.request_id for e in await client.tool_calls(reset.session_id, page_size=7)] == logged
+        page = await client.state(reset.session_id, include_tool_calls=True, tool_calls_page_size=30)
+        assert [e.request_id for e in page.tool_calls] == logged[:30] and page.next_tool_calls_page_token
+
+    def blocking() -> list[str]:
+        with rlgate.Client(orch.handle.address) as client:
+            return [e.request_id for e in client.tool_calls(reset.session_id, page_size=33)]
+
+    assert await asyncio.to_thread(blocking) == logged
 
 
 async def test_bad_tokens_and_sizes_are_invalid_argument(orch: Running) -> None:
