@@ -164,3 +164,25 @@ async def test_an_entry_above_the_bound_comes_alone_with_its_arguments_elided(pa
         assert seen == [f"r{i}" for i in range(5)]
     finally:
         await store.close()
+
+
+async def test_the_verifier_gets_the_whole_log_within_its_bound() -> None:
+    """The verifier's copy of the log is read page by page, in order; past its byte bound the ending is an
+    honest LogTooLarge (verification ERROR), never a score on part of the log."""
+    from rlgate.orchestrator.endings import LogTooLarge, verifier_log
+    from rlgate.store import ToolCallEntry
+    from rlgate.store.memory import MemoryStore
+
+    store = MemoryStore()
+    try:
+        for i in range(40):
+            await store.append_tool_call(
+                ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * 1000})
+            )
+        await store.append_tool_call(ToolCallEntry(session_id="s", episode=2, request_id="later", tool="t"))
+        got = await verifier_log(store, "s", 1)
+        assert [e.request_id for e in got] == [f"r{i}" for i in range(40)]
+        with pytest.raises(LogTooLarge, match="20000 bytes"):
+            await verifier_log(store, "s", 1, limit_bytes=20_000)
+    finally:
+        await store.close()
