@@ -154,9 +154,9 @@ class OrchestratorServiceServicer:
 
         The log pages like ListTasks: pass next_tool_calls_page_token back as
         tool_calls_page_token until it comes back empty. A page holds at most
-        tool_calls_page_size entries and ends early once its entries reach 4 MiB
-        (see StateResponse.tool_calls), so a reply stays under the 16 MiB message
-        limit whatever the calls carried.
+        tool_calls_page_size entries and ends early rather than let its entries
+        pass 4 MiB (see StateResponse.tool_calls), so a reply stays under the
+        16 MiB message limit whatever the calls carried.
 
         Errors: NOT_FOUND (unknown session), INVALID_ARGUMENT (bad
         tool_calls_page_token or tool_calls_page_size; a token of another session).
