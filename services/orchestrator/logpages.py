@@ -19,7 +19,7 @@ from rlgate.v1 import orchestrator_pb2
 
 PAGE_BYTES = 4 << 20  # the encoded entries of one page; the proto's comments state it
 _ENTRY_FRAMING = 6  # a repeated field's tag and length prefix, at most
-_FIRST_BATCH = 8  # entries read before their size is known: 8 calls of 1 MiB arguments at most
+_FIRST_BATCH = 4  # entries read before their size is known: a page's worth of 1 MiB arguments at most
 TOKEN_FIELD = "tool_calls_page_token"
 SIZE_FIELD = "tool_calls_page_size"
 
