@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,9 @@ import grpc
 import pytest
 
 import rlgate
-from rlgate.orchestrator.logpages import PAGE_BYTES
+from rlgate.orchestrator.endings import LogTooLarge, verifier_log
+from rlgate.orchestrator.logpages import PAGE_BYTES, LogPages
+from rlgate.store import SessionStore, ToolCallEntry, open_store
 from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, bundled_tasks, call_tool, fast_config
@@ -24,6 +27,21 @@ from tests.support.localfleet import LocalfleetProcess
 
 TASK = "mailbox-count-unread-from-kenji"
 REPLY_LIMIT = 16 * 1024 * 1024
+
+
+@pytest.fixture(params=["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def log_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    """Each backend's paged read under the State pages and the verifier's log (positions differ per backend)."""
+    url = {"memory": f"memory://{uuid.uuid4().hex}", "sqlite": f"sqlite:///{tmp_path / 'store.db'}"}.get(
+        request.param, ""
+    )
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_server").url
+    store = await open_store(url)
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 async def all_pages(
@@ -139,50 +157,58 @@ async def test_bad_tokens_and_sizes_are_invalid_argument(orch: Running) -> None:
 
 
 @pytest.mark.parametrize("page_bytes", [1, 300])
-async def test_an_entry_above_the_bound_comes_alone_with_its_arguments_elided(page_bytes: int) -> None:
+async def test_an_entry_above_the_bound_comes_alone_with_its_arguments_elided(
+    page_bytes: int, log_store: SessionStore
+) -> None:
     """With a bound below one entry (the gateway accepting arguments larger than a page), every page holds one
     entry, elided, and the pages still cover the log in order."""
-    from rlgate.orchestrator.logpages import LogPages
-    from rlgate.store import ToolCallEntry
-    from rlgate.store.memory import MemoryStore
+    for i in range(5):
+        await log_store.append_tool_call(
+            ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * 400})
+        )
+    pages = LogPages(log_store, page_bytes=page_bytes)
+    token, seen = "", []
+    while True:
+        page = await pages.page("s", 1, 0, token)
+        assert len(page.entries) == 1 and page.entries[0].arguments_elided and not page.entries[0].arguments_json
+        seen.append(page.entries[0].request_id)
+        token = page.next_token
+        if not token:
+            break
+    assert seen == [f"r{i}" for i in range(5)]
 
-    store = MemoryStore()
-    try:
-        for i in range(5):
-            await store.append_tool_call(
-                ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * 400})
-            )
-        pages = LogPages(store, page_bytes=page_bytes)
+
+async def test_pages_end_on_their_byte_bound_without_gaps(log_store: SessionStore) -> None:
+    """Entries of mixed sizes, two episodes interleaved: every page within its bound, the episode's entries
+    once each in order, whatever batch the bound fell in."""
+    sizes = [10, 900, 20, 2500, 30, 30, 1800, 5, 700, 700, 700, 40] * 3
+    for i, n in enumerate(sizes):
+        await log_store.append_tool_call(
+            ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * n})
+        )
+        await log_store.append_tool_call(ToolCallEntry(session_id="s", episode=2, request_id=f"o{i}", tool="t"))
+    pages = LogPages(log_store, page_bytes=3000)
+    for size in (0, 1, 5):
         token, seen = "", []
         while True:
-            page = await pages.page("s", 1, 0, token)
-            assert len(page.entries) == 1 and page.entries[0].arguments_elided and not page.entries[0].arguments_json
-            seen.append(page.entries[0].request_id)
+            page = await pages.page("s", 1, size, token)
+            assert sum(e.ByteSize() + 6 for e in page.entries) <= 3000 and 1 <= len(page.entries) <= (size or 100)
+            seen.extend(e.request_id for e in page.entries)
             token = page.next_token
             if not token:
                 break
-        assert seen == [f"r{i}" for i in range(5)]
-    finally:
-        await store.close()
+        assert seen == [f"r{i}" for i in range(len(sizes))], size
 
 
-async def test_the_verifier_gets_the_whole_log_within_its_bound() -> None:
+async def test_the_verifier_gets_the_whole_log_within_its_bound(log_store: SessionStore) -> None:
     """The verifier's copy of the log is read page by page, in order; past its byte bound the ending is an
     honest LogTooLarge (verification ERROR), never a score on part of the log."""
-    from rlgate.orchestrator.endings import LogTooLarge, verifier_log
-    from rlgate.store import ToolCallEntry
-    from rlgate.store.memory import MemoryStore
-
-    store = MemoryStore()
-    try:
-        for i in range(40):
-            await store.append_tool_call(
-                ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * 1000})
-            )
-        await store.append_tool_call(ToolCallEntry(session_id="s", episode=2, request_id="later", tool="t"))
-        got = await verifier_log(store, "s", 1)
-        assert [e.request_id for e in got] == [f"r{i}" for i in range(40)]
-        with pytest.raises(LogTooLarge, match="20000 bytes"):
-            await verifier_log(store, "s", 1, limit_bytes=20_000)
-    finally:
-        await store.close()
+    for i in range(40):
+        await log_store.append_tool_call(
+            ToolCallEntry(session_id="s", episode=1, request_id=f"r{i}", tool="t", arguments={"a": "x" * 1000})
+        )
+    await log_store.append_tool_call(ToolCallEntry(session_id="s", episode=2, request_id="later", tool="t"))
+    got = await verifier_log(log_store, "s", 1)
+    assert [e.request_id for e in got] == [f"r{i}" for i in range(40)]
+    with pytest.raises(LogTooLarge, match="20000 bytes"):
+        await verifier_log(log_store, "s", 1, limit_bytes=20_000)
