@@ -10,15 +10,49 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from rlgate.core.convert import json_text
 from rlgate.ledger import Claim
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
-from rlgate.orchestrator.verifier import Verifier
+from rlgate.orchestrator.verifier import Outcome, Verifier
 from rlgate.orchestrator.views import step_response
-from rlgate.store import Session, VerificationStatus
+from rlgate.store import Session, ToolCallEntry, ToolCallLog, VerificationStatus
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
+
+# The tool-call log a verifier is handed, at most: it is held here and written for the verifier's child,
+# whose address space is capped (runtime/sandbox.py). Calls carry up to the gateway's max_arguments_bytes
+# each and the call budget may be unlimited, so the log is read page by page and stops past this bound.
+VERIFIER_LOG_BYTES = 64 << 20
+_READ_PAGE = 16  # entries per store read: 16 x max_arguments_bytes at most in flight
+
+
+class LogTooLarge(Exception):
+    """The episode's tool-call log weighs more than a verifier is given."""
+
+
+def entry_bytes(entry: ToolCallEntry) -> int:
+    """What an entry weighs in the verifier's input, about (its arguments as JSON and its summary)."""
+    return len(json_text(entry.arguments)) + len(entry.result_summary) + 256
+
+
+async def verifier_log(
+    log_store: ToolCallLog, session_id: str, episode: int, limit_bytes: int = VERIFIER_LOG_BYTES
+) -> list[ToolCallEntry]:
+    """The episode's log, oldest first, read page by page; LogTooLarge once it passes `limit_bytes`."""
+    entries: list[ToolCallEntry] = []
+    used, after = 0, 0
+    while True:
+        page, next_after = await log_store.tool_calls(session_id, episode=episode, after=after, limit=_READ_PAGE)
+        for entry in page:
+            used += entry_bytes(entry)
+            if used > limit_bytes:
+                raise LogTooLarge(f"the episode's tool-call log exceeds the {limit_bytes} bytes a verifier is given")
+            entries.append(entry)
+        if next_after is None:
+            return entries
+        after = next_after
 
 
 class Endings:
@@ -67,11 +101,14 @@ class Endings:
             if session.instance
             else InstanceHandle(instance_id=session.instance_id, env_key=session.env_key)
         )
-        calls = None
-        if task is not None and self._provider.wants_tool_calls(task):
-            calls = await self._sessions.store.list_tool_calls(session.session_id, session.episode)
-        extra = {} if calls is None else {"tool_calls": calls}
-        outcome = await self.verifier.run(task, handle, final_answer, **extra)
+        try:
+            extra: dict[str, Any] = {}
+            if task is not None and self._provider.wants_tool_calls(task):
+                extra["tool_calls"] = await verifier_log(self._sessions.store, session.session_id, session.episode)
+            outcome = await self.verifier.run(task, handle, final_answer, **extra)
+        except LogTooLarge as exc:  # an honest failure, not a score on part of the log
+            log.warning("session %s: %s", session.session_id, exc)
+            outcome = Outcome(VerificationStatus.ERROR, message=str(exc))
         episode = session.episode
 
         def record(s: Session) -> bool:

@@ -31,7 +31,13 @@ _NAMES: dict[str, tuple[int, str, str]] = {
     "task_key": (MAX_KEY, "task_key", "TASK_NOT_FOUND"),
 }
 # Fields the caller chooses freely, up to a maximum.
-_FREE: dict[str, int] = {"request_id": MAX_ID, "run_id": MAX_ID, "env_key": MAX_KEY, "page_token": MAX_PAGE_TOKEN}
+_FREE: dict[str, int] = {
+    "request_id": MAX_ID,
+    "run_id": MAX_ID,
+    "env_key": MAX_KEY,
+    "page_token": MAX_PAGE_TOKEN,
+    "tool_calls_page_token": MAX_PAGE_TOKEN,
+}
 # What the model wrote (a Step's text, final answer, and its tool calls' names and arguments as reported):
 # refusing it would end a rollout over model output, and it is only digested by the request ledger or
 # passed to the verifier, never stored, echoed or logged.

@@ -4,9 +4,10 @@ changing anything."""
 from __future__ import annotations
 
 from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.logpages import LogPages
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.tasks import TaskCatalog, decode_token, encode_token, validate_page_size
-from rlgate.orchestrator.views import session_info, status_filter, task_info, tool_call_entry
+from rlgate.orchestrator.views import session_info, status_filter, task_info
 from rlgate.v1 import orchestrator_pb2
 
 
@@ -15,15 +16,19 @@ class Queries:
         self._config = config
         self._sessions = sessions
         self._catalog = catalog
+        self._log_pages = LogPages(sessions.store)
 
-    async def state(self, session_id: str, include_tool_calls: bool) -> orchestrator_pb2.StateResponse:
-        session = await self._sessions.get(session_id)
-        entries = await self._sessions.store.list_tool_calls(session_id, session.episode)
-        response = orchestrator_pb2.StateResponse(
-            session=session_info(session, self._sessions.task_of(session), len(entries))
-        )
-        if include_tool_calls:
-            response.tool_calls.extend(tool_call_entry(e) for e in entries)
+    async def state(self, request: orchestrator_pb2.StateRequest) -> orchestrator_pb2.StateResponse:
+        session = await self._sessions.get(request.session_id)
+        size, token = request.tool_calls_page_size, request.tool_calls_page_token
+        if not request.include_tool_calls:
+            LogPages.check(size, token, session.session_id, session.episode)
+        count = await self._sessions.store.count_tool_calls(session.session_id, session.episode)
+        response = orchestrator_pb2.StateResponse(session=session_info(session, self._sessions.task_of(session), count))
+        if request.include_tool_calls:
+            page = await self._log_pages.page(session.session_id, session.episode, size, token)
+            response.tool_calls.extend(page.entries)
+            response.next_tool_calls_page_token = page.next_token
         return response
 
     async def list_sessions(

@@ -94,9 +94,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def State(
         self, request: orchestrator_pb2.StateRequest, context: grpc.aio.ServicerContext
     ) -> orchestrator_pb2.StateResponse:
-        return await _answer(
-            context, request, lambda: self._episodes.queries.state(request.session_id, request.include_tool_calls)
-        )
+        return await _answer(context, request, lambda: self._episodes.queries.state(request))
 
     async def Close(
         self, request: orchestrator_pb2.CloseRequest, context: grpc.aio.ServicerContext

@@ -214,11 +214,11 @@ class TaskCatalog:
         return page, next_token, len(matching)
 
 
-def validate_page_size(page_size: int) -> int:
+def validate_page_size(page_size: int, field: str = "page_size") -> int:
     if page_size == 0:
         return 100
     if not 1 <= page_size <= 1000:
-        raise InvalidArgument("page_size", f"must be 1..1000 (or 0 for 100), got {page_size}")
+        raise InvalidArgument(field, f"must be 1..1000 (or 0 for 100), got {page_size}")
     return page_size
 
 
@@ -234,14 +234,14 @@ def encode_token(position: str, *, scope: str) -> str:
     return base64.urlsafe_b64encode(raw.encode("utf-8", "surrogatepass")).decode().rstrip("=")
 
 
-def decode_token(token: str, *, scope: str) -> str:
+def decode_token(token: str, *, scope: str, field: str = "page_token") -> str:
     try:
         padded = token + "=" * (-len(token) % 4)
         data = json.loads(base64.urlsafe_b64decode(padded.encode()).decode("utf-8", "surrogatepass"))
         if not isinstance(data, dict) or not isinstance(data.get("p"), str):
             raise ValueError("not a page token")
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidArgument("page_token", "not a token returned by this RPC") from exc
+        raise InvalidArgument(field, "not a token returned by this RPC") from exc
     if data.get("s") != _scope_digest(scope):
-        raise InvalidArgument("page_token", "token belongs to a different query (filters changed)")
+        raise InvalidArgument(field, "token belongs to a different query (filters changed)")
     return str(data["p"])

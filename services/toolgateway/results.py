@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from typing import Any
 
@@ -213,8 +214,9 @@ def truncate(result: common_pb2.ToolResult, max_bytes: int) -> common_pb2.ToolRe
 
 
 def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
-    """Short text for the tool-call log: the result's text (binary blocks as a note, the structured content
-    when there is no text), whitespace collapsed, cut to `limit` characters."""
+    """Short text for the tool-call log: the result's text (binary blocks as a note of their mime type, size
+    and digest, never their bytes; the structured content when there is no text), whitespace collapsed, cut to
+    `limit` characters."""
     parts: list[str] = []
     used = 0  # characters so far, a space after each part: the loop ends once past `limit`
     for block in result.content:
@@ -224,7 +226,9 @@ def summary(result: common_pb2.ToolResult, limit: int = 500) -> str:
             parts.append(block.text.text[:limit])
         elif kind == "image" or kind == "audio":
             media = getattr(block, kind)
-            parts.append(f"[{kind}: {media.mime_type}, {len(media.data)} bytes]")
+            # Never the bytes: a screenshot adds this note to the log, and the digest tells screens apart.
+            digest = hashlib.sha256(media.data).hexdigest()[:16]
+            parts.append(f"[{kind}: {media.mime_type}, {len(media.data)} bytes, sha256:{digest}]")
         elif kind == "resource_link":
             parts.append(f"[resource link: {block.resource_link.uri[:limit]}]")
         elif kind == "resource":

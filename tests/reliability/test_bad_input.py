@@ -366,12 +366,28 @@ def test_step(fx: Fixture, data: st.DataObject) -> None:
 @settings(parent=PROFILE)
 @given(data=st.data())
 def test_state(fx: Fixture, data: st.DataObject) -> None:
+    import base64
+    import hashlib
+    import json
+
+    session_id = data.draw(session_ids(fx))
+    # Tokens forged for this very session (the scope matches), with any position in them.
+    scope = hashlib.sha256(f"state:{session_id}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    position = st.one_of(st.builds(lambda e, a: f"{e}:{a}", INT32, INT32), st.text(max_size=20))
+    scoped = position.map(lambda p: base64.urlsafe_b64encode(json.dumps({"p": p, "s": scope}).encode()).decode())
     req = orchestrator_pb2.StateRequest(
-        session_id=data.draw(session_ids(fx)), include_tool_calls=data.draw(st.booleans())
+        session_id=session_id,
+        include_tool_calls=data.draw(st.booleans()),
+        tool_calls_page_size=data.draw(INT32),
+        tool_calls_page_token=data.draw(st.one_of(_page_tokens(), scoped)),
     )
     kind, ok = data.draw(ORCH_MD)
     orch = orchestrator_stub(fx.stack.orchestrator_address)
-    run(fx, "State", lambda: orch.State(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)), authorized=ok)
+    code, reply = run(
+        fx, "State", lambda: orch.State(req, timeout=CALL_TIMEOUT, metadata=orch_metadata(fx, kind)), authorized=ok
+    )
+    if code == SC.OK:
+        assert len(reply.tool_calls) <= (req.tool_calls_page_size or 100)
 
 
 @settings(parent=PROFILE)

@@ -173,10 +173,21 @@ class _Core(Generic[C]):
         return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step")
 
     def state(
-        self, session_id: str, include_tool_calls: bool, trace_id: str | None, timeout: float | None
+        self,
+        session_id: str,
+        include_tool_calls: bool,
+        trace_id: str | None,
+        timeout: float | None,
+        page_size: int = 0,
+        page_token: str = "",
     ) -> Call[C, orchestrator_pb2.StateResponse]:
         request = build(
-            orchestrator_pb2.StateRequest, "state", session_id=session_id, include_tool_calls=include_tool_calls
+            orchestrator_pb2.StateRequest,
+            "state",
+            session_id=session_id,
+            include_tool_calls=include_tool_calls,
+            tool_calls_page_size=page_size,
+            tool_calls_page_token=page_token,
         )
         return self._orchestrator_call("state", "State", request, trace_id, timeout)
 
@@ -455,18 +466,59 @@ class Client:
         session_id: str,
         *,
         include_tool_calls: bool = False,
+        tool_calls_page_size: int = 0,
+        tool_calls_page_token: str = "",
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """A session's status, turn, reward and verification (State).
+        """A session's status, turn, reward and verification; with `include_tool_calls`, one page of the
+        gateway's tool-call log (`next_tool_calls_page_token` names the next; `tool_calls()` reads them all).
 
         Args:
-            session_id: the session.
-            include_tool_calls: include the gateway's tool-call log.
-            trace_id: the call's trace id (a new one when None).
-            timeout: the call's deadline in seconds (None: `Timeouts.other`).
+            session_id: The session.
+            include_tool_calls: Include a page of the current episode's tool-call log.
+            tool_calls_page_size: Entries per page, 1..1000; 0 means 100. A page ends earlier once its entries
+                reach the server's byte bound (4 MiB for rlgate).
+            tool_calls_page_token: A previous reply's `next_tool_calls_page_token`; "" for the first page.
+            trace_id: Trace id carried into the server's logs.
+            timeout: Deadline in seconds (the client's default when None).
         """
-        return self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
+        call = self._core.state(
+            session_id, include_tool_calls, trace_id, timeout, tool_calls_page_size, tool_calls_page_token
+        )
+        return self._run(call)
+
+    def tool_calls(
+        self,
+        session_id: str,
+        *,
+        page_size: int = 0,
+        trace_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[orchestrator_pb2.ToolCallLogEntry]:
+        """Every entry of the current episode's tool-call log, oldest first: all State pages.
+
+        Args:
+            session_id: The session.
+            page_size: Entries per State page, 1..1000; 0 means 100.
+            trace_id: Trace id carried into the server's logs.
+            timeout: Deadline in seconds of each State call (the client's default when None).
+        """
+        entries: list[orchestrator_pb2.ToolCallLogEntry] = []
+        token = ""
+        while True:
+            page = self.state(
+                session_id,
+                include_tool_calls=True,
+                tool_calls_page_size=page_size,
+                tool_calls_page_token=token,
+                trace_id=trace_id,
+                timeout=timeout,
+            )
+            entries.extend(page.tool_calls)
+            token = page.next_tool_calls_page_token
+            if not token:
+                return entries
 
     def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
@@ -759,18 +811,57 @@ class AsyncClient:
         session_id: str,
         *,
         include_tool_calls: bool = False,
+        tool_calls_page_size: int = 0,
+        tool_calls_page_token: str = "",
         trace_id: str | None = None,
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """A session's state; see `Client.state`.
+        """A session's state and a page of its tool-call log; see `Client.state`.
 
         Args:
-            session_id: see `Client.state`.
-            include_tool_calls: see `Client.state`.
-            trace_id: see `Client.state`.
-            timeout: see `Client.state`.
+            session_id: The session.
+            include_tool_calls: Include a page of the current episode's tool-call log.
+            tool_calls_page_size: Entries per page, 1..1000; 0 means 100.
+            tool_calls_page_token: A previous reply's `next_tool_calls_page_token`; "" for the first page.
+            trace_id: Trace id carried into the server's logs.
+            timeout: Deadline in seconds (the client's default when None).
         """
-        return await self._run(self._core.state(session_id, include_tool_calls, trace_id, timeout))
+        call = self._core.state(
+            session_id, include_tool_calls, trace_id, timeout, tool_calls_page_size, tool_calls_page_token
+        )
+        return await self._run(call)
+
+    async def tool_calls(
+        self,
+        session_id: str,
+        *,
+        page_size: int = 0,
+        trace_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[orchestrator_pb2.ToolCallLogEntry]:
+        """Every entry of the current episode's tool-call log, oldest first; see `Client.tool_calls`.
+
+        Args:
+            session_id: The session.
+            page_size: Entries per State page, 1..1000; 0 means 100.
+            trace_id: Trace id carried into the server's logs.
+            timeout: Deadline in seconds of each State call (the client's default when None).
+        """
+        entries: list[orchestrator_pb2.ToolCallLogEntry] = []
+        token = ""
+        while True:
+            page = await self.state(
+                session_id,
+                include_tool_calls=True,
+                tool_calls_page_size=page_size,
+                tool_calls_page_token=token,
+                trace_id=trace_id,
+                timeout=timeout,
+            )
+            entries.extend(page.tool_calls)
+            token = page.next_tool_calls_page_token
+            if not token:
+                return entries
 
     async def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None

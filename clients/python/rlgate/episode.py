@@ -547,18 +547,40 @@ class Episode(_EpisodeBase["Client"]):
         return step
 
     def state(
-        self, *, include_tool_calls: bool = False, timeout: float | None = None
+        self,
+        *,
+        include_tool_calls: bool = False,
+        tool_calls_page_size: int = 0,
+        tool_calls_page_token: str = "",
+        timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
-        """The session's state (see `Client.state`).
+        """The session's state and a page of its tool-call log (see `Client.state`; `tool_calls()` reads
+        every page).
 
         Args:
-            include_tool_calls: include the gateway's tool-call log.
-            timeout: the call's deadline in seconds (None: the client's `Timeouts.other`).
+            include_tool_calls: Include a page of the current episode's tool-call log.
+            tool_calls_page_size: Entries per page, 1..1000; 0 means 100.
+            tool_calls_page_token: A previous reply's `next_tool_calls_page_token`; "" for the first page.
+            timeout: Deadline in seconds (the client's default when None).
         """
         with self._trace.active():
             return self.client.state(
-                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
+                self.session_id,
+                include_tool_calls=include_tool_calls,
+                tool_calls_page_size=tool_calls_page_size,
+                tool_calls_page_token=tool_calls_page_token,
+                trace_id=self.trace_id,
+                timeout=timeout,
             )
+
+    def tool_calls(self, *, timeout: float | None = None) -> list[orchestrator_pb2.ToolCallLogEntry]:
+        """Every entry of this episode's tool-call log, oldest first, read page by page.
+
+        Args:
+            timeout: Deadline in seconds of each State call (the client's default when None).
+        """
+        with self._trace.active():
+            return self.client.tool_calls(self.session_id, trace_id=self.trace_id, timeout=timeout)
 
     def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message: parse (unless `parsed` is given), call its tools in order, step.
@@ -734,18 +756,36 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         self,
         *,
         include_tool_calls: bool = False,
+        tool_calls_page_size: int = 0,
+        tool_calls_page_token: str = "",
         timeout: float | None = None,
     ) -> orchestrator_pb2.StateResponse:
         """The session's state; see `Episode.state`.
 
         Args:
-            include_tool_calls: see `Episode.state`.
-            timeout: see `Episode.state`.
+            include_tool_calls: Include a page of the current episode's tool-call log.
+            tool_calls_page_size: Entries per page, 1..1000; 0 means 100.
+            tool_calls_page_token: A previous reply's `next_tool_calls_page_token`; "" for the first page.
+            timeout: Deadline in seconds (the client's default when None).
         """
         with self._trace.active():
             return await self.client.state(
-                self.session_id, include_tool_calls=include_tool_calls, trace_id=self.trace_id, timeout=timeout
+                self.session_id,
+                include_tool_calls=include_tool_calls,
+                tool_calls_page_size=tool_calls_page_size,
+                tool_calls_page_token=tool_calls_page_token,
+                trace_id=self.trace_id,
+                timeout=timeout,
             )
+
+    async def tool_calls(self, *, timeout: float | None = None) -> list[orchestrator_pb2.ToolCallLogEntry]:
+        """Every entry of this episode's tool-call log, oldest first; see `Episode.tool_calls`.
+
+        Args:
+            timeout: Deadline in seconds of each State call (the client's default when None).
+        """
+        with self._trace.active():
+            return await self.client.tool_calls(self.session_id, trace_id=self.trace_id, timeout=timeout)
 
     async def turn(self, text: str, parsed: protocol.ParsedTurn | None = None) -> TurnResult:
         """Play one assistant message; see `Episode.turn`.

@@ -485,6 +485,91 @@ class OrchestratorServiceCompliance(ComplianceHarness):
             )
         )
 
+    # -- State's pages of the tool-call log ---------------------------------------------------------------
+    def _state_page(self, session_id: str, size: int = 0, token: str = "") -> orchestrator_pb2.StateResponse:
+        response: orchestrator_pb2.StateResponse = self.orchestrator.State(
+            orchestrator_pb2.StateRequest(
+                session_id=session_id,
+                include_tool_calls=True,
+                tool_calls_page_size=size,
+                tool_calls_page_token=token,
+            ),
+            metadata=self.orchestrator_metadata,
+            timeout=self.rpc_timeout_s,
+        )
+        return response
+
+    def _logged_calls(self, episode: orchestrator_pb2.ResetResponse, count: int) -> list[str]:
+        """Make `count` calls of the tool call through the gateway; their request ids, in order."""
+        tool = self.the_tool_call()
+        ids = [self.new_request_id() for _ in range(count)]
+        for request_id in ids:
+            self.call_tool(episode, tool.name, tool.arguments, request_id=request_id)
+        return ids
+
+    def _walk(self, session_id: str, size: int, token: str = "") -> list[orchestrator_pb2.ToolCallLogEntry]:
+        entries: list[orchestrator_pb2.ToolCallLogEntry] = []
+        for _ in range(1000):  # bounded: a server whose page tokens never end fails instead of hanging
+            page = self._state_page(session_id, size, token)
+            assert 1 <= len(page.tool_calls) <= size, f"a page of size {size} held {len(page.tool_calls)} entries"
+            entries.extend(page.tool_calls)
+            token = page.next_tool_calls_page_token
+            if not token:
+                return entries
+        raise AssertionError("State kept returning a next_tool_calls_page_token")
+
+    def test_state_pages_the_tool_call_log(self) -> None:
+        episode = self.reset()
+        ids = self._logged_calls(episode, 7)
+        whole = self._state_page(episode.session_id)
+        assert [e.request_id for e in whole.tool_calls] == ids, "the default page (100) holds the 7 calls in order"
+        assert whole.next_tool_calls_page_token == "" and whole.session.tool_call_count == 7
+        for size in (1, 2, 3, 7):
+            walked = [e.request_id for e in self._walk(episode.session_id, size)]
+            assert walked == ids, f"pages of {size}: {walked} (want every call once, oldest first)"
+        bare = self.state(episode.session_id)
+        assert not bare.tool_calls and bare.next_tool_calls_page_token == "", "entries nobody asked for"
+
+    def test_a_state_page_token_continues_its_episode(self) -> None:
+        first = self.reset()
+        ids = self._logged_calls(first, 3)
+        page = self._state_page(first.session_id, 1)
+        assert [e.request_id for e in page.tool_calls] == ids[:1] and page.next_tool_calls_page_token
+        second = self.reset(session_id=first.session_id)
+        later = self._logged_calls(second, 1)
+        rest = self._walk(first.session_id, 1, page.next_tool_calls_page_token)
+        assert [(e.episode, e.request_id) for e in rest] == [(1, i) for i in ids[1:]], "the token's episode"
+        assert [e.request_id for e in self._walk(first.session_id, 100)] == later, "no token: the current episode"
+
+    def test_malformed_state_paging_is_invalid_argument(self) -> None:
+        mine = self.reset()
+        other = self.reset()
+        self._logged_calls(other, 2)
+        foreign = self._state_page(other.session_id, 1).next_tool_calls_page_token
+        assert foreign, "a page of 1 of 2 calls needs a next_tool_calls_page_token"
+
+        def state(**fields: Any) -> Callable[[], object]:
+            request = orchestrator_pb2.StateRequest(session_id=mine.session_id, include_tool_calls=True, **fields)
+            return self._call("State", request)
+
+        self.expect_statuses(
+            (what, INVALID, state(**fields), field)
+            for what, fields, field in (
+                ("tool_calls_page_size -1", {"tool_calls_page_size": -1}, "tool_calls_page_size"),
+                ("tool_calls_page_size 1001", {"tool_calls_page_size": 1001}, "tool_calls_page_size"),
+                (
+                    "a tool_calls_page_token it never issued",
+                    {"tool_calls_page_token": "compliance-not-a-token"},
+                    "tool_calls_page_token",
+                ),
+                (
+                    "a tool_calls_page_token of another session",
+                    {"tool_calls_page_token": foreign},
+                    "tool_calls_page_token",
+                ),
+            )
+        )
+
     # -- expiry -------------------------------------------------------------------------------------------
     def test_expired_session(self) -> None:
         channel = self.expiring_orchestrator_channel()

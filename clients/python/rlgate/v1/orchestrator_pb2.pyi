@@ -125,12 +125,16 @@ class StepResponse(_message.Message):
     def __init__(self, turn: _Optional[int] = ..., done: _Optional[bool] = ..., truncated: _Optional[bool] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ...) -> None: ...
 
 class StateRequest(_message.Message):
-    __slots__ = ("session_id", "include_tool_calls")
+    __slots__ = ("session_id", "include_tool_calls", "tool_calls_page_size", "tool_calls_page_token")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     include_tool_calls: bool
-    def __init__(self, session_id: _Optional[str] = ..., include_tool_calls: _Optional[bool] = ...) -> None: ...
+    tool_calls_page_size: int
+    tool_calls_page_token: str
+    def __init__(self, session_id: _Optional[str] = ..., include_tool_calls: _Optional[bool] = ..., tool_calls_page_size: _Optional[int] = ..., tool_calls_page_token: _Optional[str] = ...) -> None: ...
 
 class InstanceInfo(_message.Message):
     __slots__ = ("provider", "instance_id", "env_key", "root_url", "mcp_endpoints")
@@ -190,7 +194,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ...) -> None: ...
 
 class ToolCallLogEntry(_message.Message):
-    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at")
+    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided")
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +205,7 @@ class ToolCallLogEntry(_message.Message):
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_ELIDED_FIELD_NUMBER: _ClassVar[int]
     episode: int
     request_id: str
     tool: str
@@ -211,15 +216,18 @@ class ToolCallLogEntry(_message.Message):
     endpoint: str
     duration_ms: float
     finished_at: _timestamp_pb2.Timestamp
-    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    arguments_elided: bool
+    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., arguments_elided: _Optional[bool] = ...) -> None: ...
 
 class StateResponse(_message.Message):
-    __slots__ = ("session", "tool_calls")
+    __slots__ = ("session", "tool_calls", "next_tool_calls_page_token")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_TOOL_CALLS_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     session: SessionInfo
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallLogEntry]
-    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallLogEntry, _Mapping]]] = ...) -> None: ...
+    next_tool_calls_page_token: str
+    def __init__(self, session: _Optional[_Union[SessionInfo, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallLogEntry, _Mapping]]] = ..., next_tool_calls_page_token: _Optional[str] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("session_id",)

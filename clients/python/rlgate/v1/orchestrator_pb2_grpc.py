@@ -152,9 +152,17 @@ class OrchestratorServiceServicer:
 
     def State(self, request, context):
         """State returns a session's status, task, turn, reward, verification,
-        instance information, timestamps and tool-call log. Read-only.
+        instance information, timestamps and, on request, one page of the
+        tool-call log. Read-only.
 
-        Errors: NOT_FOUND (unknown session).
+        The log pages like ListTasks: pass next_tool_calls_page_token back as
+        tool_calls_page_token until it comes back empty. A page holds at most
+        tool_calls_page_size entries and ends early rather than let its entries
+        pass 4 MiB (see StateResponse.tool_calls), so a reply stays under the
+        16 MiB message limit whatever the calls carried.
+
+        Errors: NOT_FOUND (unknown session), INVALID_ARGUMENT (bad
+        tool_calls_page_token or tool_calls_page_size; a token of another session).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
