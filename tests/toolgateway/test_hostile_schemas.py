@@ -388,8 +388,8 @@ async def test_ten_thousand_tools_are_listed_and_listed_again_without_stalling_t
 ) -> None:
     """MAX_TOOLS tools are served, the ones past it left out with a warning, and each tool's spec is made
     once: a ListTools answered from the catalog stalls the loop briefly (it used to rebuild every spec on the
-    loop, a stall that grew with the tool count). The first listing's stall is mostly the mcp SDK's (parsing the reply and
-    walking every schema for x-mcp-header positions, on the loop): not bounded here."""
+    loop, a stall that grew with the tool count). The first listing's stall is mostly the mcp SDK's (parsing
+    the reply and walking every schema for x-mcp-header positions, on the loop): not bounded here."""
     upstream = Upstream(many_tools(MAX_TOOLS + 50))
     async with serving(upstream) as base:
         s = await byo_session(store, [f"{base}/modern/mcp"])
