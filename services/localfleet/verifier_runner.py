@@ -35,7 +35,7 @@ _STRIP = (
 def _light_fleet() -> None:
     """Make `fleet.verifiers.*` importable without running `fleet/__init__.py`.
 
-    The package's __init__ imports the whole SDK (httpx, pydantic models: ~1.5 s per run); the verifier
+    The package's __init__ imports the whole SDK (httpx, pydantic models), paid on every run; the verifier
     helpers (`db`, `code`, `local_executor`, `sql_differ`) need only the standard library.
     """
     if "fleet" in sys.modules:

@@ -131,8 +131,9 @@ class Link:
     async def _drop_held_reply(self, client: Client) -> None:
         """The SDK's message reader holds the last reply it read until the next one arrives. A legacy-era
         call's reply soon replaces a listing's; a 2026-07-28 link's calls bypass the SDK (`stateless`), so
-        a ping's small reply replaces the parsed listing instead (about 100 KiB per link, so per session
-        where every session has an instance of its own). Best effort: a failed ping changes nothing else."""
+        a ping's small reply replaces the parsed listing instead (a listing's worth of memory per link, so per
+        session where every session has an instance of its own; docs/toolgateway.md has the size). Best
+        effort: a failed ping changes nothing else."""
         if not self.stateless:
             return
         try:

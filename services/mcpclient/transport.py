@@ -363,7 +363,7 @@ class HttpSettings:
         max_page_bytes: int = MAX_PAGE_BYTES,
         trust_env: bool = False,
     ) -> HttpSettings:
-        # One SSL context for all clients: a default client builds its own (~1 MB, ~30 ms).
+        # One SSL context for all clients: a default client builds (and holds) its own, loading the CA bundle each time.
         ctx = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
         # Only connecting has an HTTP timeout: every MCP request has its own read_timeout_seconds instead,
         # which also bounds waiting for a pooled connection.

@@ -1,4 +1,6 @@
-"""Settings shared by both gRPC services (listen address, store, TLS, logging)."""
+"""The default both gRPC services share for where the session store lives: a SQLite file under the data dir.
+
+Each service declares its own settings (listen address, TLS, logging...) in its `config` module."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 SQLite's default checkpoints inside the COMMIT that pushes the WAL past 1,000 pages: that commit copies the
 WAL into the database and, with `synchronous=NORMAL`, fsyncs both files, which held up its caller (and every
-store call queued behind it on the worker thread) for 4-6 ms about once per 200 writes (measured: the
-gateway's store work per call had a p99 of 4.5 ms against a p50 of 0.2 ms). So the store's connection runs
+store call queued behind it on the worker thread) about once per 200 writes: a tail that every caller of
+the store paid now and then (the benchmarks log in docs/ has the figures). So the store's connection runs
 with `wal_autocheckpoint = 0`, and a `Checkpointer` makes passive checkpoints from its own connection every
 INTERVAL_S: they never block writers or readers, and the next writer after one that copied everything
 restarts the WAL from its start (`journal_size_limit` then trims the file). Under steady writes a commit

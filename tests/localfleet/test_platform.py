@@ -13,9 +13,8 @@ import httpx
 import pytest
 from mcp import Client
 
-from tests.support.localfleet import LocalfleetProcess, write_tiny_tasks
+from tests.support.localfleet import AUTH, LocalfleetProcess, create, delete, text_of, write_tiny_tasks
 
-AUTH = {"Authorization": "Bearer test-key"}
 ERAS = [("notes", "2026-07-28"), ("notes-legacy", "2025-11-25")]
 
 
@@ -24,21 +23,6 @@ def lf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalfleetProcess]:
     tasks = write_tiny_tasks(tmp_path_factory.mktemp("tasks"))
     with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments", tasks_dir=tasks) as proc:
         yield proc
-
-
-def create(lf: LocalfleetProcess, env_key: str = "notes", **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key, **body}, headers=AUTH, timeout=30)
-    assert r.status_code == 200, r.text
-    instance: dict[str, Any] = r.json()
-    return instance
-
-
-def delete(lf: LocalfleetProcess, instance_id: str) -> None:
-    httpx.delete(f"{lf.base_url}/v1/env/instances/{instance_id}", headers=AUTH, timeout=30)
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def test_instance_urls_are_path_based(lf: LocalfleetProcess) -> None:

@@ -107,7 +107,7 @@ async def test_memory_flat_over_episodes() -> None:
     """RSS per episode stays small over a few hundred create → MCP (both eras) → verify → delete cycles.
 
     Before the fix every legacy-era session of a deleted instance stayed in the SDK's session manager until
-    its 10-minute idle timeout: ~46 KiB per episode here (the soak's ~0.1 MB per episode through the stack).
+    its 10-minute idle timeout, so RSS grew with every episode (the benchmarks log in docs/ has the figures).
     """
     warmup, n = 40, 300
     with LocalfleetProcess(environments="tests.support.localfleet:tiny_environments") as lf:

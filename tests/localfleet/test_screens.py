@@ -28,10 +28,9 @@ from rlgate.localfleet.computer import parse_keys
 from rlgate.localfleet.config import LocalfleetConfig
 from rlgate.localfleet.webapps import in_app
 from rlgate.runtime.config import SettingError
-from tests.support.localfleet import LocalfleetProcess
+from tests.support.localfleet import AUTH, LocalfleetProcess, create, delete, text_of
 from tests.support.ports import require_binary
 
-AUTH = {"Authorization": "Bearer test-key"}
 TINY = "tests.support.localfleet:tiny_environments"
 WIDTH, HEIGHT = 1024, 768
 INPUT = [100, 95]  # the stub app's title input
@@ -44,21 +43,6 @@ def lf() -> Iterator[LocalfleetProcess]:
     require_binary("chromium")
     with LocalfleetProcess(environments=TINY, extra_args=["--browser-viewport", f"{WIDTH}x{HEIGHT}"]) as proc:
         yield proc
-
-
-def create(lf: LocalfleetProcess, env_key: str = "notes", **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key, **body}, headers=AUTH, timeout=30)
-    assert r.status_code == 200, r.text
-    instance: dict[str, Any] = r.json()
-    return instance
-
-
-def delete(lf: LocalfleetProcess, instance_id: str) -> None:
-    httpx.delete(f"{lf.base_url}/v1/env/instances/{instance_id}", headers=AUTH, timeout=30)
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def image_of(result: Any) -> Image.Image:

@@ -55,7 +55,7 @@ from tests.support.hostile_mcp import (
 SC = grpc.StatusCode
 ERA_NAMES = ("modern", "legacy")
 PHASES = ("reset", "list", "call")
-TOOLS_TIMEOUT_S = 30.0 if FULL else 8.0  # discovery bound (--tools-timeout-s): 10,000 tools take 2-4 s on 2 busy cores
+TOOLS_TIMEOUT_S = 30.0 if FULL else 8.0  # discovery bound (--tools-timeout-s): room for 10,000 tools on 2 busy cores
 RESET_DEADLINE_S = 60.0 if FULL else 12.0
 CALL_DEADLINE_S = 5.0
 DRIP_DEADLINE_S = 2.5  # the drip is ended by the caller's deadline: a short one keeps the suite quick
@@ -71,7 +71,7 @@ HOSTILE_ARGS = (
     else ["--huge-bytes", str(100 << 20), "--tools", str(TOOLS), "--depth", "10000"]
 )
 RSS_PEAK_MB = 160.0  # growth over a case's start, at the sampled peak, in either plane
-RSS_PEAK_PER_TOOL_KB = 8.0  # and for the many-tools listing, per tool on top (a parsed tool costs ~6 KB)
+RSS_PEAK_PER_TOOL_KB = 8.0  # and for the many-tools listing, per tool on top (with room over what a parsed tool holds)
 # The gateway's growth over the whole module, after every attack (freed memory a process keeps from the
 # allocator counts too: a per-case "after" is not a leak measure, the module's end is)
 RSS_KEPT_MB = 96.0

@@ -74,7 +74,7 @@ class Sizes:
     tools: int = 10_000  # tools in the many-tools listing
     depth: int = 10_000  # nesting of the deep schema and of the deep structured content
     # Empty text blocks in the many-blocks result (~0.5 MB). The legacy era's SDK parses a reply whole
-    # before rlgate sees it, ~0.7 KiB per block: the reply cap bounds that, not the block count.
+    # before rlgate sees it, a parsed object per block: the reply cap bounds that, not the block count.
     blocks: int = 20_000
     structured_items: int = 200_000  # numbers in the big-structured result's structuredContent (~400 KB)
     endless_cap_bytes: int = 4 * 2**30  # an endless stream stops here (a peer that never stops reading)

@@ -370,3 +370,44 @@ def write_tiny_tasks(directory: str | Path) -> str:
     path.mkdir(parents=True, exist_ok=True)
     (path / "tiny.json").write_text(json.dumps({"tasks": TINY_TASKS}))
     return str(path)
+
+
+# ---- the control plane over HTTP, as the localfleet tests drive it
+
+AUTH = {"Authorization": "Bearer test-key"}  # localfleet wants a key, and accepts any
+
+
+def create(lf: LocalfleetProcess, env_key: str = "notes", **body: Any) -> dict[str, Any]:
+    """Create an instance through the control plane; asserts it was created.
+
+    Args:
+        lf: the running localfleet.
+        env_key: the environment.
+        **body: more fields of the create request (`image_type`, `ttl_seconds`, ...).
+
+    Returns:
+        The instance's JSON.
+    """
+    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": env_key, **body}, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    instance: dict[str, Any] = r.json()
+    return instance
+
+
+def delete(lf: LocalfleetProcess, instance_id: str) -> None:
+    """Delete an instance through the control plane.
+
+    Args:
+        lf: the running localfleet.
+        instance_id: the instance.
+    """
+    httpx.delete(f"{lf.base_url}/v1/env/instances/{instance_id}", headers=AUTH, timeout=30)
+
+
+def text_of(result: Any) -> str:
+    """The text blocks of an MCP tool result, joined.
+
+    Args:
+        result: a `CallToolResult`.
+    """
+    return "".join(getattr(c, "text", "") for c in result.content)

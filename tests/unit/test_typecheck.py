@@ -35,7 +35,7 @@ PROBE = textwrap.dedent(
 )
 
 
-@pytest.mark.slow  # a whole mypy run: ~20 s with its cache, a few minutes without on 2 busy cores
+@pytest.mark.slow  # a whole mypy run, slow without its cache
 def test_the_make_lint_run_refuses_wrong_calls_into_the_project(tmp_path: Path) -> None:
     # A new module name each run: mypy's cache would otherwise replay a same-named module's errors under
     # the path it had last time.

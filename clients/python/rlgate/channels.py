@@ -16,7 +16,12 @@ C = TypeVar("C")
 
 
 class Pool(Generic[C]):
-    """Round-robin over one channel per address; channels (and their stubs) are made on first use."""
+    """Round-robin over one channel per address; channels (and their stubs) are made on first use.
+
+    Args:
+        addresses: one or more `host:port` addresses.
+        factory: makes the channel to an address (`sync_channel` or `aio_channel`, partially applied).
+    """
 
     def __init__(self, addresses: Sequence[str], factory: Callable[[str], C]) -> None:
         self.addresses = tuple(addresses)
@@ -34,7 +39,11 @@ class Pool(Generic[C]):
         return channel
 
     def next_stub(self, stub_class: type) -> Any:
-        """A `stub_class` stub on the next channel in turn (one stub per channel and class)."""
+        """A stub on the next channel in turn (one stub per channel and class).
+
+        Args:
+            stub_class: a generated stub class, such as `OrchestratorServiceStub`.
+        """
         with self._lock:
             address = self.addresses[next(self._counter) % len(self.addresses)]
             stub = self._stubs.get((address, stub_class))
@@ -51,14 +60,26 @@ class Pool(Generic[C]):
 
 
 def sync_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.Channel:
-    """A blocking channel to `address`: TLS with `creds`, else plaintext."""
+    """A blocking channel to `address`: TLS with `creds`, else plaintext.
+
+    Args:
+        address: `host:port`.
+        creds: TLS credentials; None for plaintext.
+        options: gRPC channel options.
+    """
     if creds is None:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, creds, options=options)
 
 
 def aio_channel(address: str, creds: grpc.ChannelCredentials | None, options: list[Any]) -> grpc.aio.Channel:
-    """An asyncio channel to `address` (it belongs to the running event loop): TLS with `creds`, else plaintext."""
+    """An asyncio channel to `address` (it belongs to the running event loop): TLS with `creds`, else plaintext.
+
+    Args:
+        address: `host:port`.
+        creds: TLS credentials; None for plaintext.
+        options: gRPC channel options.
+    """
     if creds is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, creds, options=options)

@@ -141,7 +141,12 @@ class Message:
 
     @classmethod
     def of(cls, role: Role, parts: Iterable[Part | str]) -> Message:
-        """A message from parts, adjacent text runs joined; plain text when no image is among them."""
+        """A message from parts, adjacent text runs joined; plain text when no image is among them.
+
+        Args:
+            role: `system`, `user`, `assistant` or `tool`.
+            parts: text (a `str` or `TextPart`) and image parts, in reading order.
+        """
         merged: list[Part] = []
         for part in parts:
             piece = TextPart(part) if isinstance(part, str) else part

@@ -27,12 +27,19 @@ from rlgate.v1 import common_pb2
 
 @dataclass
 class PolicyContext:
-    """What a policy sees when it writes one turn."""
+    """What a policy sees when it writes one turn.
 
-    task: common_pb2.TaskInfo  # as ListTasks returned it (with the reference solution when it was asked for)
-    # The chat so far (system, task, earlier turns and observations), older screens already omitted.
+    Args:
+        task: the task as ListTasks returned it (with the reference solution when it was asked for).
+        messages: the chat so far (system, task, earlier turns and observations), older screens already
+            omitted.
+        turn: the 0-based index of the turn to write.
+        max_turns: the episode's turn limit.
+    """
+
+    task: common_pb2.TaskInfo
     messages: list[Message]
-    turn: int  # 0-based index of the turn to write
+    turn: int
     max_turns: int
 
 
@@ -53,7 +60,14 @@ class PolicyError(RuntimeError):
 
 
 def reference_solution(task: common_pb2.TaskInfo) -> dict[str, Any]:
-    """The task's reference solution from `TaskInfo.reference_solution_json` (exact JSON)."""
+    """The task's reference solution from `TaskInfo.reference_solution_json` (exact JSON).
+
+    Args:
+        task: the task, listed with `include_reference_solution=True`.
+
+    Raises:
+        PolicyError: the task carries no reference solution, or one that is not a JSON object.
+    """
     if not task.reference_solution_json:
         raise PolicyError(
             f"task {task.key!r} carries no reference_solution_json: list tasks with "
@@ -67,7 +81,15 @@ def reference_solution(task: common_pb2.TaskInfo) -> dict[str, Any]:
 
 def reference_turns(task: common_pb2.TaskInfo, max_turns: int) -> list[str]:
     """The reference solution as one model message per turn: one call per turn, then the answer.
-    Calls are packed several per turn when the turn limit would not fit them otherwise."""
+    Calls are packed several per turn when the turn limit would not fit them otherwise.
+
+    Args:
+        task: the task, listed with `include_reference_solution=True`.
+        max_turns: the episode's turn limit; 0 for none.
+
+    Raises:
+        PolicyError: as `reference_solution`.
+    """
     solution = reference_solution(task)
     calls = [
         protocol.ToolCall(str(c.get("name", "")), dict(c.get("arguments") or {}))

@@ -62,7 +62,12 @@ FORMAT_REMINDER = (
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call as the model wrote it."""
+    """One tool call as the model wrote it.
+
+    Args:
+        name: the tool's name.
+        arguments: the call's arguments, a JSON object.
+    """
 
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
@@ -70,13 +75,18 @@ class ToolCall:
 
 @dataclass
 class ParsedTurn:
-    """What one assistant message asks for."""
+    """What one assistant message asks for.
+
+    Args:
+        tool_calls: the calls, in the order the model wrote them.
+        final_answer: the final answer's text, if the message gave one.
+        done: the model ended the episode: a final answer or <done/>.
+        errors: one message per block that could not be parsed (shown to the model; never raised).
+    """
 
     tool_calls: list[ToolCall] = field(default_factory=list)
     final_answer: str | None = None
-    # The model ended the episode: a final answer or <done/>.
     done: bool = False
-    # One message per block that could not be parsed (shown to the model; never raised).
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -89,7 +99,15 @@ class ParsedTurn:
 
 
 def tool_spec_dict(spec: Any) -> dict[str, Any]:
-    """A tool as `{"name", "description", "parameters"}` from a rlgate ToolSpec or a mapping."""
+    """A tool as `{"name", "description", "parameters"}`.
+
+    Args:
+        spec: a rlgate ToolSpec, or a mapping with `name`, `description` and `parameters` (or `input_schema`,
+            `inputSchema`).
+
+    Raises:
+        InvalidJsonValue: a ToolSpec whose `input_schema_json` is not a JSON object.
+    """
     if isinstance(spec, Mapping):
         params = spec.get("parameters", spec.get("input_schema", spec.get("inputSchema")))
         return {
@@ -107,7 +125,11 @@ def tool_spec_dict(spec: Any) -> dict[str, Any]:
 
 
 def render_tools_block(tools: Iterable[Any]) -> str:
-    """The `<tools>` block of the system prompt: one JSON function signature per line."""
+    """The `<tools>` block of the system prompt: one JSON function signature per line.
+
+    Args:
+        tools: ToolSpecs or mappings, as `tool_spec_dict` takes them.
+    """
     lines = [
         json.dumps({"type": "function", "function": tool_spec_dict(t)}, ensure_ascii=False, sort_keys=False)
         for t in tools
@@ -116,7 +138,12 @@ def render_tools_block(tools: Iterable[Any]) -> str:
 
 
 def render_system_prompt(tools: Iterable[Any], instructions: str = DEFAULT_INSTRUCTIONS) -> str:
-    """The system prompt: instructions, the tool signatures and the call/finish conventions."""
+    """The system prompt: instructions, the tool signatures and the call/finish conventions.
+
+    Args:
+        tools: ToolSpecs or mappings, as `tool_spec_dict` takes them.
+        instructions: the text before the tools; empty for none.
+    """
     head = instructions.strip() + "\n\n" if instructions.strip() else ""
     return (
         f"{head}# Tools\n\n"
@@ -133,20 +160,36 @@ def render_system_prompt(tools: Iterable[Any], instructions: str = DEFAULT_INSTR
 
 
 def render_tool_call(call: ToolCall, *, name_key: str = "name", arguments_key: str = "arguments") -> str:
-    """`call` as a `<tool_call>` block, as a model would write it (other key spellings for parser tests)."""
+    """`call` as a `<tool_call>` block, as a model would write it.
+
+    Args:
+        call: the call.
+        name_key: the key of the tool's name (other spellings for parser tests).
+        arguments_key: the key of the arguments.
+    """
     payload = {name_key: call.name, arguments_key: call.arguments}
     return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
 
 
 def render_final_answer(answer: str) -> str:
-    """`answer` in the final-answer tags that end an episode."""
+    """`answer` in the final-answer tags that end an episode.
+
+    Args:
+        answer: the answer's text.
+    """
     return f"{FINAL_OPEN}{answer}{FINAL_CLOSE}"
 
 
 def render_assistant_turn(
     calls: Sequence[ToolCall] = (), final_answer: str | None = None, *, done: bool = False
 ) -> str:
-    """Model text for a turn (used by the reference policy and by tests)."""
+    """Model text for a turn (used by the reference policy and by tests).
+
+    Args:
+        calls: the tool calls, each rendered as a `<tool_call>` block.
+        final_answer: a final answer after them, if any.
+        done: end with `<done/>` when there is no final answer.
+    """
     parts = [render_tool_call(c) for c in calls]
     if final_answer is not None:
         parts.append(render_final_answer(final_answer))
@@ -159,7 +202,11 @@ def render_assistant_turn(
 
 
 def parse_assistant_text(text: str) -> ParsedTurn:
-    """Parse one assistant message. Never raises."""
+    """Parse one assistant message. Never raises: what cannot be parsed is in `ParsedTurn.errors`.
+
+    Args:
+        text: the model's message.
+    """
     turn = ParsedTurn()
     try:
         _scan(_join_surrogate_pairs(text if isinstance(text, str) else str(text)), turn)
@@ -172,7 +219,11 @@ def parse_assistant_text(text: str) -> ParsedTurn:
 def sendable_text(text: str) -> str:
     """`text` as valid Unicode, ready for a gRPC string field (which must be UTF-8): surrogate pairs written
     as two code points are joined, and each lone surrogate becomes U+FFFD (the replacement character marks
-    the spot in the stored text). Text without surrogates is returned as is."""
+    the spot in the stored text). Text without surrogates is returned as is.
+
+    Args:
+        text: any string, such as a model's output.
+    """
     if _SURROGATE_RE.search(text) is None:
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
@@ -362,7 +413,12 @@ def _normalize_call(obj: Any) -> tuple[ToolCall | None, str]:
 def call_error(name: str, arguments: Any) -> str | None:
     """Why tool `name` cannot be called with `arguments`, or None when it can. The check is the client's own
     encoding (`json_text`, then UTF-8 as gRPC sends strings), so a call that parsed is never refused when
-    it is sent. Messages quote the model's text with escapes only (repr), so they are sendable themselves."""
+    it is sent. Messages quote the model's text with escapes only (repr), so they are sendable themselves.
+
+    Args:
+        name: the tool's name as the model wrote it.
+        arguments: the parsed arguments.
+    """
     escape = _lone_surrogate(name)
     if escape is not None:
         return _unicode_hint(f"the tool name {name!r}", escape)
@@ -409,7 +465,11 @@ _KIND_NAMES = {
 
 
 def error_kind_name(kind: int) -> str:
-    """A ToolErrorKind as the model reads it in an error observation ("unknown tool", ...)."""
+    """A ToolErrorKind as the model reads it in an error observation ("unknown tool", ...).
+
+    Args:
+        kind: the ToolErrorKind's number; an unknown one reads "error".
+    """
     return _KIND_NAMES.get(int(kind), "error")
 
 

@@ -35,7 +35,16 @@ def new_request_id() -> str:
 @dataclass(frozen=True)
 class Call(Generic[C, R]):
     """One logical RPC, fully built: where it goes, what it sends, how long it may take. `R` is its response
-    message (for the type checker: `_run` returns an `R`)."""
+    message (for the type checker: `_run` returns an `R`).
+
+    Args:
+        pool: the channel pool the call goes out on.
+        stub: the stub class of the service (`pool.next_stub` makes one per channel).
+        method: the RPC's name on the stub.
+        request: the request message.
+        metadata: the call's metadata (credentials, trace).
+        timeout: the whole call's deadline in seconds, retries included.
+    """
 
     pool: Pool[C]
     stub: Any
@@ -45,7 +54,11 @@ class Call(Generic[C, R]):
     timeout: float
 
     def next_page(self, token: str) -> Call[C, R]:
-        """The same call for the page after `token` (a list call's next_page_token)."""
+        """The same call for the next page.
+
+        Args:
+            token: the `next_page_token` a list call answered.
+        """
         request = type(self.request)()
         request.CopyFrom(self.request)
         request.page_token = token
@@ -86,8 +99,18 @@ def _expected(field: FieldDescriptor | UpbFieldDescriptor) -> str:
 
 
 def build(cls: type[M], call: str, **fields: Any) -> M:
-    """`cls(**fields)`; a value the message cannot hold is a TypeError naming the parameter it came from
-    (protobuf's own message, "bad argument type for built-in operation", names nothing)."""
+    """`cls(**fields)`, with errors that name the parameter a bad value came from (protobuf's own message,
+    "bad argument type for built-in operation", names nothing).
+
+    Args:
+        cls: the request message class.
+        call: the client method's name, for the error.
+        **fields: the message's fields, each named as the method's parameter that gave it.
+
+    Raises:
+        TypeError: a value the field cannot hold, named with what it should be.
+        ValueError: a string with a lone UTF-16 surrogate, which gRPC cannot send.
+    """
     try:
         return cls(**fields)
     except (TypeError, ValueError) as exc:
@@ -106,6 +129,15 @@ def build(cls: type[M], call: str, **fields: Any) -> M:
 
 
 def optional_text(call: str, name: str, value: object) -> None:
-    """TypeError naming `name` (a parameter of `call`) unless `value` is a str or None."""
+    """Check an optional text parameter.
+
+    Args:
+        call: the client method's name, for the error.
+        name: the parameter's name.
+        value: what the caller passed.
+
+    Raises:
+        TypeError: `value` is neither a str nor None.
+    """
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{call}(): {name} must be a str or None, not {shown(value)}")

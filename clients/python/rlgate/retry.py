@@ -64,17 +64,29 @@ RETRYABLE: dict[str, frozenset[grpc.StatusCode]] = {
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter. Every sleep and attempt is bounded by the call's deadline."""
+    """Exponential backoff with jitter. Every sleep and attempt is bounded by the call's deadline.
 
-    # With the defaults below, ~35 s of retrying: enough to ride out a service restart.
+    With the defaults, ~35 s of retrying: enough to ride out a service restart.
+
+    Args:
+        max_attempts: attempts in all, the first included (1: no retries).
+        initial_backoff: seconds before the first retry.
+        max_backoff: the longest delay between two attempts, in seconds.
+        multiplier: how much each delay grows over the one before.
+        jitter: each delay is drawn uniformly from [delay * (1 - jitter), delay * (1 + jitter)].
+        attempt_timeout: upper bound of one attempt in seconds; None lets an attempt use all the time left.
+            A smaller value turns a hung server into a retried DEADLINE_EXCEEDED instead of one long wait
+            (Reset/Step only; see RETRYABLE).
+
+    Raises:
+        ValueError: a field out of its range, each one named.
+    """
+
     max_attempts: int = 20
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     multiplier: float = 2.0
-    # Each delay is drawn uniformly from [delay * (1 - jitter), delay * (1 + jitter)].
     jitter: float = 0.5
-    # Upper bound of one attempt; None lets an attempt use all the time left. A smaller value turns a hung
-    # server into a retried DEADLINE_EXCEEDED instead of one long wait (Reset/Step only; see RETRYABLE).
     attempt_timeout: float | None = None
     # The delays themselves: the one backoff schedule (rlgate.core.backoff), built from the fields above.
     _schedule: Backoff = field(init=False, repr=False, compare=False)
@@ -103,7 +115,12 @@ class RetryPolicy:
         object.__setattr__(self, "_schedule", schedule)  # frozen: set once, here
 
     def backoff(self, retry_index: int, rng: Callable[[], float] = random.random) -> float:
-        """The delay before retry number `retry_index` (0 for the first), jittered; `rng` draws in [0, 1)."""
+        """The delay before one retry, jittered.
+
+        Args:
+            retry_index: which retry (0 for the first).
+            rng: draws the jitter, uniformly in [0, 1).
+        """
         return self._schedule.delay(retry_index, rng)
 
 
@@ -117,7 +134,17 @@ def _refused_before_work(code: grpc.StatusCode | None, mapped: RlgateError) -> b
 
 @dataclass
 class RetryState:
-    """One logical call: counts attempts, computes attempt timeouts and decides after each failure."""
+    """One logical call: counts attempts, computes attempt timeouts and decides after each failure.
+
+    Args:
+        method: the RPC's name (its retryable codes are `RETRYABLE[method]`).
+        policy: the retry policy.
+        timeout: the whole call's deadline in seconds from now; None for none.
+        trace_id: the call's trace id, carried on the errors it raises.
+        clock: the monotonic clock the deadline is kept on.
+        attempts: attempts made so far.
+        errors: each failed attempt's error, as text.
+    """
 
     method: str
     policy: RetryPolicy
@@ -153,7 +180,15 @@ class RetryState:
         return remaining if limit is None else min(limit, remaining)
 
     def on_error(self, err: BaseException) -> float:
-        """After a failed attempt: the delay before the next one, or raise the mapped error."""
+        """After a failed attempt: the delay before the next one, or raise the mapped error.
+
+        Args:
+            err: what the attempt raised; anything but a `grpc.RpcError` is raised again as it is.
+
+        Raises:
+            RlgateError: the mapped error, when the code is not retryable for the method, the attempts are
+                spent or the delay would pass the deadline.
+        """
         if not isinstance(err, grpc.RpcError):
             raise err
         code = status_code(err)

@@ -51,7 +51,32 @@ LIST_TASKS_TIMEOUT_S = 10.0
 
 @dataclass
 class EpisodeRecord:
-    """One episode of a rollout: one JSONL line of the trajectories (`--out`)."""
+    """One episode of a rollout: one JSONL line of the trajectories (`--out`).
+
+    Times are in seconds since the run started; each turn's latency is its tool calls and Step (the
+    policy's time excluded).
+
+    Args:
+        task_key: the task run.
+        env_key: its environment, "env_id" or "env_id:version".
+        episode_index: which episode of the task (0-based).
+        session_id: the episode's session.
+        reward: the verifier's score; None when none came back.
+        done: the episode ended (a final answer, a done signal or the turn limit).
+        truncated: it ended at the turn limit.
+        turns: the turns taken.
+        done_reason: why it ended, as the orchestrator said.
+        verification_status: the verification's status name.
+        error: what went wrong, if anything.
+        error_type: "verifier", "rpc", "policy" or the exception's class.
+        seconds: the episode's wall time.
+        started_s: when the episode started.
+        ended_s: when it ended.
+        turn_ended_s: when each turn ended.
+        turn_latency_s: each turn's latency.
+        messages: the conversation as text, images as placeholders.
+        tool_calls: every turn's tool calls and their results, in order.
+    """
 
     task_key: str
     env_key: str
@@ -64,21 +89,39 @@ class EpisodeRecord:
     done_reason: str = ""
     verification_status: str = ""
     error: str | None = None
-    error_type: str | None = None  # "verifier", "rpc", "policy" or the exception class
+    error_type: str | None = None
     seconds: float = 0.0
-    # When the episode started and ended, and when each turn ended, in seconds since the run started; each
-    # turn's latency is its tool calls and Step (the policy's time excluded).
     started_s: float = 0.0
     ended_s: float = 0.0
     turn_ended_s: list[float] = field(default_factory=list)
     turn_latency_s: list[float] = field(default_factory=list)
-    messages: list[dict[str, str]] = field(default_factory=list)  # as text, images as placeholders
+    messages: list[dict[str, str]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
 class RolloutConfig:
-    """The options of `rlgate rollout`."""
+    """The options of `rlgate rollout` (each field is the option of the same name).
+
+    Args:
+        orchestrator: the orchestrator's address, `host:port[,...]`.
+        tasks: "all" or comma-separated task keys.
+        episodes: episodes per task.
+        concurrency: episodes at once.
+        policy: "reference" (the task's reference solution) or "openai" (an OpenAI-compatible endpoint).
+        base_url: the endpoint of `--policy openai`.
+        model: the model name of `--policy openai`.
+        api_key: the orchestrator's API key.
+        max_turns: the turn limit per episode; 0 keeps the task's.
+        run_id: the run id of the sessions; empty: generated.
+        out: where to write the trajectories (JSONL), if anywhere.
+        summary_json: where to write the summary JSON, if anywhere.
+        plot: where to draw reward, turn latency and episodes/s over time, if anywhere.
+        tool_timeout: seconds one tool call may take; None: `RLGATE_TOOL_TIMEOUT_S` or the default.
+        keep_images: screens the policy sees: the last ones; older ones become a note.
+        text_only: `--policy openai` sends images as text placeholders.
+        progress: show a progress bar.
+    """
 
     orchestrator: str
     tasks: str = "all"
@@ -94,8 +137,8 @@ class RolloutConfig:
     summary_json: Path | None = None
     plot: Path | None = None
     tool_timeout: float | None = None
-    keep_images: int = DEFAULT_KEEP_IMAGES  # screens the policy sees: the last ones; older ones become a note
-    text_only: bool = False  # --policy openai: images as text placeholders
+    keep_images: int = DEFAULT_KEEP_IMAGES
+    text_only: bool = False
     progress: bool = True
 
 
@@ -107,8 +150,16 @@ async def run_episode(
     config: RolloutConfig,
     run_started: float | None = None,
 ) -> EpisodeRecord:
-    """One episode with `policy`; never raises (a failure is the record's error). `run_started` (monotonic)
-    is the zero of the record's timeline (default: this episode's start)."""
+    """One episode with `policy`; never raises (a failure is the record's error).
+
+    Args:
+        client: the client the episode runs on.
+        task: the task, as ListTasks returned it.
+        index: which episode of the task (0-based).
+        policy: writes each assistant turn.
+        config: the rollout's options (turn limit, run id, tool timeout).
+        run_started: the zero of the record's timeline (`time.monotonic()`); None: this episode's start.
+    """
     env_key = f"{task.env_id}:{task.version}" if task.version else task.env_id
     record = EpisodeRecord(task_key=task.key, env_key=env_key, episode_index=index)
     started = time.monotonic()
@@ -174,7 +225,12 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, Any]:
-    """The summary JSON (`--summary-json`): totals over `records`, and the same per environment."""
+    """The summary JSON (`--summary-json`): totals over `records`, and the same per environment.
+
+    Args:
+        records: the run's episodes.
+        wall_s: the run's wall time in seconds.
+    """
 
     def group(items: Sequence[EpisodeRecord]) -> dict[str, Any]:
         rewards = [r.reward for r in items if r.reward is not None]
@@ -258,7 +314,18 @@ async def _list_tasks(client: AsyncClient, config: RolloutConfig) -> list[common
 
 
 async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[EpisodeRecord]]:
-    """Run every episode of `config` with a progress bar; the summary and the records."""
+    """Run every episode of `config` with a progress bar.
+
+    Args:
+        config: the rollout's options.
+
+    Returns:
+        The summary (as `summarize` makes it) and the episodes' records.
+
+    Raises:
+        click.ClickException: the orchestrator cannot be reached.
+        click.UsageError: an unknown task key, or `--policy openai` without `--base-url` and `--model`.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -325,7 +392,11 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
 
 def print_summary(summary: dict[str, Any]) -> None:
     """The per-environment table, sized for an 80-column terminal (two-line headers, environment names
-    folded when long), then one line for the run."""
+    folded when long), then one line for the run.
+
+    Args:
+        summary: as `summarize` made it.
+    """
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -359,7 +430,12 @@ def plot_series(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, An
     """What `write_plot` draws, as plain lists (x: seconds since the run started):
     `reward` (each scored episode's end and reward), `reward_mean` (the running mean at those points),
     `failed` (end times of episodes without a reward), `latency` (each turn's end and latency) and
-    `throughput` (bin starts and episodes/s ended in each bin, `bin_s` wide)."""
+    `throughput` (bin starts and episodes/s ended in each bin, `bin_s` wide).
+
+    Args:
+        records: the run's episodes.
+        wall_s: the run's wall time in seconds.
+    """
     ended = sorted(records, key=lambda r: r.ended_s)
     scored = [(r.ended_s, r.reward) for r in ended if r.reward is not None]
     running: list[float] = []
@@ -383,7 +459,13 @@ def plot_series(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, An
 
 
 def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> None:
-    """Reward, turn latency and episodes/s over the run, in one figure (the format follows the suffix)."""
+    """Reward, turn latency and episodes/s over the run, in one figure.
+
+    Args:
+        path: the figure's file; its suffix names the format.
+        records: the run's episodes.
+        summary: as `summarize` made it.
+    """
     from matplotlib.figure import Figure  # the object API: no pyplot state, no display needed
 
     series = plot_series(records, summary["wall_s"])
@@ -443,7 +525,16 @@ _EXTRA_HINT = "pip install 'rlgate[rollout]' (from the rlgate checkout)"
 
 
 def preflight(config: RolloutConfig) -> None:
-    """Everything the run needs that can be checked before it starts: output paths, libraries, settings."""
+    """Everything the run needs that can be checked before it starts: output paths, libraries, settings.
+
+    Args:
+        config: the rollout's options; `tool_timeout` is resolved in place.
+
+    Raises:
+        click.BadParameter: an output path the run could not write, a plot format matplotlib lacks, or a
+            bad tool timeout.
+        click.ClickException: a library the options need is not installed.
+    """
     for path, option in ((config.out, "--out"), (config.summary_json, "--summary-json"), (config.plot, "--plot")):
         _check_output(path, option)
     _require("rich", "rlgate rollout")

@@ -35,7 +35,11 @@ ENV_DEBUG = "RLGATE_DEBUG"
 
 
 def shown(value: object) -> str:
-    """A value as an error message shows it: its type and a bounded repr."""
+    """A value as an error message shows it: its type and a bounded repr.
+
+    Args:
+        value: what a caller passed or a variable held.
+    """
     return f"{type(value).__name__} {reprlib.repr(value)}"
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: ~0.1 s per 150 MB cached
+QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: it reads every page
 _QUICK_CHECK_STEPS = 1000  # how often (in SQLite's steps) the quick_check looks at the clock
 CORRUPT_ERRORS = (apsw.CorruptError, apsw.NotADBError)
 

@@ -105,8 +105,8 @@ _MIGRATIONS = {
     # v2, two writes less per tool call (every CallTool appends a log entry and records its response):
     # - tool_calls without AUTOINCREMENT, which rewrites sqlite_sequence on every insert. `seq` only orders
     #   a session's entries, and a plain rowid (largest + 1) is larger than every row it is ordered with.
-    # - requests as a rowid table: in a WITHOUT ROWID table a record over ~1 KB spills into an overflow
-    #   page, and a DONE record with its base64 response (~1.5 KB for a small tool result) always did.
+    # - requests as a rowid table: in a WITHOUT ROWID table a record over about a quarter of a page spills
+    #   into an overflow page, and a DONE record with its base64 response did even for a small tool result.
     1: f"""
 CREATE TABLE tool_calls_v2 (
 {_TOOL_CALLS_V2});

@@ -55,7 +55,11 @@ _clients_lock = threading.Lock()
 
 
 def register(env_id: str = ENV_ID) -> None:
-    """Register `RlgateTextEnv` with skyrl_gym (idempotent; by import path, so Ray workers resolve it)."""
+    """Register `RlgateTextEnv` with skyrl_gym (idempotent; by import path, so Ray workers resolve it).
+
+    Args:
+        env_id: the skyrl_gym id to register it under.
+    """
     import skyrl_gym
 
     with _clients_lock:
@@ -64,7 +68,12 @@ def register(env_id: str = ENV_ID) -> None:
 
 
 def shared_client(orchestrator: str, api_key: str | None) -> Client:
-    """One blocking client per (addresses, key) in this process."""
+    """One blocking client per (addresses, key) in this process.
+
+    Args:
+        orchestrator: the orchestrator's address(es), "host:port[,...]".
+        api_key: the orchestrator's API key; None for none.
+    """
     key = (orchestrator, api_key or "")
     with _clients_lock:
         client = _clients.get(key)
@@ -83,7 +92,16 @@ def _setting(name: str, *sources: Mapping[str, Any] | None, env: str | None = No
 
 
 class RlgateTextEnv(BaseTextEnv):
-    """One rlgate episode per env instance (SkyRL makes one env per trajectory)."""
+    """One rlgate episode per env instance (SkyRL makes one env per trajectory).
+
+    Args:
+        env_config: the env's config; settings not in `extras` are read here (the module's table).
+        extras: the dataset row's extras: the task (`task_key` or `env_key`, also from `extra_info`) and
+            settings.
+
+    Raises:
+        ValueError: no orchestrator address, no task or environment, or a bad `on_verifier_error`.
+    """
 
     def __init__(self, env_config: Mapping[str, Any] | None = None, extras: Mapping[str, Any] | None = None):
         super().__init__()
@@ -112,7 +130,15 @@ class RlgateTextEnv(BaseTextEnv):
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Open the session; the chat is the system prompt with tools, then the task. A second call closes
-        the first session (and starts the metrics afresh) before opening the next."""
+        the first session (and starts the metrics afresh) before opening the next.
+
+        Args:
+            prompt: the dataset's prompt: its system message goes before the instructions, and its user
+                turns are kept when the session has no task prompt.
+
+        Returns:
+            The chat, and the episode's metadata (task, environment, tools, modality, session id).
+        """
         if self.episode is not None:
             self.close()
             self.episode, self._last, self.turns = None, None, 0
@@ -149,7 +175,14 @@ class RlgateTextEnv(BaseTextEnv):
         }
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
-        """Play the model's text as one turn; the session closes when the episode ends or this raises."""
+        """Play the model's text as one turn; the session closes when the episode ends or this raises.
+
+        Args:
+            action: the model's text.
+
+        Raises:
+            RuntimeError: called before `init`.
+        """
         if self.episode is None:
             raise RuntimeError("step() before init()")
         try:

@@ -122,13 +122,24 @@ def keep_last_images(history: list[Message], keep: int) -> list[Message]:
 
 
 def tool_specs(episode: AsyncEpisode) -> list[ToolSpec]:
-    """The episode's tools in the renderer's shape, for its own tool-calling prefix."""
+    """The episode's tools in the renderer's shape, for its own tool-calling prefix.
+
+    Args:
+        episode: an episode after its Reset.
+    """
     return [ToolSpec(**protocol.tool_spec_dict(t)) for t in episode.tools]  # type: ignore[typeddict-item]
 
 
 def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
     """The assistant's text and what it asks for: the renderer's tool calls, a lenient second parse of
-    the calls it could not parse, and the final answer / done convention from the text."""
+    the calls it could not parse, and the final answer / done convention from the text.
+
+    Args:
+        message: the assistant's message as the renderer parsed it.
+
+    Returns:
+        The text to record (with every call it asks for as a `<tool_call>` block) and the parsed turn.
+    """
     text = get_text_content(message)
     turn = protocol.parse_assistant_text(text)
     calls: list[protocol.ToolCall] = []
@@ -160,7 +171,13 @@ def parsed_turn(message: Message) -> tuple[str, protocol.ParsedTurn]:
 
 
 class RlgateMessageEnv(MessageEnv):
-    """One rlgate episode at the message level. The session opens on `initial_observation`."""
+    """One rlgate episode at the message level. The session opens on `initial_observation`.
+
+    Args:
+        builder: the group builder whose task and settings the episode uses (it closes the session in
+            `cleanup`).
+        renderer: the model's renderer (its tool prefix, and whether it sees images).
+    """
 
     def __init__(self, builder: RlgateEnvGroupBuilder, renderer: Renderer) -> None:
         self.builder = builder
@@ -201,7 +218,14 @@ class RlgateMessageEnv(MessageEnv):
         return self.history
 
     async def step(self, message: Message) -> MessageStepResult:
-        """Play the assistant `message` as one turn; the session closes when the episode ends or this raises."""
+        """Play the assistant `message` as one turn; the session closes when the episode ends or this raises.
+
+        Args:
+            message: the assistant's message as the renderer parsed it.
+
+        Raises:
+            RuntimeError: called before `initial_observation`.
+        """
         episode = self.episode
         if episode is None:
             raise RuntimeError("step() before initial_observation()")
@@ -265,20 +289,39 @@ class RlgateMessageEnv(MessageEnv):
 
 @dataclass
 class RlgateEnvGroupBuilder(EnvGroupBuilder):
-    """`group_size` episodes of one task. Picklable: settings and a renderer only."""
+    """`group_size` episodes of one task. Picklable: settings and a renderer only.
+
+    Args:
+        task_key: the task.
+        renderer: the model's renderer.
+        group_size: episodes in the group.
+        orchestrator: the orchestrator's address(es); empty: RLGATE_ORCHESTRATOR.
+        api_key: the orchestrator's API key; None: RLGATE_API_KEY.
+        max_turns: the turn limit; 0 keeps the task's.
+        run_id: the training run the sessions belong to.
+        labels: the sessions' labels, as (key, value) pairs.
+        instructions: text placed before the tool list.
+        tool_timeout_s: the bound of one tool call; None: RLGATE_TOOL_TIMEOUT_S, else the client's
+            call_tool timeout.
+        keep_images: screens in the context: the last ones.
+        failed_parse_reward: the reward of a structural parse failure (no stop sequence), as the
+            cookbook's tool envs default it.
+        terminate_on_parse_error: whether such a failure ends the episode.
+        max_trajectory_tokens: the cookbook's bound on a trajectory's tokens; None for none.
+        max_generation_tokens: the cookbook's bound on one generation's tokens; None for none.
+    """
 
     task_key: str
     renderer: Renderer
     group_size: int = 1
-    orchestrator: str = ""  # empty: RLGATE_ORCHESTRATOR
-    api_key: str | None = None  # None: RLGATE_API_KEY
+    orchestrator: str = ""
+    api_key: str | None = None
     max_turns: int = 0
     run_id: str = ""
     labels: tuple[tuple[str, str], ...] = ()
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
-    tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
-    keep_images: int = messages.DEFAULT_KEEP_IMAGES  # screens in the context: the last ones
-    # Structural parse failures (no stop sequence): the cookbook's tool-env defaults.
+    tool_timeout_s: float | None = None
+    keep_images: int = messages.DEFAULT_KEEP_IMAGES
     failed_parse_reward: float = -0.1
     terminate_on_parse_error: bool = True
     max_trajectory_tokens: int | None = None
@@ -291,11 +334,19 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
         return state
 
     def track(self, episode: AsyncEpisode) -> None:
-        """Remember `episode` so cleanup() closes it (called before its Reset)."""
+        """Remember `episode` so cleanup() closes it (called before its Reset).
+
+        Args:
+            episode: the episode about to open its session.
+        """
         self._opened.append(episode)
 
     def tracks(self, episode: AsyncEpisode) -> bool:
-        """False once cleanup() has taken the episode (it closed it, possibly before Reset answered)."""
+        """False once cleanup() has taken the episode (it closed it, possibly before Reset answered).
+
+        Args:
+            episode: an episode passed to `track`.
+        """
         return any(e is episode for e in self._opened)
 
     @property
@@ -332,7 +383,17 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
 
 
 class RlgateDataset(RLDataset):
-    """Batches of `batch_size` group builders cycling over the task keys for `epochs` passes."""
+    """Batches of `batch_size` group builders cycling over the task keys for `epochs` passes.
+
+    Args:
+        task_keys: the tasks, at least one.
+        batch_size: group builders per batch.
+        make: `task_key -> EnvGroupBuilder` (picklable, for process executors).
+        epochs: passes over the tasks.
+
+    Raises:
+        ValueError: no tasks.
+    """
 
     def __init__(self, task_keys: Sequence[str], batch_size: int, make: Any, epochs: int = 1) -> None:
         if not task_keys:
@@ -346,7 +407,11 @@ class RlgateDataset(RLDataset):
         return math.ceil(len(self.task_keys) * self.epochs / self.batch_size)
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        """The `index`-th batch of group builders."""
+        """The `index`-th batch of group builders.
+
+        Args:
+            index: the batch's index (0-based).
+        """
         start = index * self.batch_size
         stop = min(start + self.batch_size, len(self.task_keys) * self.epochs)
         return [self._make(self.task_keys[i % len(self.task_keys)]) for i in range(start, stop)]

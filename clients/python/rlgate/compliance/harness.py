@@ -36,7 +36,12 @@ POLL_INTERVAL_S = 0.2  # between State polls while waiting for a server-side tra
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A call of one of the task's tools that succeeds on a fresh episode (is_error false)."""
+    """A call of one of the task's tools that succeeds on a fresh episode (is_error false).
+
+    Args:
+        name: the tool's name.
+        arguments: the call's arguments.
+    """
 
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
@@ -46,9 +51,12 @@ class ToolCall:
 class ExactJsonCall:
     """A call whose structured result repeats integers it was given, to show JSON passes through exactly.
 
-    `arguments` must contain at least one integer; `expect` maps JSON Pointers (RFC 6901, e.g. "/number")
-    into the parsed structured result to the exact JSON value expected there (an int must come back an int,
-    not 25.0)."""
+    Args:
+        name: the tool's name.
+        arguments: the call's arguments, with at least one integer.
+        expect: JSON Pointers (RFC 6901, e.g. "/number") into the parsed structured result, each mapped to
+            the exact JSON value expected there (an int must come back an int, not 25.0).
+    """
 
     name: str
     arguments: Mapping[str, Any]
@@ -57,12 +65,21 @@ class ExactJsonCall:
 
 def skip(reason: str) -> NoReturn:
     """Skip the running test. unittest's exception, which pytest reports as a skip too (pytest's own would be
-    an error under a unittest runner)."""
+    an error under a unittest runner).
+
+    Args:
+        reason: why, as the test report shows it.
+    """
     raise unittest.SkipTest(reason)
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """Equal as JSON values *and* of the same JSON types (1 is not 1.0, True is not 1)."""
+    """Equal as JSON values *and* of the same JSON types (1 is not 1.0, True is not 1).
+
+    Args:
+        a: a JSON value.
+        b: another.
+    """
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
@@ -73,7 +90,16 @@ def same_json(a: Any, b: Any) -> bool:
 
 
 def json_pointer(document: Any, pointer: str) -> Any:
-    """The value at an RFC 6901 JSON Pointer; KeyError when it does not exist."""
+    """The value at an RFC 6901 JSON Pointer.
+
+    Args:
+        document: a JSON value.
+        pointer: the pointer; "" is the whole document.
+
+    Raises:
+        KeyError: nothing is at `pointer`.
+        ValueError: `pointer` is not empty and does not start with "/".
+    """
     if pointer == "":
         return document
     if not pointer.startswith("/"):
@@ -93,7 +119,11 @@ def json_pointer(document: Any, pointer: str) -> Any:
 
 
 def named_fields(err: grpc.RpcError) -> tuple[set[str], str]:
-    """The fields an error names: its google.rpc.BadRequest field violations, and its message."""
+    """The fields an error names: its google.rpc.BadRequest field violations, and its message.
+
+    Args:
+        err: a failed call.
+    """
     fields: set[str] = set()
     status = rpc_status.from_call(err)  # type: ignore[arg-type]
     if status is not None:
@@ -105,6 +135,11 @@ def named_fields(err: grpc.RpcError) -> tuple[set[str], str]:
 
 
 def describe(err: grpc.RpcError) -> str:
+    """A failed call as an assertion message shows it: its code and details.
+
+    Args:
+        err: a failed call.
+    """
     return f"{err.code().name}: {err.details()}"
 
 

@@ -45,7 +45,15 @@ class Backoff:
             raise ValueError(f"Backoff: {'; '.join(problems)}")
 
     def delay(self, retry_index: int, rng: Callable[[], float] = random.random) -> float:
-        """The delay before retry number `retry_index` (0 for the first); `rng` draws in [0, 1)."""
+        """The delay before one retry.
+
+        Args:
+            retry_index: which retry (0 for the first); a negative one counts as 0.
+            rng: draws the jitter, uniformly in [0, 1).
+
+        Returns:
+            The delay in seconds: `initial` times `multiplier` per retry, capped at `maximum`, then jittered.
+        """
         # Growth is capped before it is computed in full, so a large index cannot overflow a float.
         base = self.initial
         for _ in range(max(0, retry_index)):
@@ -56,7 +64,11 @@ class Backoff:
         return max(0.0, base * (1.0 - self.jitter + 2.0 * self.jitter * rng()))
 
     def delays(self, rng: Callable[[], float] = random.random) -> Iterator[float]:
-        """The delays before each retry in turn, without end: the caller's loop bounds it."""
+        """The delays before each retry in turn, without end: the caller's loop bounds it.
+
+        Args:
+            rng: draws the jitter, uniformly in [0, 1).
+        """
         index = 0
         while True:
             yield self.delay(index, rng)

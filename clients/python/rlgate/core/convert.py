@@ -37,8 +37,17 @@ class JsonTooDeepError(InvalidJsonValue):
 
 
 def fill_value(target: struct_pb2.Value, obj: Any, depth: int = 1, what: str = "$") -> None:
-    """Write a JSON value into `target` in place (one pass, no nested message copies). Raises JsonTooDeepError
-    past MAX_JSON_DEPTH instead of building a message no receiver could parse."""
+    """Write a JSON value into `target` in place (one pass, no nested message copies).
+
+    Args:
+        target: the Struct value to fill.
+        obj: a JSON-shaped value; anything else is written as its `str()`.
+        depth: the nesting level of `obj` (1 at the top).
+        what: the value's name for the error.
+
+    Raises:
+        JsonTooDeepError: past MAX_JSON_DEPTH, instead of building a message no receiver could parse.
+    """
     if obj is None:
         target.null_value = struct_pb2.NULL_VALUE
     elif isinstance(obj, bool):
@@ -65,7 +74,14 @@ def fill_value(target: struct_pb2.Value, obj: Any, depth: int = 1, what: str = "
 
 
 def struct_from_dict(obj: Mapping[str, Any] | None) -> struct_pb2.Struct:
-    """A Struct from a JSON object; raises JsonTooDeepError rather than building an undeliverable message."""
+    """A Struct from a JSON object.
+
+    Args:
+        obj: the object; None gives an empty Struct.
+
+    Raises:
+        JsonTooDeepError: rather than building an undeliverable message.
+    """
     struct = struct_pb2.Struct()
     for key, item in (obj or {}).items():
         fill_value(struct.fields[str(key)], item, 2)
@@ -73,7 +89,15 @@ def struct_from_dict(obj: Mapping[str, Any] | None) -> struct_pb2.Struct:
 
 
 def ensure_json(obj: Any, path: str = "$") -> None:
-    """Raise InvalidJsonValue (NonFiniteNumberError or JsonTooDeepError) naming the first offending place."""
+    """Check that a value can travel as a Struct.
+
+    Args:
+        obj: a JSON-shaped value.
+        path: the value's name in the error (its places are spelled below it, as `$.a[0].b`).
+
+    Raises:
+        InvalidJsonValue: NonFiniteNumberError or JsonTooDeepError, naming the first offending place.
+    """
     _check_depth(obj, path, 1)
     ensure_finite(obj, path)
 
@@ -117,7 +141,15 @@ def _check_depth(obj: Any, path: str, depth: int, limit: int = MAX_JSON_DEPTH) -
 
 
 def ensure_finite(obj: Any, path: str = "$") -> None:
-    """Raise NonFiniteNumberError naming the first NaN/Infinity found in a JSON-shaped value."""
+    """Check that a JSON-shaped value holds no NaN or Infinity.
+
+    Args:
+        obj: a JSON-shaped value.
+        path: the value's name in the error.
+
+    Raises:
+        NonFiniteNumberError: naming the first NaN/Infinity found.
+    """
     stack: list[tuple[Any, _Place]] = [(obj, path)]
     while stack:
         item, place = stack.pop()
@@ -133,7 +165,13 @@ MAX_JSON_TEXT_DEPTH = 64  # objects/arrays inside each other in a JSON text rlga
 
 def json_text(value: Any) -> str:
     """`value` as compact JSON text, exactly: integers stay integers, no NaN/Infinity, non-ASCII kept.
-    Raises InvalidJsonValue (naming the place) for what JSON cannot carry or nests past the depth bound."""
+
+    Args:
+        value: a JSON-shaped value.
+
+    Raises:
+        InvalidJsonValue: naming the place, for what JSON cannot carry or what nests past MAX_JSON_TEXT_DEPTH.
+    """
     _check_depth(value, "$", 1, MAX_JSON_TEXT_DEPTH)
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -150,8 +188,16 @@ def json_text(value: Any) -> str:
 
 
 def parse_json_text(text: str | bytes, what: str = "$") -> Any:
-    """Parse JSON text rlgate received (exact: integers stay ints). Raises InvalidJsonValue with `what`
-    for text that is not JSON, uses NaN/Infinity, or nests deeper than MAX_JSON_TEXT_DEPTH."""
+    """Parse JSON text rlgate received (exact: integers stay ints).
+
+    Args:
+        text: the JSON text.
+        what: the text's name in the error (a field name, say).
+
+    Raises:
+        InvalidJsonValue: for text that is not JSON, uses NaN/Infinity, nests deeper than MAX_JSON_TEXT_DEPTH
+            or escapes a lone surrogate.
+    """
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
@@ -164,7 +210,15 @@ def parse_json_text(text: str | bytes, what: str = "$") -> Any:
 
 
 def parse_json_object(text: str | bytes, what: str = "$") -> dict[str, Any]:
-    """`parse_json_text` for a JSON object; "" means {}."""
+    """`parse_json_text` for a JSON object; "" means {}.
+
+    Args:
+        text: the JSON text.
+        what: the text's name in the error.
+
+    Raises:
+        InvalidJsonValue: as `parse_json_text`, or for a value that is not an object.
+    """
     if not text:
         return {}
     value = parse_json_text(text, what)
@@ -175,7 +229,14 @@ def parse_json_object(text: str | bytes, what: str = "$") -> dict[str, Any]:
 
 def json_from_struct_value(value: struct_pb2.Value) -> Any:
     """A Struct value as JSON: whole numbers (within 2^53) become integers, since JSON does not tell 3 from
-    3.0 and Struct stores every number as a double. Non-finite numbers raise NonFiniteNumberError."""
+    3.0 and Struct stores every number as a double.
+
+    Args:
+        value: the Struct value.
+
+    Raises:
+        NonFiniteNumberError: for a NaN or infinite number.
+    """
     kind = value.WhichOneof("kind")
     if kind == "struct_value":
         return json_from_struct(value.struct_value)
@@ -194,14 +255,24 @@ def json_from_struct_value(value: struct_pb2.Value) -> Any:
 
 
 def json_from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    """A Struct as a JSON object (see `json_from_struct_value`)."""
+    """A Struct as a JSON object (see `json_from_struct_value`).
+
+    Args:
+        struct: the Struct.
+    """
     return {key: json_from_struct_value(v) for key, v in struct.fields.items()}
 
 
 def arguments_of(message: Any) -> dict[str, Any]:
-    """The arguments object of a message with the `args` oneof (CallToolRequest, ToolCallSummary):
-    `arguments_json` exactly, or `arguments` (a Struct) with whole numbers as integers; unset means {}.
-    Raises InvalidJsonValue for text that is not a JSON object."""
+    """The arguments object of a message with the `args` oneof: `arguments_json` exactly, or `arguments`
+    (a Struct) with whole numbers as integers; unset means {}.
+
+    Args:
+        message: a CallToolRequest or ToolCallSummary (any message with the `args` oneof).
+
+    Raises:
+        InvalidJsonValue: for `arguments_json` that is not a JSON object.
+    """
     form = message.WhichOneof("args")
     if form == "arguments_json":
         return parse_json_object(message.arguments_json, "arguments_json")

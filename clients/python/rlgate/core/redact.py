@@ -32,10 +32,18 @@ def _public(match: re.Match[str]) -> str:
 
 
 def public_url(url: str) -> str:
-    """`url` without userinfo, query and fragment (a removed query or fragment shown as `?…`)."""
+    """`url` without userinfo, query and fragment (a removed query or fragment shown as `?…`).
+
+    Args:
+        url: the URL, as configured or received.
+    """
     return _URL.sub(_public, url)
 
 
 def redact_urls(text: str) -> str:
-    """`text` with every URL in it shown by `public_url` (cheap when there is none)."""
+    """`text` with every URL in it shown by `public_url` (cheap when there is none).
+
+    Args:
+        text: free text, such as a log message or an upstream's error.
+    """
     return _URL.sub(_public, text) if "://" in text else text
