@@ -1,5 +1,7 @@
 """localfleet for tests: `LocalfleetProcess` (a real `python -m rlgate.localfleet` on a free loopback port)
-and the `localfleet` (function scope) / `localfleet_module` (module scope) fixtures.
+and its fixtures: `localfleet` (a fresh one per test), `localfleet_module` (one per module, serving the
+environments named by the overridable `localfleet_environments`) and `lf` (the module's one, faults off around
+each test: what most tests take).
 
     def test_x(localfleet):
         fleet = Fleet(api_key="test", base_url=localfleet.base_url)
@@ -195,10 +197,26 @@ def localfleet() -> Iterator[LocalfleetProcess]:
 
 
 @pytest.fixture(scope="module")
-def localfleet_module() -> Iterator[LocalfleetProcess]:
-    """One localfleet shared by a module's tests (reset faults/counters yourself if you change them)."""
-    with LocalfleetProcess() as lf:
+def localfleet_environments() -> str:
+    """The environments `localfleet_module` serves: "" for the bundled ones. A directory's conftest overrides
+    this fixture to serve its own (e.g. tests/toolgateway: its gateway test environments)."""
+    return ""
+
+
+@pytest.fixture(scope="module")
+def localfleet_module(localfleet_environments: str) -> Iterator[LocalfleetProcess]:
+    """One localfleet shared by a module's tests (reset faults/counters yourself if you change them, or take
+    `lf`, which does)."""
+    with LocalfleetProcess(environments=localfleet_environments) as lf:
         yield lf
+
+
+@pytest.fixture
+def lf(localfleet_module: LocalfleetProcess) -> Iterator[LocalfleetProcess]:
+    """The module's shared localfleet with every fault off at the start and at the end of the test."""
+    localfleet_module.set_faults({})
+    yield localfleet_module
+    localfleet_module.set_faults({})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +16,6 @@ import pytest
 
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
-from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import toolgateway_pb2_grpc
@@ -34,29 +32,14 @@ def new_localfleet() -> LocalfleetProcess:
 
 
 @pytest.fixture(scope="module")
-def lf() -> Iterator[LocalfleetProcess]:
-    with new_localfleet() as fleet:
-        yield fleet
-
-
-@pytest.fixture
-def fleet(lf: LocalfleetProcess) -> Iterator[LocalfleetProcess]:
-    """The module's localfleet with faults off at the start and end of the test."""
-    lf.set_faults({})
-    yield lf
-    lf.set_faults({})
+def localfleet_environments() -> str:
+    """The shared localfleet (`localfleet_module`, `lf`) serves the gateway test environments."""
+    return ENVIRONMENTS
 
 
 @pytest.fixture(params=ERAS)
 def era(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = await SqliteStore.open(str(tmp_path / "store.db"))
-    yield s
-    await s.close()
 
 
 def gateway_config(**overrides: Any) -> GatewayConfig:
@@ -78,9 +61,9 @@ async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
     await handle.stop(grace=0)
 
 
-def create_instance(fleet: LocalfleetProcess, env_key: str) -> dict[str, Any]:
+def create_instance(lf: LocalfleetProcess, env_key: str) -> dict[str, Any]:
     r = httpx.post(
-        f"{fleet.base_url}/v1/env/instances",
+        f"{lf.base_url}/v1/env/instances",
         json={"env_key": env_key},
         headers={"Authorization": "Bearer test"},
         timeout=30,
@@ -102,14 +85,14 @@ class AgentSession:
 
 async def make_session(
     store: SessionStore,
-    fleet: LocalfleetProcess,
+    lf: LocalfleetProcess,
     env_key: str = "gw",
     *,
     instance: dict[str, Any] | None = None,
     **fields: Any,
 ) -> AgentSession:
     """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it."""
-    inst = instance or create_instance(fleet, env_key)
+    inst = instance or create_instance(lf, env_key)
     session_id = uuid.uuid4().hex
     token = mint_agent_token(session_id)
     urls = inst["urls"]["mcp"]
