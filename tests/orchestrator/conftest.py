@@ -38,6 +38,14 @@ def bundled_tasks() -> list[dict[str, Any]]:
     return out
 
 
+def bundled_task(key: str) -> dict[str, Any]:
+    """The bundled task `key`; a test over it fails, naming it, when it is no longer bundled (renamed or
+    removed), rather than running fewer tasks."""
+    tasks = {t["key"]: t for t in bundled_tasks()}
+    assert key in tasks, f"task {key!r} is not among the {len(tasks)} bundled tasks in {TASK_DIR}: renamed?"
+    return tasks[key]
+
+
 def fast_config(localfleet: LocalfleetProcess, **overrides: Any) -> OrchestratorConfig:
     """Short timeouts and intervals so lifecycle behaviour shows within seconds."""
     base = OrchestratorConfig(

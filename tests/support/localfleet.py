@@ -24,7 +24,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from rlgate.localfleet.environments.base import current_instance, instance_db
 from tests.support.ports import free_port
+from tests.support.wait import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,19 +103,22 @@ class LocalfleetProcess:
         return self
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"localfleet exited with {self.proc.returncode}:\n{self.log()}")
+        proc = self.proc
+        assert proc is not None
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"localfleet exited with {proc.returncode}:\n{self.log()}")
             try:
-                if self._http.get("/health", timeout=1.0).status_code == 200:
-                    return
+                return self._http.get("/health", timeout=1.0).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"localfleet not healthy after {self.startup_timeout}s:\n{self.log()}")
+                return False
+
+        try:
+            wait_until_sync(healthy, self.startup_timeout, "localfleet healthy", explain=self.log)
+        except AssertionError:
+            self.kill()
+            raise
 
     def log(self) -> str:
         try:

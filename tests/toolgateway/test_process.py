@@ -117,7 +117,7 @@ async def test_sigkilled_gateway_answers_retry_with_outcome_unknown(
         assert (await call(stub, s, "add", {"n": 1})).result.content[0].text.text == "2 (int)"
         before = lf.counters()["by_env"][era]["tool_calls"]
         in_flight = asyncio.create_task(call(stub, s, "hang", request_id="crash-1", timeout=30))
-        await wait_until(lambda: lf.counters()["by_env"][era]["tool_calls"] == before + 1, 5, "the call upstream")
+        await wait_until(lambda: lf.counters()["by_env"][era]["tool_calls"] == before + 1, 30, "the call upstream")
         gateway_proc.kill()
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await in_flight
