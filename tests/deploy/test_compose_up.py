@@ -161,7 +161,7 @@ class Project:
                 timeout=60,
             ).stdout
             states.clear()
-            states.update(line.split(" ", 1) for line in out.splitlines())
+            states.update(dict(line.split(" ", 1) for line in out.splitlines()))
             assert not any(s.startswith(("exited", "dead")) for s in states.values()), self.failure(states)
             return all(s == "running healthy" for s in states.values())
 

@@ -145,8 +145,12 @@ async def test_client_timeout_cancels_the_tool(lf: LocalfleetProcess, env_key: s
             started = time.monotonic()
             with pytest.raises(Exception, match=r"(?i)time"):  # the SDK's timeout error (MCPError)
                 await client.call_tool("count_notes", {}, read_timeout_seconds=0.5)
-            assert time.monotonic() - started < 5
-            await wait_until(lambda n=n: lf.counters()["cancellations"] == n, 30, f"cancellation {n} in localfleet")
+            assert time.monotonic() - started < 10  # its 0.5 s, not the hang (room for a loaded machine)
+
+            def cancelled(n: int = n) -> bool:
+                return bool(lf.counters()["cancellations"] == n)
+
+            await wait_until(cancelled, 30, f"cancellation {n} in localfleet")
             assert not (await client.call_tool("whoami", {})).is_error  # the client still works
     assert lf.counters()["by_env"][env_key]["cancellations"] == 2
 

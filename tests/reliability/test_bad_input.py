@@ -86,6 +86,9 @@ def fx(tmp_path_factory: pytest.TempPathFactory, audit: Audit, figures: Figures)
     try:
         orch = orchestrator_stub(stack.orchestrator_address)
         md = stack.metadata()
+        served = orch.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=1000), timeout=CALL_TIMEOUT, metadata=md)
+        missing = KNOWN_TASKS - {t.key for t in served.tasks}
+        assert not missing, f"the oracles' known tasks {sorted(missing)} are not served (renamed?)"
 
         def reset(**kw: Any) -> orchestrator_pb2.ResetResponse:
             r: orchestrator_pb2.ResetResponse = orch.Reset(
