@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.support.redis",
     "tests.support.localfleet",
     "tests.support.stack",
+    "tests.support.store",
 ]

@@ -3,7 +3,7 @@
 uvloop is the loop uvicorn and most production asyncio servers use. It implements the same asyncio
 interface, so grpc.aio, aiohttp, anyio and the mcp SDK run on it unchanged; its loop iteration, timers and
 the wakeup that hands a store thread's result back cost less CPU, which every RPC pays several times
-(docs/benchmarks.md, "Event loop"). The client library leaves the loop to the trainer.
+(docs/benchmarks-log.md, "Event loop"). The client library leaves the loop to the trainer.
 """
 
 from __future__ import annotations

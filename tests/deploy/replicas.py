@@ -27,7 +27,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from rlgate.runtime.config import env_vars
 from rlgate.v1 import orchestrator_pb2
 from tests.deploy.cli_contract import config_class
 from tests.support.ports import free_port
+from tests.support.wait import wait_until, wait_until_sync
 
 
 def checked_env(command: str, settings: dict[str, Any]) -> dict[str, str]:
@@ -95,15 +96,13 @@ class Service:
         return check_grpc(self.address, timeout=2.0)[0] == EXIT_SERVING
 
     def wait_ready(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
                 raise RuntimeError(f"{self.name} exited ({code}):\n{self.tail()}")
-            if self.ready():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.tail()}")
+            return self.ready()
+
+        wait_until_sync(up, timeout, f"{self.name} ready", interval=0.2, explain=self.tail)
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing cleaned up."""
@@ -283,13 +282,14 @@ class CountingProxy:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[CountingProxy]:
         task = asyncio.create_task(self._server.serve())
+
+        def started() -> bool:
+            if task.done():
+                task.result()  # raises why it stopped
+            return bool(self._server.started)
+
         try:
-            deadline = time.monotonic() + 30
-            while not self._server.started:
-                if task.done():
-                    task.result()
-                assert time.monotonic() < deadline, "the counting proxy did not start within 30s"
-                await asyncio.sleep(0.05)
+            await wait_until(started, 30, "the counting proxy started")
             yield self
         finally:
             self._server.should_exit = True
@@ -375,18 +375,6 @@ async def _episode(
         outcome.reward = final.reward
         outcome.verification = final.verification_status
     return outcome
-
-
-async def wait_until(predicate: Callable[[], Any], within: float, what: str) -> Any:
-    """Poll a blocking predicate (in a thread) until it returns something truthy."""
-    deadline = time.monotonic() + within
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(predicate)
-        if last:
-            return last
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"timed out after {within}s waiting for {what} (last: {last!r})")
 
 
 def reason_of(err: BaseException) -> str:

@@ -38,6 +38,7 @@ import pytest
 
 from tests.deploy.cli_contract import REPO
 from tests.support.ports import IN_CI, free_port, require_binary
+from tests.support.wait import wait_until_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -149,21 +150,24 @@ class Project:
         return self.compose("ps", "-q", *services, timeout=120).stdout.split()
 
     def wait_healthy(self, services: list[str]) -> None:
-        deadline = time.monotonic() + HEALTH_TIMEOUT_S
         states: dict[str, str] = {}
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             ids = self.container_ids(*services)
-            if len(ids) == len(services):
-                out = run(
-                    ["docker", "inspect", "-f", "{{.Name}} {{.State.Status}} {{.State.Health.Status}}", *ids],
-                    timeout=60,
-                ).stdout
-                states = dict(line.split(" ", 1) for line in out.splitlines())
-                if all(s == "running healthy" for s in states.values()):
-                    return
-                assert not any(s.startswith(("exited", "dead")) for s in states.values()), self.failure(states)
-            time.sleep(2)
-        raise AssertionError(f"not healthy after {HEALTH_TIMEOUT_S}s: " + self.failure(states))
+            if len(ids) != len(services):
+                return False
+            out = run(
+                ["docker", "inspect", "-f", "{{.Name}} {{.State.Status}} {{.State.Health.Status}}", *ids],
+                timeout=60,
+            ).stdout
+            states.clear()
+            states.update(dict(line.split(" ", 1) for line in out.splitlines()))
+            assert not any(s.startswith(("exited", "dead")) for s in states.values()), self.failure(states)
+            return all(s == "running healthy" for s in states.values())
+
+        wait_until_sync(
+            healthy, HEALTH_TIMEOUT_S, f"{services} healthy", interval=2, explain=lambda: self.failure(states)
+        )
 
     def failure(self, states: dict[str, str]) -> str:
         logs = self.compose("logs", "--no-color", "--tail", "40", timeout=120, check=False)

@@ -34,10 +34,10 @@ from tests.deploy.replicas import (
     reason_of,
     run_episode,
     solutions,
-    wait_until,
 )
 from tests.support.ports import IN_CI
 from tests.support.redis import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -133,7 +133,12 @@ async def test_a_session_moves_freely_between_replicas(make_replicas: Callable[.
                 with pytest.raises(FailedPrecondition) as refused:
                     await first.list_tools(reset.agent_token, gateway=gateway)
                 assert reason_of(refused.value) == "SESSION_CLOSED", refused.value
-            await wait_until(lambda: not replicas.instances(RUN_ID), 30, "the instance to be deleted")
+            await wait_until(
+                lambda: asyncio.to_thread(lambda: not replicas.instances(RUN_ID)),
+                30,
+                "the instance deleted",
+                interval=0.5,
+            )
         finally:
             await first.close()
             await second.close()
@@ -219,7 +224,12 @@ async def test_forty_episodes_survive_killing_one_replica_of_each(make_replicas:
                 await survivor.close()
 
             # No instance left, including any a killed Reset was creating (the survivor reconciles).
-            await wait_until(lambda: not replicas.instances(RUN_ID), SETTLE_S, "no instance left")
+            await wait_until(
+                lambda: asyncio.to_thread(lambda: not replicas.instances(RUN_ID)),
+                SETTLE_S,
+                "no instance left",
+                interval=0.5,
+            )
         except BaseException:
             print(replicas.logs())
             raise
@@ -272,12 +282,17 @@ async def test_concurrent_reconciliation_deletes_each_orphan_exactly_once(
                 def only_the_stranger_left() -> bool:
                     return [i["instance_id"] for i in probe.instances(RUN_ID)] == [stranger]
 
-                await wait_until(only_the_stranger_left, SETTLE_S, "every orphan deleted")
+                await wait_until(
+                    lambda: asyncio.to_thread(only_the_stranger_left), SETTLE_S, "every orphan deleted", interval=0.5
+                )
                 # Three more rounds, on either replica, that found the orphans gone (only a pass lists the run's
                 # instances, once when it finds no orphan): none may delete one again.
                 listed = proxy.requests[("GET", "/v1/env/instances")]
                 await wait_until(
-                    lambda: proxy.requests[("GET", "/v1/env/instances")] >= listed + 3, SETTLE_S, "three more rounds"
+                    lambda: proxy.requests[("GET", "/v1/env/instances")] >= listed + 3,
+                    SETTLE_S,
+                    "three more rounds",
+                    interval=0.5,
                 )
                 deletes = {i: proxy.requests[("DELETE", f"/v1/env/instances/{i}")] for i in orphans}
                 assert deletes == dict.fromkeys(orphans, 1), f"DELETE requests per orphan: {deletes}"

@@ -175,7 +175,7 @@ def test_an_unreachable_endpoint_fails_reset_at_once(
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as err:
         orchestrator.Reset(orchestrator_pb2.ResetRequest(env_key="down"), timeout=30)
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 8.0  # at once: not the 20 s discovery timeout nor the call's 30 s
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert closed_url in (err.value.details() or "")
 

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.support.localfleet import tiny_environments
 from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 # No verifier code: localfleet would run it in a subprocess forked from this process, and a fork beside
 # grpc's threads can crash the child. The verifier's span is there all the same (it skips).
@@ -93,14 +93,6 @@ class Stack:
     gateway: GatewayHandle
 
 
-async def _until(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not within {WAIT_S}s")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def stack(tmp_path: Path, exporter: InMemorySpanExporter) -> AsyncIterator[Stack]:
     port = free_port()
@@ -116,7 +108,7 @@ async def stack(tmp_path: Path, exporter: InMemorySpanExporter) -> AsyncIterator
     serving = asyncio.create_task(server.serve())
     store = await SqliteStore.open(str(tmp_path / "store.db"))
     try:
-        await _until(lambda: server.started, "localfleet started")
+        await wait_until(lambda: server.started, WAIT_S, "localfleet started")
         gateway = await start_gateway(GatewayConfig(listen="127.0.0.1:0"), store)
         try:
             config = OrchestratorConfig(
@@ -200,7 +192,7 @@ async def test_one_trace_spans_client_orchestrator_gateway_and_upstreams(
         return [s for s in exporter.get_finished_spans() if s.name == name]
 
     # Close's instance delete may finish just after Close answers.
-    await _until(lambda: bool(named("episode")) and bool(named("rlgate.release")), "the episode's last spans")
+    await wait_until(lambda: named("episode") and named("rlgate.release"), WAIT_S, "the episode's last spans")
     spans = exporter.get_finished_spans()
     by_id = {s.context.span_id: s for s in spans}
     (episode,) = named("episode")
@@ -264,7 +256,9 @@ async def test_tracing_off_still_passes_the_callers_trace_on(
     (`_meta` and headers), Fleet, and the log lines."""
     monkeypatch.setattr(tracing, "recording", lambda: False)  # as if no SDK were installed in the services
     trace_hex = await _episode(stack)
-    await _until(lambda: any(s.name == "episode" for s in exporter.get_finished_spans()), "the episode span")
+    await wait_until(
+        lambda: any(s.name == "episode" for s in exporter.get_finished_spans()), WAIT_S, "the episode span"
+    )
     spans = exporter.get_finished_spans()
     assert not [s for s in spans if s.name.startswith("rlgate.")]  # no service span
     upstream = [s for s in spans if s.name == "tools/call star_note"]  # the upstream's own SERVER spans

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,6 +12,7 @@ from fleet._async.exceptions import FleetInstanceLimitError as AsyncFleetInstanc
 from fleet.exceptions import FleetAPIError, FleetConflictError, FleetInstanceLimitError
 
 from tests.support.localfleet import LocalfleetProcess, write_tiny_tasks
+from tests.support.wait import wait_until_sync
 
 AUTH = {"Authorization": "Bearer sdk-key"}
 
@@ -116,13 +116,14 @@ def test_heartbeat_and_expiry(lf: LocalfleetProcess, fleet: Fleet) -> None:
     beating = fleet.make("notes", heartbeat_interval=1)
     silent = fleet.make("notes", heartbeat_interval=1)
     short = fleet.make("notes", ttl_seconds=1)
-    deadline = time.monotonic() + 30.0
-    # Beat (every 0.3 s, well within the 1 s interval) until both others have expired, however long that takes.
-    while {fleet.instance(i.instance_id).status for i in (silent, short)} != {"stopped"}:
-        assert time.monotonic() < deadline, "the silent and short-lived instances never expired"
+
+    def others_expired() -> bool:
         hb = beating.heartbeat()
         assert hb.success and hb.interval_seconds == 1 and hb.deadline_timestamp
-        time.sleep(0.3)
+        return {fleet.instance(i.instance_id).status for i in (silent, short)} == {"stopped"}
+
+    # Beat (every 0.3 s, well within the 1 s interval) until both others have expired, however long that takes.
+    wait_until_sync(others_expired, 30, "the silent and short-lived instances expired", interval=0.3)
     assert fleet.instance(beating.instance_id).status == "running"
     assert lf.counters()["instances_expired"] >= 2
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,6 @@ from rlgate.core.convert import json_text
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.server import OrchestratorHandle, start_orchestrator
 from rlgate.store import SessionStore
-from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import common_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
@@ -37,6 +36,14 @@ def bundled_tasks() -> list[dict[str, Any]]:
         data = json.loads(path.read_text())
         out.extend(data["tasks"] if isinstance(data, dict) else data)
     return out
+
+
+def bundled_task(key: str) -> dict[str, Any]:
+    """The bundled task `key`; a test over it fails, naming it, when it is no longer bundled (renamed or
+    removed), rather than running fewer tasks."""
+    tasks = {t["key"]: t for t in bundled_tasks()}
+    assert key in tasks, f"task {key!r} is not among the {len(tasks)} bundled tasks in {TASK_DIR}: renamed?"
+    return tasks[key]
 
 
 def fast_config(localfleet: LocalfleetProcess, **overrides: Any) -> OrchestratorConfig:
@@ -64,28 +71,6 @@ def fast_config(localfleet: LocalfleetProcess, **overrides: Any) -> Orchestrator
         tools_timeout_s=15.0,
     )
     return replace(base, **overrides)
-
-
-@pytest.fixture(scope="module")
-def fleet_lf() -> Iterator[LocalfleetProcess]:
-    """One localfleet per module (faults reset by `lf`)."""
-    with LocalfleetProcess() as lf:
-        yield lf
-
-
-@pytest.fixture
-def lf(fleet_lf: LocalfleetProcess) -> LocalfleetProcess:
-    fleet_lf.set_faults({})
-    return fleet_lf
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = await SqliteStore.open(str(tmp_path / "store.db"))
-    try:
-        yield s
-    finally:
-        await s.close()
 
 
 @dataclass

@@ -150,8 +150,8 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
                 listed = await asyncio.to_thread(instances_of, lf, run_id)
                 return sum(1 for i in listed if i["status"] == "pending") == 10
 
-            # Killed while every create waits inside localfleet (within the delay: after it they land).
-            await wait_until(all_creating, CREATE_DELAY_S, "all 10 creates pending in localfleet")
+            # Killed while every create waits inside localfleet (seen pending: for CREATE_DELAY_S, then they land).
+            await wait_until(all_creating, 60, "all 10 creates pending in localfleet")
             orch.signal(signal.SIGKILL)
             orch.wait(10)
             results = await asyncio.gather(*in_flight, return_exceptions=True)
@@ -163,12 +163,19 @@ async def test_sigkill_mid_create_then_restart_then_sigterm(crash_lf: Localfleet
         # Within the reconcile interval (after the dead owner's TTL and the slow creates landing), every
         # instance of the run belongs to a live session.
         bound = CREATE_DELAY_S + OWNER_TTL_S + 2 * RECONCILE_S + 10
-        while True:
-            orphans = await _orphans(lf, store, run_id)
-            if not orphans or time.monotonic() - killed_at > bound:
-                break
-            await asyncio.sleep(0.5)
-        assert orphans == [], f"orphans left after {bound}s:\n{orch.log()}"
+        orphans: list[str] = []
+
+        async def no_orphan() -> bool:
+            orphans[:] = await _orphans(lf, store, run_id)
+            return not orphans
+
+        await wait_until(
+            no_orphan,
+            bound,
+            "every instance of the run owned by a live session",
+            interval=0.5,
+            explain=lambda: f"orphans: {orphans}\n{orch.log()}",
+        )
         recovered_s = time.monotonic() - killed_at
         counters = lf.counters()
         print(

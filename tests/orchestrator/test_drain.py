@@ -23,6 +23,7 @@ from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.statuses import detail
+from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
 ANSWER = "3"
@@ -46,14 +47,16 @@ def hold_scoring(orch: Running) -> tuple[asyncio.Event, asyncio.Event]:
 
 async def refused(orch: Running) -> grpc.aio.AioRpcError:
     """The first answer of `orch` that is a refusal (polled: shutdown begins in another task)."""
-    deadline = time.monotonic() + BOUND_S
-    while time.monotonic() < deadline:
+
+    async def refusal() -> grpc.aio.AioRpcError | None:
         try:
             await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(page_size=1), timeout=5)
         except grpc.aio.AioRpcError as err:
             return err
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"still answering {BOUND_S}s after shutdown began")
+        return None
+
+    err: grpc.aio.AioRpcError = await wait_until(refusal, BOUND_S, "a refusal once shutdown began", interval=0.02)
+    return err
 
 
 def ending(session_id: str, request_id: str) -> orchestrator_pb2.StepRequest:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,9 @@ import pytest
 from rlgate import AsyncClient, RetryPolicy
 from rlgate.store import SessionStatus, open_store
 from rlgate.v1 import common_pb2
-from tests.deploy.replicas import Outcome, Replicas, run_episode, solutions, wait_until
+from tests.deploy.replicas import Outcome, Replicas, run_episode, solutions
 from tests.support.redis import RedisServer
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -125,7 +125,12 @@ async def test_sigterm_mid_rollout_loses_no_episode(tmp_path: Path, redis_server
                     assert state.session.reward == 1.0
             finally:
                 await check.close()
-            await wait_until(lambda: not replicas.instances(RUN_ID), 60, "no instance left")
+            await wait_until(
+                lambda: asyncio.to_thread(lambda: not replicas.instances(RUN_ID)),
+                60,
+                "no instance left",
+                interval=0.5,
+            )
         finally:
             await client.close()
     except BaseException:
@@ -173,11 +178,14 @@ async def test_an_ending_cut_by_sigterm_is_answered_by_the_other_replica(
             # The client's first call goes to its first address (the replica about to drain); its retry
             # goes round to the other.
             step = asyncio.create_task(client.step(reset.session_id, final_answer="done", timeout=120))
-            deadline = time.monotonic() + 30
-            while (session := await store.get_session(reset.session_id)) is None or session.status != "done":
-                assert time.monotonic() < deadline and not step.done(), "the ending turn was never written"
-                await asyncio.sleep(0.05)
-            assert session.status == SessionStatus.DONE  # written: now it is being scored on the drained replica
+
+            async def ending_written() -> bool:
+                assert not step.done(), f"the Step ended before its ending turn was written: {step}"
+                session = await store.get_session(reset.session_id)
+                return session is not None and session.status == SessionStatus.DONE
+
+            await wait_until(ending_written, 30, "the ending turn written")
+            # Written: now it is being scored on the drained replica.
             code, took = await asyncio.to_thread(drained.terminate, CUT_DRAIN_S + 60)
             assert code == 0 and took <= CUT_DRAIN_S + EXIT_BOUND_S, (code, took, drained.tail())
             answer = await asyncio.wait_for(step, 120)

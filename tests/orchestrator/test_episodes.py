@@ -23,6 +23,7 @@ from rlgate.toolgateway.server import GatewayHandle
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.orchestrator.conftest import (
     Running,
+    bundled_task,
     bundled_tasks,
     call_tool,
     fast_config,
@@ -33,26 +34,33 @@ from tests.orchestrator.conftest import (
 from tests.support.localfleet import LocalfleetProcess
 from tests.support.statuses import detail, rich_status
 
-# One task per environment whose reference solution needs nothing from earlier results.
-PREFERRED = ["mailbox-count-unread-from-kenji", "tracker-assign-self", "booking-cancel-tokyo-hotel"]
+# One task per bundled environment whose reference solution needs nothing from earlier results.
+REFERENCE_TASKS = {
+    "mailbox": "mailbox-count-unread-from-kenji",
+    "tracker": "tracker-assign-self",
+    "booking": "booking-cancel-tokyo-hotel",
+}
 
 
-def _reference_tasks() -> list[dict[str, Any]]:
-    tasks = {t["key"]: t for t in bundled_tasks()}
-    chosen: dict[str, dict[str, Any]] = {}
-    for key in PREFERRED:
-        if key in tasks:
-            chosen.setdefault(tasks[key]["env_id"], tasks[key])
-    return list(chosen.values())
+def test_reference_tasks_cover_every_bundled_environment() -> None:
+    """A task renamed or removed, or a new environment, fails here (and its episode test) instead of the
+    episode tests silently running fewer tasks."""
+    envs = {t["env_id"] for t in bundled_tasks()}
+    assert set(REFERENCE_TASKS) == envs, (
+        f"bundled environments {sorted(envs)}; REFERENCE_TASKS names {sorted(REFERENCE_TASKS)}"
+    )
+    for env_id, key in REFERENCE_TASKS.items():
+        assert bundled_task(key)["env_id"] == env_id, key
 
 
-@pytest.mark.parametrize("task", _reference_tasks(), ids=lambda t: t["env_id"])
+@pytest.mark.parametrize("env_id", sorted(REFERENCE_TASKS))
 async def test_full_episode_with_reference_solution_scores_1(
-    task: dict[str, Any],
+    env_id: str,
     lf: LocalfleetProcess,
     gateway: GatewayHandle,
     orchestrator_factory: Callable[..., Any],
 ) -> None:
+    task = bundled_task(REFERENCE_TASKS[env_id])
     orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=task["key"], request_id="ep-1"), timeout=60)
     assert reset.episode == 1 and reset.agent_token and reset.gateway_address == gateway.address
@@ -123,8 +131,7 @@ async def test_wrong_answer_is_verified_zero(orch: Running) -> None:
 
 
 def _broken_tasks(path: Path) -> str:
-    tasks = [t for t in bundled_tasks() if t["key"] == "mailbox-count-unread-from-kenji"]
-    base = dict(tasks[0])
+    base = dict(bundled_task("mailbox-count-unread-from-kenji"))
     raising = dict(
         base,
         key="broken-raises",
@@ -507,7 +514,7 @@ async def test_retries_taken_over_from_a_dead_owner_converge(orch: Running, stor
 
 async def test_reference_solutions_only_on_request(orch: Running) -> None:
     key = "mailbox-count-unread-from-kenji"
-    expected = next(t for t in bundled_tasks() if t["key"] == key)["metadata"]["reference_solution"]
+    expected = bundled_task(key)["metadata"]["reference_solution"]
     plain = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(env_key="mailbox"), timeout=10)
     asked = await orch.stub.ListTasks(
         orchestrator_pb2.ListTasksRequest(env_key="mailbox", include_reference_solution=True), timeout=10

@@ -8,7 +8,6 @@ server whose tool list a test may change. The third-party server end to end: tes
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
@@ -43,6 +42,7 @@ from rlgate.v1 import (
 )
 from tests.support.ports import free_port
 from tests.support.statuses import detail
+from tests.support.wait import wait_until
 from tests.toolgateway.upstreams import serve_mcp
 
 TOOLS = ("add", "mul", "secret_token", "computer")
@@ -260,13 +260,12 @@ async def test_reset_tool_list_follows_the_endpoint(planes: Callable[..., Any], 
     assert [t.name for t in first.tools] == ["add", "mul", "secret_token"]
     upstream.names.append("div")
     upstream.names.remove("add")
-    deadline = time.monotonic() + 10
-    while True:  # the cached list is discovered again once it is older than tools_refresh_s
-        names = [t.name for t in (await p.reset(env_key="calc")).tools]
-        if names == ["mul", "secret_token", "div"] or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)
-    assert names == ["mul", "secret_token", "div"]
+
+    async def relisted() -> bool:
+        return [t.name for t in (await p.reset(env_key="calc")).tools] == ["mul", "secret_token", "div"]
+
+    # The cached list is discovered again once it is older than tools_refresh_s.
+    await wait_until(relisted, 30, "Reset listing the endpoint's new tools")
 
 
 async def test_a_key_in_an_endpoint_url_reaches_no_tool_spec(planes: Callable[..., Any], upstream: Upstream) -> None:
@@ -302,7 +301,7 @@ async def test_a_wrong_endpoint_fails_reset_at_once_naming_it(planes: Callable[.
         assert url in (err.value.details() or ""), err.value.details()
         info = error_info(err.value)
         assert (info.reason, info.metadata["endpoint"]) == (reason, url)
-        assert elapsed < 2.0, (env, elapsed)
+        assert elapsed < 5.0, (env, elapsed)  # at once: not the 10 s discovery timeout
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await p.reset(env_key="elsewhere")
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
@@ -344,7 +343,7 @@ async def test_transient_failures_are_retried_briefly_then_unavailable(
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert url in (err.value.details() or "") and "3 attempt" in (err.value.details() or "")
     assert error_info(err.value).reason == "TOOLS_UNAVAILABLE"
-    assert time.monotonic() - started < 5.0
+    assert time.monotonic() - started < 8.0  # briefly: well inside the 10 s discovery timeout
     assert len(asked) >= 3  # one handshake request per attempt at least
 
 

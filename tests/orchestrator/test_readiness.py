@@ -4,7 +4,6 @@ RPCs with UNAVAILABLE (TASKS_NOT_LOADED) until the task catalog loads in the bac
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +17,7 @@ from rlgate.orchestrator.server import SERVICE_NAME
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
 
@@ -60,10 +60,11 @@ async def test_not_serving_until_tasks_load(orchestrator_factory: Callable[..., 
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
         await asyncio.to_thread(lf.start)
-        deadline = time.monotonic() + 90
-        while await serving() != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, "not SERVING within 90 s of the provider starting"
-            await asyncio.sleep(0.2)
+
+        async def ready() -> bool:
+            return await serving() == health_pb2.HealthCheckResponse.SERVING
+
+        await wait_until(ready, 90, "SERVING once the provider started", interval=0.2)
         assert await serving(SERVICE_NAME) == health_pb2.HealthCheckResponse.SERVING
         listed = await orch.stub.ListTasks(orchestrator_pb2.ListTasksRequest(), timeout=10)
         assert listed.total > 0

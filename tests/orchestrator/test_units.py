@@ -327,7 +327,7 @@ async def test_verifier_timeout_is_rlgates_own() -> None:
     start = loop.time()
     outcome, _ = await _verify(["hang"], limit_s=0.5)
     assert outcome.status == "timeout" and outcome.score is None
-    assert loop.time() - start < 2.0
+    assert loop.time() - start < 0.5 + 9.5  # its 0.5 s, not the hang's forever; room for a loaded machine
 
 
 async def test_verifier_skips_tasks_without_scoring() -> None:
@@ -388,7 +388,7 @@ async def test_provisioner_retries_until_the_deadline_then_maps(
         start = loop.time()
         with pytest.raises(RlgateError) as err:
             await provisioner.create("mailbox:v1", Deadline(1.5))
-        assert 1.4 <= loop.time() - start < 2.5  # used the whole deadline, not more
+        assert 1.4 <= loop.time() - start < 1.5 + 3.0  # used the whole deadline, not more (room for load)
         assert provider.creates >= 2  # retried with backoff
         assert err.value.code == code and err.value.reason == reason
         intents = await store.list_intents("unit")

@@ -374,7 +374,7 @@ async def test_localfleet_down_while_provisioning(
             notes=f"caller deadline {DOWN_DEADLINE_S:g}s",
         )
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
-        assert latency < DOWN_DEADLINE_S + 2.0
+        assert latency < DOWN_DEADLINE_S + 5.0  # the caller's deadline (room for a loaded machine)
     else:
         stack.admin.set_faults({"environments": {ERAS[era]: {"create_delay_s": 3.0}}})
         once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
@@ -382,7 +382,7 @@ async def test_localfleet_down_while_provisioning(
             pending = asyncio.ensure_future(
                 timed(once.reset(task_key=TASKS[era], request_id=request_id, timeout=DOWN_DEADLINE_S))
             )
-            await wait_until(lambda: asyncio.to_thread(creating, stack, era), 3.0, "the create waiting in localfleet")
+            await wait_until(lambda: asyncio.to_thread(creating, stack, era), 30, "the create waiting in localfleet")
             stack.kill("localfleet")
             status, latency, err = await pending
         finally:
@@ -395,7 +395,7 @@ async def test_localfleet_down_while_provisioning(
             notes=f"caller deadline {DOWN_DEADLINE_S:g}s",
         )
         assert status in ("UNAVAILABLE", "DEADLINE_EXCEEDED"), err
-        assert latency < DOWN_DEADLINE_S + 2.0
+        assert latency < DOWN_DEADLINE_S + 5.0  # the caller's deadline (room for a loaded machine)
     started = time.perf_counter()
     restart = asyncio.ensure_future(asyncio.to_thread(stack.start_service, "localfleet"))
     await run.start(request_id=request_id, deadline_s=120.0)  # the client retries until localfleet is back
@@ -454,7 +454,7 @@ async def test_orchestrator_sigkill_mid_episode(
     once = AsyncClient(stack.orchestrator_address, api_key=API_KEY, retry=ONCE)
     try:
         pending = asyncio.ensure_future(timed(once.reset(task_key=TASKS[era], request_id=inflight_id, timeout=30.0)))
-        await wait_until(lambda: asyncio.to_thread(creating, stack, era), 3.0, "the create waiting in localfleet")
+        await wait_until(lambda: asyncio.to_thread(creating, stack, era), 30, "the create waiting in localfleet")
         stack.kill("orchestrator")
         status, latency, _ = await pending
     finally:

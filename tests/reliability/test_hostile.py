@@ -51,6 +51,7 @@ from tests.support.hostile_mcp import (
     HostileMcp,
     Sizes,
 )
+from tests.support.wait import wait_until_sync
 
 SC = grpc.StatusCode
 ERA_NAMES = ("modern", "legacy")
@@ -120,18 +121,17 @@ def hostile_server(log: Path, args: list[str]) -> Iterator[Hostile]:
             [sys.executable, "-m", "tests.support.hostile_mcp", "--port", str(port), *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO), start_new_session=True,
         )  # fmt: skip
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"hostile MCP server exited: {log.read_text()[-2000:]}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"hostile MCP server exited: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
+        wait_until_sync(healthy, 60, "the hostile MCP server healthy", interval=0.1)
         yield Hostile(port, uuid.uuid4().hex[:8], proc)
     finally:
         proc.terminate()

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from tests.reliability.harness import (
     start_stack,
 )
 from tests.support.hostile_mcp import FORGED_PREFIX
+from tests.support.wait import wait_until_sync
 
 SC = grpc.StatusCode
 T = 30.0
@@ -385,19 +385,20 @@ class TlsServices:
         return self
 
     def _wait(self, name: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def serving() -> bool:
             if self.procs[name].poll() is not None:
                 raise RuntimeError(f"TLS {name} exited: {self.logs[name].read_text()[-2000:]}")
             try:
                 with grpc.secure_channel(self.address(name), self.credentials()) as channel:
                     # types-grpcio-health-checking gives HealthStub no methods.
                     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2.0)  # type: ignore[attr-defined]
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
+                    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
             except grpc.RpcError:
-                time.sleep(0.2)
-        raise TimeoutError(f"TLS {name} not serving: {self.logs[name].read_text()[-2000:]}")
+                return False
+
+        wait_until_sync(
+            serving, timeout, f"TLS {name} serving", interval=0.2, explain=lambda: self.logs[name].read_text()[-2000:]
+        )
 
     def stop(self) -> None:
         for name in ("orchestrator", "toolgateway"):

@@ -1,5 +1,7 @@
 """localfleet for tests: `LocalfleetProcess` (a real `python -m rlgate.localfleet` on a free loopback port)
-and the `localfleet` (function scope) / `localfleet_module` (module scope) fixtures.
+and its fixtures: `localfleet` (a fresh one per test), `localfleet_module` (one per module, serving the
+environments named by the overridable `localfleet_environments`) and `lf` (the module's one, faults off around
+each test: what most tests take).
 
     def test_x(localfleet):
         fleet = Fleet(api_key="test", base_url=localfleet.base_url)
@@ -21,7 +23,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from rlgate.localfleet.environments.base import current_instance, instance_db
 from tests.support.ports import free_port
+from tests.support.wait import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,19 +102,22 @@ class LocalfleetProcess:
         return self
 
     def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"localfleet exited with {self.proc.returncode}:\n{self.log()}")
+        proc = self.proc
+        assert proc is not None
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"localfleet exited with {proc.returncode}:\n{self.log()}")
             try:
-                if self._http.get("/health", timeout=1.0).status_code == 200:
-                    return
+                return self._http.get("/health", timeout=1.0).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"localfleet not healthy after {self.startup_timeout}s:\n{self.log()}")
+                return False
+
+        try:
+            wait_until_sync(healthy, self.startup_timeout, "localfleet healthy", explain=self.log)
+        except AssertionError:
+            self.kill()
+            raise
 
     def log(self) -> str:
         try:
@@ -194,10 +199,26 @@ def localfleet() -> Iterator[LocalfleetProcess]:
 
 
 @pytest.fixture(scope="module")
-def localfleet_module() -> Iterator[LocalfleetProcess]:
-    """One localfleet shared by a module's tests (reset faults/counters yourself if you change them)."""
-    with LocalfleetProcess() as lf:
+def localfleet_environments() -> str:
+    """The environments `localfleet_module` serves: "" for the bundled ones. A directory's conftest overrides
+    this fixture to serve its own (e.g. tests/toolgateway: its gateway test environments)."""
+    return ""
+
+
+@pytest.fixture(scope="module")
+def localfleet_module(localfleet_environments: str) -> Iterator[LocalfleetProcess]:
+    """One localfleet shared by a module's tests (reset faults/counters yourself if you change them, or take
+    `lf`, which does)."""
+    with LocalfleetProcess(environments=localfleet_environments) as lf:
         yield lf
+
+
+@pytest.fixture
+def lf(localfleet_module: LocalfleetProcess) -> Iterator[LocalfleetProcess]:
+    """The module's shared localfleet with every fault off at the start and at the end of the test."""
+    localfleet_module.set_faults({})
+    yield localfleet_module
+    localfleet_module.set_faults({})
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import pytest
 
 from rlgate.devtools.stack import free_port
+from tests.support.wait import wait_until_sync
 
 __all__ = ["IN_CI", "free_port", "require_binary", "wait_for_port"]
 
@@ -16,15 +16,16 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
 def wait_for_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
-    """Block until something accepts TCP connections on host:port, or raise TimeoutError."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Block until something accepts TCP connections on host:port (an AssertionError after `timeout`)."""
+
+    def accepts() -> bool:
         try:
             with socket.create_connection((host, port), timeout=0.5):
-                return
+                return True
         except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+            return False
+
+    wait_until_sync(accepts, timeout, f"something listening on {host}:{port}")
 
 
 def require_binary(name: str) -> str:

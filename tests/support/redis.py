@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.ports import free_port, require_binary
+from tests.support.wait import wait_until_sync
 
 
 def _ping(port: int, timeout: float = 0.5) -> bool:
@@ -89,14 +89,18 @@ class RedisServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not _ping(self.port):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {self._log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop(kill=True)
-                raise TimeoutError(f"redis-server on port {self.port} did not answer PING in {timeout}s")
-            time.sleep(0.02)
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {proc.returncode}: {self._log_tail()}")
+            return _ping(self.port)
+
+        try:
+            wait_until_sync(answers, timeout, f"redis-server on port {self.port} answering PING", interval=0.02)
+        except AssertionError:
+            self.stop(kill=True)
+            raise
 
     def stop(self, kill: bool = False, timeout: float = 10.0) -> None:
         """Stop the server: SIGTERM (clean shutdown) or, with kill=True, SIGKILL (a crash)."""

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +16,6 @@ import pytest
 
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
-from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.server import GatewayHandle, start_gateway
 from rlgate.v1 import toolgateway_pb2_grpc
@@ -35,29 +33,14 @@ def new_localfleet() -> LocalfleetProcess:
 
 
 @pytest.fixture(scope="module")
-def lf() -> Iterator[LocalfleetProcess]:
-    with new_localfleet() as fleet:
-        yield fleet
-
-
-@pytest.fixture
-def fleet(lf: LocalfleetProcess) -> Iterator[LocalfleetProcess]:
-    """The module's localfleet with faults off at the start and end of the test."""
-    lf.set_faults({})
-    yield lf
-    lf.set_faults({})
+def localfleet_environments() -> str:
+    """The shared localfleet (`localfleet_module`, `lf`) serves the gateway test environments."""
+    return ENVIRONMENTS
 
 
 @pytest.fixture(params=ERAS)
 def era(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s = await SqliteStore.open(str(tmp_path / "store.db"))
-    yield s
-    await s.close()
 
 
 def gateway_config(**overrides: Any) -> GatewayConfig:
@@ -79,13 +62,13 @@ async def gateway(store: SessionStore) -> AsyncIterator[GatewayHandle]:
     await handle.stop(grace=0)
 
 
-def create_instance(fleet: LocalfleetProcess, env_key: str, image_type: str | None = None) -> dict[str, Any]:
+def create_instance(lf: LocalfleetProcess, env_key: str, image_type: str | None = None) -> dict[str, Any]:
     """A localfleet instance; `image_type="mcp"` gives its aggregator the `computer` tool (as Fleet's), which
     localfleet creates only with a browser (skipped without `chromium`, failed under CI=true)."""
     if image_type == "mcp":
         require_binary("chromium")
     r = httpx.post(
-        f"{fleet.base_url}/v1/env/instances",
+        f"{lf.base_url}/v1/env/instances",
         json={"env_key": env_key, "image_type": image_type},
         headers={"Authorization": "Bearer test"},
         timeout=30,
@@ -107,7 +90,7 @@ class AgentSession:
 
 async def make_session(
     store: SessionStore,
-    fleet: LocalfleetProcess,
+    lf: LocalfleetProcess,
     env_key: str = "gw",
     *,
     instance: dict[str, Any] | None = None,
@@ -116,7 +99,7 @@ async def make_session(
     """An ACTIVE session on a (new) localfleet instance, as the orchestrator would write it (a screen
     instance, `image_type="mcp"`, for any modality but tool_use)."""
     modality = fields.pop("modality", "tool_use")
-    inst = instance or create_instance(fleet, env_key, image_type=None if modality == "tool_use" else "mcp")
+    inst = instance or create_instance(lf, env_key, image_type=None if modality == "tool_use" else "mcp")
     session_id = uuid.uuid4().hex
     token = mint_agent_token(session_id)
     urls = inst["urls"]["mcp"]

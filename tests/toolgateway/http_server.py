@@ -27,6 +27,7 @@ from rlgate.localfleet.connections import ConnectionTracker
 from rlgate.localfleet.counters import Counters
 from tests.support.hostile_mcp import read_body
 from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 CHUNK = 64 * 1024
 ERAS = ["modern", "legacy"]  # 2026-07-28, and initialize + Mcp-Session-Id (the modern probe answered 400)
@@ -285,13 +286,15 @@ class HostileUpstream:
         )
         self._uvicorn = uvicorn.Server(config)
         self._task = asyncio.create_task(self._uvicorn.serve())
-        for _ in range(500):  # uvicorn offers no started event: poll, bounded
-            if self._uvicorn.started:
-                return self
-            if self._task.done():
-                self._task.result()  # raises why it stopped
-            await asyncio.sleep(0.02)
-        raise TimeoutError("uvicorn did not start")
+        server, task = self._uvicorn, self._task
+
+        def started() -> bool:  # uvicorn offers no started event: poll
+            if task.done():
+                task.result()  # raises why it stopped
+            return bool(server.started)
+
+        await wait_until(started, 30, "uvicorn started", interval=0.02)
+        return self
 
     async def stop(self) -> None:
         if self._uvicorn is not None and self._task is not None:

@@ -199,7 +199,7 @@ def test_summary_reads_a_bounded_number_of_blocks() -> None:
     )
     started = time.perf_counter()
     assert summary(empty) == '{"k":1}'
-    assert time.perf_counter() - started < 1.0  # generous: quadratic here took minutes
+    assert time.perf_counter() - started < 10.0  # generous (a loaded machine): quadratic here took minutes
     words = common_pb2.ToolResult(content=[common_pb2.ContentBlock(text=common_pb2.TextContent(text="word"))] * 300)
     assert summary(words) == " ".join(["word"] * 100)[:499] + "…"
     img = tool_result(

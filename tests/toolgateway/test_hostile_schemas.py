@@ -194,20 +194,31 @@ async def serving(upstream: Upstream) -> AsyncIterator[str]:
 
 
 class Stalls:
-    """The event loop's longest stall while the block runs (a 1 ms sleep that comes back late).
+    """The event loop's longest stall while the block runs (a 1 ms sleep that comes back late): `longest`
+    in wall time, and `longest_cpu`, the CPU time the loop's thread itself spent in the worst gap (what ran
+    on the loop: `time.thread_time`).
 
-    The test process's heap is frozen meanwhile: after a thousand tests, a full garbage collection of what
-    they left behind stalls any loop for seconds, and that is not the code under test."""
+    Assertions bound `longest_cpu`: on a loaded machine the loop also comes back late when the OS runs
+    something else or a worker thread holds the GIL, which costs the loop's thread no CPU and is not work
+    done on the loop; work done on the loop (the regressions these tests guard against) is CPU of its thread
+    however loaded the machine. The test process's heap is frozen meanwhile: after a thousand tests, a full
+    garbage collection of what they left behind stalls any loop for seconds, and that is not the code under
+    test."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.longest_cpu = 0.0
         self._task: asyncio.Task[None] | None = None
 
     async def _watch(self) -> None:
         while True:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             await asyncio.sleep(0.001)
             self.longest = max(self.longest, time.perf_counter() - start - 0.001)
+            self.longest_cpu = max(self.longest_cpu, time.thread_time() - cpu)
+
+    def __repr__(self) -> str:
+        return f"Stalls(longest_cpu={self.longest_cpu:.3f}s, longest={self.longest:.3f}s wall)"
 
     async def __aenter__(self) -> Stalls:
         gc.collect()
@@ -332,10 +343,12 @@ async def test_a_schema_too_slow_to_check_is_bounded_and_the_loop_keeps_turning(
             elapsed = time.monotonic() - started
         assert result.is_error and result.error_kind == Kind.TOOL_ERROR_KIND_TOOL_FAILED, result
         assert "took longer than" in result.error_message and "was not called" in result.error_message
-        assert elapsed < 1.0 + 2.0, elapsed
+        # Bounded by the check's 1 s, not the hours the check would take (nor the call's 20 s deadline);
+        # the rest is room for a loaded machine.
+        assert elapsed < 1.0 + 9.0, elapsed
         assert all(not r.result.is_error for r in meanwhile)
-        # The check runs on a worker thread; on two busy cores the OS can still preempt it holding the GIL.
-        assert stalls.longest < 1.0, stalls.longest
+        # The check runs on a worker thread: the loop's thread spends no second of CPU on it.
+        assert stalls.longest_cpu < 1.0, stalls
         again = (await call("slow", '{"x": 1}')).result  # known to be too slow: answered without a new check
         assert again.is_error and "took longer than" in again.error_message
         assert upstream.calls.count("slow") == 0
@@ -405,7 +418,7 @@ async def test_ten_thousand_tools_are_listed_and_listed_again_without_stalling_t
         assert result.error_kind == Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS, result  # its schema is checked
         past = (await caller(stub, s)(f"tool_{MAX_TOOLS:06d}", '{"n": 1}')).result
         assert past.error_kind == Kind.TOOL_ERROR_KIND_UNKNOWN_TOOL and "left out" in past.error_message, past
-        assert again.longest < 0.12, again.longest
+        assert again.longest_cpu < 0.12, again
 
 
 class PagedClient:
@@ -436,17 +449,23 @@ async def test_specs_are_made_off_the_loop_and_listings_are_bounded(caplog: pyte
     assert len(tools) == 5_000 and [t.name for t in union.tools[:1]] == ["tool_000000"]
     assert "larger than" in union.left_out["huge"] and union.tools[-1].spec().endpoint == "http://up/mcp"
     assert len(left_out_warnings(caplog)) == 1
-    assert stalls.longest < 0.5, stalls.longest  # the schema's JSON text on the loop took seconds
+    assert stalls.longest_cpu < 0.5, stalls  # the schema's JSON text on the loop took seconds
 
     endless = PagedClient([[small[0]]] * 1_000)
     assert len(await list_all_tools(endless)) == catalog.MAX_PAGES == endless.asked  # type: ignore[arg-type]
 
 
 async def test_a_large_schema_is_checked_off_the_loop(
-    stub: toolgateway_pb2_grpc.ToolGatewayServiceStub, store: SessionStore
+    stub: toolgateway_pb2_grpc.ToolGatewayServiceStub, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A schema just under MAX_TOOL_BYTES is listed and its arguments checked, on a worker thread: the loop
-    keeps turning (compiling it on the loop stalled it for over a second; a 6.9 MB one for far longer)."""
+    keeps turning (compiling it on the loop stalled it for over a second; a 6.9 MB one for far longer).
+
+    What is measured here is where the check runs, not how long it takes: its time bound is set far above
+    what compiling this schema costs even on a loaded machine, so the check never races it (the bound is
+    test_a_schema_too_slow_to_check_is_bounded_and_the_loop_keeps_turning's, with a schema that really
+    exceeds a small one)."""
+    monkeypatch.setattr(arguments, "CHECK_TIMEOUT_S", 60.0)
     schema = big_schema(MAX_TOOL_BYTES - 20_000)
     upstream = Upstream([ECHO, {"name": "wide", "inputSchema": schema}])
     async with serving(upstream) as base:
@@ -454,12 +473,12 @@ async def test_a_large_schema_is_checked_off_the_loop(
         call = caller(stub, s)
         assert not (await call("echo", '{"text": "warm"}')).result.is_error
         async with Stalls() as stalls:
-            bad = (await call("wide", '{"p0000001": 5}')).result
-            good = (await call("wide", '{"p0000001": "five"}')).result
+            bad = (await call("wide", '{"p0000001": 5}', deadline_s=120)).result
+            good = (await call("wide", '{"p0000001": "five"}', deadline_s=120)).result
         assert bad.error_kind == Kind.TOOL_ERROR_KIND_INVALID_ARGUMENTS and "$.p0000001" in bad.error_message, bad
         assert len(bad.error_message) < 10_000  # the expected shape names 50 properties, not 4,000
         assert not good.is_error and upstream.calls == ["echo", "wide"]
-        assert stalls.longest < 0.5, stalls.longest
+        assert stalls.longest_cpu < 0.5, stalls
 
 
 async def test_a_multi_megabyte_schema_is_left_out(

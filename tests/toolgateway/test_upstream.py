@@ -16,8 +16,8 @@ from tests.toolgateway.conftest import ERA_HANDSHAKE, create_instance, make_sess
 from tests.toolgateway.test_gateway import call, text, tool_names
 
 
-async def test_clients_forward_results_without_schema_copies(fleet: LocalfleetProcess, era: str) -> None:
-    url = create_instance(fleet, era)["urls"]["mcp"]["api"]
+async def test_clients_forward_results_without_schema_copies(lf: LocalfleetProcess, era: str) -> None:
+    url = create_instance(lf, era)["urls"]["mcp"]["api"]
     async with open_client(url, HttpSettings.create(), 15.0) as client:
         tools = await list_tools_forwarding(client)
         add = next(t for t in tools if t.name == "add")
@@ -30,20 +30,20 @@ async def test_clients_forward_results_without_schema_copies(fleet: LocalfleetPr
 
 
 async def test_endpoint_owning_no_visible_tool_is_closed_after_listing(
-    gateway: GatewayHandle, stub: Stub, store: SessionStore, fleet: LocalfleetProcess, era: str
+    gateway: GatewayHandle, stub: Stub, store: SessionStore, lf: LocalfleetProcess, era: str
 ) -> None:
-    s = await make_session(store, fleet, era)  # tool_use: the aggregator owns no tool of its own
-    fleet.reset_counters()
+    s = await make_session(store, lf, era)  # tool_use: the aggregator owns no tool of its own
+    lf.reset_counters()
     assert text(await call(stub, s, "add", {"n": 1})) == "2 (int)"
     assert gateway.pool.open_clients() == 1
-    counters = fleet.counters()["by_env"][era]
+    counters = lf.counters()["by_env"][era]
     assert (counters[ERA_HANDSHAKE[era]], counters["mcp_tools_list"]) == (2, 2)  # both listed once
     # An unknown name re-lists both endpoints: the aggregator reconnects for that, then is closed again.
     unknown = await call(stub, s, "computer", {"action": "screenshot"})
     assert unknown.result.error_kind == common_pb2.TOOL_ERROR_KIND_UNKNOWN_TOOL
-    counters = fleet.counters()["by_env"][era]
+    counters = lf.counters()["by_env"][era]
     assert (counters[ERA_HANDSHAKE[era]], counters["mcp_tools_list"]) == (3, 4)
     assert gateway.pool.open_clients() == 1
     assert "computer" not in await tool_names(stub, s)
     assert text(await call(stub, s, "add", {"n": 2})) == "3 (int)"  # served from the cached lists
-    assert fleet.counters()["by_env"][era]["mcp_tools_list"] == 4
+    assert lf.counters()["by_env"][era]["mcp_tools_list"] == 4

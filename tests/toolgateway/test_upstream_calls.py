@@ -44,6 +44,7 @@ from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
+from tests.support.wait import wait_until_sync
 from tests.toolgateway.conftest import gateway_config
 from tests.toolgateway.http_server import (
     BEHAVIOURS,
@@ -676,10 +677,12 @@ class ThreadServer:
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=asyncio.run, args=(self._server.serve([self._socket]),), daemon=True)
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:  # uvicorn offers no started event: poll, bounded
-            assert time.monotonic() < deadline and self._thread.is_alive(), "uvicorn did not start"
-            time.sleep(0.01)
+
+        def started() -> bool:  # uvicorn offers no started event: poll
+            assert self._thread.is_alive(), "uvicorn's thread ended before it started"
+            return bool(self._server.started)
+
+        wait_until_sync(started, 30, "uvicorn started", interval=0.01)
 
     @property
     def connections(self) -> int:

@@ -16,6 +16,7 @@ from mcp import MCPError
 from mcp.server import MCPServer, Server
 
 from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 BIG = 2**60  # past 2^53: a double cannot hold it, so only exact JSON carries it
 
@@ -73,15 +74,14 @@ async def serve_mcp(server: Server[Any] | MCPServer) -> AsyncIterator[str]:
         uvicorn.Config(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
     task = asyncio.create_task(uv.serve())
+
+    def started() -> bool:  # uvicorn offers no started event: poll
+        if task.done():
+            task.result()  # raises why it stopped
+        return bool(uv.started)
+
     try:
-        for _ in range(500):  # uvicorn offers no started event: poll, bounded
-            if uv.started:
-                break
-            if task.done():
-                task.result()  # raises why it stopped
-            await asyncio.sleep(0.02)
-        else:
-            raise TimeoutError("uvicorn did not start")
+        await wait_until(started, 30, "uvicorn started", interval=0.02)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         uv.should_exit = True

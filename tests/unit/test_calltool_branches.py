@@ -224,7 +224,7 @@ async def test_a_retry_waiting_on_a_live_gateway_is_bounded_by_its_deadline_even
     async with gw.store.paused():  # the store stops answering while the retry polls the record
         with pytest.raises(DeadlineExceeded, match="still being processed") as err:
             await asyncio.wait_for(retry, 5)
-    assert time.monotonic() - started < 2 and err.value.retry_after_s
+    assert time.monotonic() - started < 0.5 + 4 and err.value.retry_after_s  # its deadline, not the paused store
     assert any(d.DESCRIPTOR.name == "RetryInfo" for d in err.value.details())
 
 
@@ -301,8 +301,8 @@ async def test_a_done_write_that_keeps_failing_is_answered_from_memory_then_reco
     assert err.value.reason == "STORE_UNAVAILABLE" and err.value.retry_after_s
     assert await gw.record() == ("pending", None)
     started = time.monotonic()
-    retry = await gw.call(deadline_s=2.0)  # the answer this live gateway holds, without waiting
-    assert time.monotonic() - started < 1 and retry.replayed and retry.result.content[0].text.text == "ok"
+    retry = await gw.call(deadline_s=10.0)  # the answer this live gateway holds, without waiting
+    assert time.monotonic() - started < 5 and retry.replayed and retry.result.content[0].text.text == "ok"
     other = await gw.replica()  # another gateway cannot have it: bounded by its deadline, with RetryInfo
     with pytest.raises(DeadlineExceeded) as waited:
         await other.call(deadline_s=0.3)

@@ -75,7 +75,9 @@ def test_redacting_costs_time_linear_in_the_text() -> None:
     for text in ("a." * 200_000 + "://x", "http://" + "u" * 200_000 + " tail", ("http://" + "x" * 600) * 300):
         started = time.perf_counter()
         redact_urls(text)
-        assert time.perf_counter() - started < 1.0  # generous: a linear scan is far below it; backtracking, minutes
+        assert (
+            time.perf_counter() - started < 10.0
+        )  # generous (a loaded machine): a linear scan is far below it; backtracking, minutes
 
 
 @pytest.mark.parametrize("json_format", [False, True])

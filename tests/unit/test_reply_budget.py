@@ -30,12 +30,13 @@ from rlgate.runtime.interceptors import (
     MetricsInterceptor,
     ReplyBudgetInterceptor,
 )
+from tests.support.wait import wait_until
 from tests.unit.test_interceptor_statuses import counts
 
 BUDGET = 4 * 2**20  # the tests' own budget: a few replies of REPLY bytes
 REPLY = 1 * 2**20  # far past a connection's initial window (64 KiB): a non-reading client holds it whole
 METHOD = "/t.S/M"
-SETTLE_S = 10.0  # bounded waits for the server's side
+SETTLE_S = 30.0  # bounded waits for the server's side (it ends after the client's)
 
 
 class Handler:
@@ -60,7 +61,7 @@ class Server:
 
     async def drained(self) -> int:
         """Bytes still pending once the server's side has settled (0 expected), within SETTLE_S."""
-        await wait_for(lambda: len(self.budget.ledger) == 0)
+        await wait_until(lambda: len(self.budget.ledger) == 0, SETTLE_S, "every reply entry released")
         return sum(self.budget.ledger._pending.values())
 
 
@@ -145,20 +146,12 @@ class NonReading:
         self.writer.close()
 
 
-async def wait_for(check: Any, seconds: float = SETTLE_S) -> bool:
-    for _ in range(int(seconds / 0.01)):  # bounded polling: the server's side ends after the client's
-        if check():
-            return True
-        await asyncio.sleep(0.01)
-    return bool(check())
-
-
 async def test_a_reply_is_pending_until_delivered(server: Server) -> None:
     """A non-reading connection holds its reply; a reading client's reply is released once delivered."""
     client = await NonReading.connect(server.address)
     try:
         await client.call(REPLY)
-        assert await wait_for(lambda: len(server.budget.ledger) == 1)
+        await wait_until(lambda: len(server.budget.ledger) == 1, SETTLE_S, "the non-reading connection's reply counted")
         (peer,) = server.budget.ledger._pending
         assert server.budget.ledger.pending(peer) == reply_size(REPLY)
         async with grpc.aio.insecure_channel(server.address) as channel:
@@ -167,7 +160,7 @@ async def test_a_reply_is_pending_until_delivered(server: Server) -> None:
             )(wrappers_pb2.UInt64Value(value=REPLY), timeout=10)
         assert len(answer.value) == REPLY
         # The reading client's entry is gone once its RPC ended; the non-reading one's stays.
-        assert await wait_for(lambda: len(server.budget.ledger) == 1)
+        await wait_until(lambda: len(server.budget.ledger) == 1, SETTLE_S, "the reading client's entry released")
         assert server.budget.ledger.pending(peer) == reply_size(REPLY)
     finally:
         client.close()
@@ -178,7 +171,11 @@ async def test_a_reply_is_released_when_the_client_goes_without_reading(server: 
     client = await NonReading.connect(server.address)
     for _ in range(3):
         await client.call(REPLY)
-    assert await wait_for(lambda: sum(server.budget.ledger._pending.values()) == 3 * reply_size(REPLY))
+    await wait_until(
+        lambda: sum(server.budget.ledger._pending.values()) == 3 * reply_size(REPLY),
+        SETTLE_S,
+        "three replies held by the non-reading connection",
+    )
     client.close()
     assert await server.drained() == 0
     assert len(server.budget.ledger) == 0
@@ -190,7 +187,7 @@ async def test_a_call_cancelled_before_its_reply_is_never_counted(server: Server
         call: Any = channel.unary_unary(
             METHOD, wrappers_pb2.UInt64Value.SerializeToString, wrappers_pb2.BytesValue.FromString
         )(wrappers_pb2.UInt64Value(value=REPLY))
-        assert await wait_for(lambda: server.handler.runs == 1)
+        await wait_until(lambda: server.handler.runs == 1, SETTLE_S, "the handler running")
         call.cancel()
         await asyncio.sleep(0.2)
         server.handler.gate.set()  # the handler (if grpc has not cancelled it) answers after its RPC ended
@@ -204,7 +201,11 @@ async def test_a_connection_at_the_budget_is_refused_before_any_work(server: Ser
         held = BUDGET // REPLY
         for _ in range(held):
             await client.call(REPLY)
-        assert await wait_for(lambda: sum(server.budget.ledger._pending.values()) == held * reply_size(REPLY))
+        await wait_until(
+            lambda: sum(server.budget.ledger._pending.values()) == held * reply_size(REPLY),
+            SETTLE_S,
+            "the connection's held replies counted",
+        )
         runs = server.handler.runs
         before = counts("reply-budget").get("RESOURCE_EXHAUSTED", 0)
         refused = await client.call(REPLY)
@@ -221,7 +222,11 @@ async def test_a_connection_at_the_budget_is_refused_before_any_work(server: Ser
         assert info.retry_delay.ToTimedelta().total_seconds() == RETRY_AFTER_S
         # Metrics count what the caller saw, once the handler's coroutine resumes after sending the status
         # (the caller may read the trailers first).
-        assert await wait_for(lambda: counts("reply-budget").get("RESOURCE_EXHAUSTED", 0) == before + 1)
+        await wait_until(
+            lambda: counts("reply-budget").get("RESOURCE_EXHAUSTED", 0) == before + 1,
+            SETTLE_S,
+            "the refusal counted in the metrics",
+        )
         # Another connection is served meanwhile.
         async with grpc.aio.insecure_channel(server.address) as channel:
             answer = await channel.unary_unary(
@@ -296,7 +301,7 @@ async def test_a_reading_client_on_a_slow_link_is_never_refused(monkeypatch: pyt
                     assert len(answer.value) == TOOL_OUTPUT
 
             calls = [asyncio.create_task(turns()) for _ in range(CONCURRENT)]
-            assert await wait_for(lambda: server.handler.runs == CONCURRENT, 60)
+            await wait_until(lambda: server.handler.runs == CONCURRENT, 60, "every concurrent call's handler running")
             first_turn = len(seen)
             started = time.monotonic()
             server.handler.gate.set()
