@@ -28,6 +28,7 @@ from rlgate.localfleet.instances import (
 )
 from rlgate.localfleet.platform import Platform
 from rlgate.localfleet.safe_unpickle import UnsafePayload, decode_verifier_args, split_env_marker
+from rlgate.localfleet.snapshots import UnknownSnapshot, from_snapshot
 from rlgate.localfleet.tasks_loader import task_response
 from rlgate.localfleet.verifier_exec import BadBundle
 
@@ -145,8 +146,9 @@ def routes(platform: Platform) -> list[Route]:
                 data_key=_opt_str(body, "data_key"),
                 data_version=_opt_str(body, "data_version"),
                 image_type=_opt_str(body, "image_type"),
+                current_from=from_snapshot(platform, _opt_str(body, "snapshot_id"), spec),
             )
-        except (ValueError, UnknownEnvironment) as exc:
+        except (ValueError, UnknownEnvironment, UnknownSnapshot) as exc:
             return error(400, str(exc))
         try:
             inst = await registry.create(

@@ -17,6 +17,7 @@ from rlgate.localfleet.environments.base import EnvironmentSpec
 from rlgate.localfleet.faults import FaultRegistry
 from rlgate.localfleet.instances import Instance, InstanceRegistry
 from rlgate.localfleet.mcp_mount import MCPEndpoints
+from rlgate.localfleet.snapshots import Snapshots
 from rlgate.localfleet.tasks_loader import load_tasks
 from rlgate.localfleet.verifier_exec import VerifierService
 
@@ -55,6 +56,7 @@ class Platform:
         self.registry = InstanceRegistry(
             self.catalog, data_dir, self.faults, self.counters, config.instance_limit, config.reaper_interval_s
         )
+        self.snapshots = Snapshots(data_dir)
         self.endpoints = MCPEndpoints(specs, self.registry, self.faults, self.counters, _allowed_hosts(self))
         self.verifiers = VerifierService(
             self.counters, config.verifier_timeout_s, config.verifier_memory_mb, data_dir / "verifier-runs"
@@ -63,6 +65,7 @@ class Platform:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        await self.snapshots.clear()
         await self.registry.start()
         try:
             async with self.endpoints.running():
