@@ -4,7 +4,9 @@ localfleet driven through the fleet SDK, the real orchestrator and the real tool
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,11 +16,15 @@ from google.rpc import error_details_pb2
 
 from rlgate.convert import struct_from_dict
 from rlgate.orchestrator.forks import BRANCH_LABEL, PARENT_LABEL
+from rlgate.orchestrator.provisioning import default_run_id, store_identity
+from rlgate.store.sqlite import SqliteStore
 from rlgate.toolgateway.server import GatewayHandle
-from rlgate.v1 import common_pb2, orchestrator_pb2
+from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc
 from tests.orchestrator.conftest import Running, call_tool, fast_config, instances_of, result_text
+from tests.orchestrator.test_crash import CREATE_DELAY_S, OWNER_TTL_S, RECONCILE_S, OrchestratorProcess
 from tests.support.localfleet import LocalfleetProcess, write_tiny_tasks
 from tests.support.statuses import detail
+from tests.support.wait import wait_until
 
 TASK = "mailbox-clients-folder"
 CREATE = ("create_folder", {"name": "Clients"})
@@ -213,3 +219,50 @@ async def test_refusals_before_any_work(orch: Running) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await orch.stub.Fork(orchestrator_pb2.ForkRequest(session_id="s-x", count=1, mechanism=7), timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_fork_leaves_no_instance_after_a_restart(tmp_path: Path) -> None:
+    """The orchestrator as a process, SIGKILLed while a Fork's creates wait inside localfleet: once restarted,
+    reconciliation deletes every instance the dead fork made; only the source's remains, until it closes."""
+    with LocalfleetProcess() as lf:
+        orch = OrchestratorProcess(lf, tmp_path)
+        orch.start()
+        store = await SqliteStore.open(str(orch.store_path))
+        run_id = default_run_id(await store_identity(store))
+        try:
+            async with grpc.aio.insecure_channel(orch.address) as channel:
+                stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+                reset = await stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK, request_id="src"), timeout=120)
+                lf.set_faults({"environments": {"mailbox": {"create_delay_s": CREATE_DELAY_S}}})
+                fork = asyncio.ensure_future(
+                    stub.Fork(orchestrator_pb2.ForkRequest(session_id=reset.session_id, count=4), timeout=120)
+                )
+
+                async def all_creating() -> bool:
+                    listed = await asyncio.to_thread(instances_of, lf, run_id)
+                    return sum(1 for i in listed if i["status"] == "pending") == 4
+
+                await wait_until(all_creating, CREATE_DELAY_S, "the fork's 4 creates pending in localfleet")
+                orch.signal(signal.SIGKILL)
+                orch.wait(10)
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await fork
+            lf.set_faults({})
+            orch.start()
+            source = reset.instance.instance_id
+            bound = CREATE_DELAY_S + OWNER_TTL_S + 2 * RECONCILE_S + 15
+
+            async def only_the_source() -> bool:
+                listed = await asyncio.to_thread(instances_of, lf, run_id)
+                return [i["instance_id"] for i in listed] == [source]
+
+            await wait_until(only_the_source, bound, f"only the source's instance left:\n{orch.log()}")
+            assert lf.counters()["instances_created"] == 5
+            async with grpc.aio.insecure_channel(orch.address) as channel:
+                stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+                await stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=60)
+            assert instances_of(lf, run_id) == []
+        finally:
+            orch.stop()
+            await store.close()
