@@ -180,7 +180,7 @@ class Forks:
         calls: list[ToolCallEntry],
         deadline: Deadline,
         made: list[_Made],
-    ) -> int:
+    ) -> orchestrator_pb2.ForkMechanism:
         """Every branch's instance, appended to `made` as soon as it exists; returns the mechanism used."""
         why = self._provider.snapshot_unsupported(handle)
         if params.mechanism == SNAPSHOT and why:

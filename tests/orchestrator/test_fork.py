@@ -83,7 +83,10 @@ async def finish(orch: Running, session_id: str) -> orchestrator_pb2.StepRespons
     ids=["snapshot", "replay"],
 )
 async def test_branches_share_the_source_state_and_diverge_alone(
-    mechanism: int, lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any]
+    mechanism: orchestrator_pb2.ForkMechanism,
+    lf: LocalfleetProcess,
+    gateway: GatewayHandle,
+    orchestrator_factory: Callable[..., Any],
 ) -> None:
     orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
     reset = await orch.stub.Reset(
@@ -175,8 +178,7 @@ async def test_a_nondeterministic_tool_fails_replay_naming_the_call(
     orch: Running = await orchestrator_factory(fast_config(tiny_lf, gateway_address=gateway.address))
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="notes-star-7"), timeout=60)
     await turn(orch, gateway, reset.session_id, reset.agent_token, ("add_note", {"title": "t", "body": "b"}))
-    name, arguments = "draw_ticket", {}
-    result = await call_tool(gateway.address, reset.agent_token, name, arguments)
+    result = await call_tool(gateway.address, reset.agent_token, "draw_ticket", {})
     assert not result.is_error
     state = await orch.stub.State(
         orchestrator_pb2.StateRequest(session_id=reset.session_id, include_tool_calls=True), timeout=30
@@ -217,7 +219,9 @@ async def test_refusals_before_any_work(orch: Running) -> None:
         await orch.stub.Fork(orchestrator_pb2.ForkRequest(count=1), timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await orch.stub.Fork(orchestrator_pb2.ForkRequest(session_id="s-x", count=1, mechanism=7), timeout=30)
+        unknown = orchestrator_pb2.ForkRequest(session_id="s-x", count=1)
+        unknown.mechanism = 7  # type: ignore[assignment]  # proto3 enums are open: any number arrives
+        await orch.stub.Fork(unknown, timeout=30)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -3,6 +3,7 @@ proto/rlgate/v1/orchestrator.proto documents, checked over the wire."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -571,7 +572,7 @@ class OrchestratorServiceCompliance(ComplianceHarness):
         for first, retried in zip(forked.branches, again.branches, strict=True):
             assert retried.agent_token and retried.agent_token != first.agent_token
             assert self.list_tools(retried), "the retry's agent token works"
-            self.expect_status(PRECONDITION, lambda b=first: self.list_tools(b), what="a first Fork's token")
+            self.expect_status(PRECONDITION, functools.partial(self.list_tools, first), what="a first Fork's token")
         self.expect_status(
             INVALID,
             lambda: self.fork(source.session_id, 3, request_id=request_id),
