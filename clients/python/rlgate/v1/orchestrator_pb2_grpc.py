@@ -234,8 +234,10 @@ class OrchestratorServiceServicer:
         Tool calls in flight: Fork does not wait for them. The fork point is the
         source's tool-call log as Fork reads it; if the log grows before the
         branches are ready (a call of the source finished meanwhile) the Fork is
-        refused with FAILED_PRECONDITION (TOOL_CALL_IN_FLIGHT) and everything it
-        made is closed. Fork between turns: after Step, before the next call.
+        refused with FAILED_PRECONDITION (TOOL_CALL_IN_FLIGHT), if the source took
+        a turn meanwhile with FAILED_PRECONDITION (SESSION_NOT_FORKABLE), and
+        everything it made is closed. Fork between turns: after Step, before the
+        next call.
 
         A Fork that fails part-way closes every branch and instance it made.
         Retries: a request_id seen before from the same caller returns the same
