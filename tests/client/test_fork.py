@@ -3,7 +3,11 @@ messages, continue from the source's state, score on their own and close."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import rlgate
 from rlgate.runtime.stack import LocalStack
@@ -64,3 +68,26 @@ async def test_async_episode_fork(stack: LocalStack) -> None:
             for b in branches:
                 await b.close()
     assert _open(stack.orchestrator_address, run_id) == []
+
+
+def test_rollout_fork_at_k_plays_every_branch_to_its_end(stack: LocalStack, tmp_path: Path) -> None:
+    """`rlgate rollout --fork-at 1 --branches 3`: each episode forked after its first turn, every branch a
+    trajectory of its own (the prefix's messages in each), scored by the reference policy's remaining turns."""
+    summary_path, out_path = tmp_path / "summary.json", tmp_path / "traj.jsonl"
+    cmd = [sys.executable, "-m", "rlgate.cli", "rollout", "--orchestrator", stack.orchestrator_address,
+           "--no-progress", "--summary-json", str(summary_path), "--out", str(out_path), "--tasks", TASK,
+           "--episodes", "2", "--fork-at", "1", "--branches", "3"]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    summary = json.loads(summary_path.read_text())
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert summary["episodes"] == len(lines) == 6 and summary["reward_mean"] == 1.0
+    assert summary["sessions_left_open"] == 0
+    parents = {line["parent_session_id"] for line in lines}
+    assert len(parents) == 2 and "" not in parents
+    for parent in parents:
+        group = [line for line in lines if line["parent_session_id"] == parent]
+        assert sorted(line["branch_index"] for line in group) == [0, 1, 2]
+        assert len({line["session_id"] for line in group}) == 3
+        first_turn = next(m for m in group[0]["messages"] if m["role"] == "assistant")
+        assert all(next(m for m in line["messages"] if m["role"] == "assistant") == first_turn for line in group)
