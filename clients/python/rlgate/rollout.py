@@ -5,10 +5,10 @@ r"""`rlgate rollout`: run many episodes concurrently against a running stack wit
 
 `--episodes` is per task. With `--fork-at K --branches N` each episode plays K turns and is forked N ways
 (`AsyncEpisode.fork`); every branch plays on to its end and is a trajectory of its own (carrying the
-prefix's messages, its `parent_session_id` and `branch_index`). Every episode runs in an `AsyncEpisode` (its session is closed however it ends);
-the run's sessions carry one run id, and a final CloseSessions on it reports anything left open (it
-should be 0). Output: a live progress bar, a summary table per environment, JSONL trajectories (one line
-per episode) and the summary JSON
+prefix's messages, its `parent_session_id` and `branch_index`). Every episode runs in an `AsyncEpisode`
+(its session is closed however it ends); the run's sessions carry one run id, and a final CloseSessions on
+it reports anything left open (it should be 0). Output: a live progress bar, a summary table per
+environment, JSONL trajectories (one line per episode) and the summary JSON
 `{episodes, reward_mean, errors, verifier_errors, truncated, wall_s, episodes_per_s, ...}`, and with
 `--plot` a figure of reward, turn latency and episodes/s over the run.
 The exit status is 1 when any episode failed (an error or a verifier error), else 0. Every failure of the
