@@ -270,3 +270,27 @@ async def test_sigkill_mid_fork_leaves_no_instance_after_a_restart(tmp_path: Pat
         finally:
             orch.stop()
             await store.close()
+
+
+async def test_a_call_finishing_during_the_fork_refuses_it_and_undoes_it(
+    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any]
+) -> None:
+    """Fork does not wait for a call in flight: one that finishes while the branches are made changes the fork
+    point, so the Fork is refused (TOOL_CALL_IN_FLIGHT) and the instances it made are deleted."""
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    lf.set_faults({"environments": {"mailbox": {"tool_latency_s": 1.0, "create_delay_s": 2.5}}})
+    slow = asyncio.ensure_future(call_tool(gateway.address, reset.agent_token, *CREATE))
+    await asyncio.sleep(0.3)  # the call is running upstream
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Fork(orchestrator_pb2.ForkRequest(session_id=reset.session_id, count=2), timeout=60)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(err.value) == "TOOL_CALL_IN_FLIGHT"
+    assert not (await slow).is_error
+    lf.set_faults({})
+    assert [i["instance_id"] for i in instances_of(lf, orch.config.run_id)] == [reset.instance.instance_id]
+    # Between turns the same source forks.
+    forked = await orch.stub.Fork(orchestrator_pb2.ForkRequest(session_id=reset.session_id, count=1), timeout=60)
+    for sid in (reset.session_id, forked.branches[0].session_id):
+        await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=sid), timeout=30)
+    assert instances_of(lf, orch.config.run_id) == []
