@@ -8,7 +8,9 @@ token and its parent and branch index.
 
 Nothing leaks: every instance is created through the provisioner (its intent written first, so a process
 killed mid-fork leaves intents that reconciliation resolves by deleting their instances), and a Fork that
-fails part-way discards the instances it made and closes the branches it registered. The request ledger
+fails part-way discards the instances it made and closes the branches it registered. Branches are registered
+PROVISIONING and made ACTIVE together once all are registered, so a process killed meanwhile leaves branches
+that reconciliation fails (releasing their instances) rather than part of a group in use. The request ledger
 makes a retried Fork return the same branches (fresh tokens), as for Reset.
 
 Tool calls in flight are not waited for: the fork point is the source's log as Fork first reads it; if the
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.admission import Admission
@@ -45,6 +47,7 @@ from rlgate.store import Intent, Session, SessionStatus, ToolCallEntry
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PARENT_LABEL = "rlgate.parent_session"
 BRANCH_LABEL = "rlgate.branch"
@@ -153,7 +156,10 @@ class Forks:
                 mechanism = await self._make(params, source, task, handle, calls, deadline, made)
                 await self._check_unchanged(source, len(calls))
                 made.sort(key=lambda m: m.index)
-                branches = [await self._register(source, m, calls, deadline) for m in made]
+                # Registered PROVISIONING, then all made ACTIVE: a process killed in between leaves branches
+                # that reconciliation fails (and whose instances it releases), never a half-made group in use.
+                branches = await _all([self._register(source, m, calls) for m in made])
+                await _all([self._activate(m.session_id) for m in made])
             except BaseException:
                 await asyncio.shield(self._undo(made))
                 raise
@@ -255,16 +261,15 @@ class Forks:
                 reason="TOOL_CALL_IN_FLIGHT",
             )
 
-    async def _register(
-        self, source: Session, m: _Made, calls: list[ToolCallEntry], deadline: Deadline
-    ) -> orchestrator_pb2.ForkBranch:
-        """The branch's session: the source's episode on the branch's instance, with a fresh token."""
+    async def _register(self, source: Session, m: _Made, calls: list[ToolCallEntry]) -> orchestrator_pb2.ForkBranch:
+        """The branch's session (PROVISIONING until `_activate`): the source's episode on the branch's
+        instance, with a fresh token."""
         session_id = f"s-{uuid.uuid4().hex[:24]}"
         token = mint_agent_token(session_id)
         now = time.time()
         branch = source.copy(
             session_id=session_id,
-            status=SessionStatus.ACTIVE,
+            status=SessionStatus.PROVISIONING,
             labels={**source.labels, PARENT_LABEL: source.session_id, BRANCH_LABEL: str(m.index)},
             orchestrator_run=self._config.run_id,
             instance_id=m.handle.instance_id,
@@ -303,6 +308,15 @@ class Forks:
             instance=instance_info(branch),
         )
 
+    async def _activate(self, session_id: str) -> None:
+        def start(s: Session) -> bool:
+            if s.status != SessionStatus.PROVISIONING:  # closed or failed while the fork ran
+                raise FailedPrecondition(f"branch {s.session_id} was {s.status} during the fork", reason="BRANCH_LOST")
+            s.status = SessionStatus.ACTIVE
+            return True
+
+        await self._sessions.mutate(session_id, start)
+
     async def _undo(self, made: list[_Made]) -> None:
         """A failed Fork: close the branches it registered, delete the instances it made."""
         for m in made:
@@ -329,13 +343,16 @@ def _check_forkable(source: Session) -> None:
         )
 
 
-async def _all(steps: list[Awaitable[None]]) -> None:
+async def _all(steps: list[Awaitable[T]]) -> list[T]:
     """Run every step; once all have ended, raise the first failure (each step records what it made, so the
-    caller can undo it; none is left running)."""
+    caller can undo it; none is left running), else their results in order."""
     results = await asyncio.gather(*steps, return_exceptions=True)
+    out: list[T] = []
     for result in results:
         if isinstance(result, BaseException):
             raise result
+        out.append(result)
+    return out
 
 
 def _without_tokens(response: orchestrator_pb2.ForkResponse) -> orchestrator_pb2.ForkResponse:
