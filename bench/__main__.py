@@ -29,6 +29,7 @@ BENCHMARKS = (
     "gateway_vs_per_call_session",
     "step_vs_openenv",
     "reset_warm_vs_cold",
+    "fork_vs_replay",
     "episodes_per_s",
     "sessions_10000",
     "scale_sessions",

@@ -30,6 +30,7 @@ from rlgate.localfleet.instances import (
 from rlgate.localfleet.mcp_mount import SCREEN_IMAGE_TYPE
 from rlgate.localfleet.platform import Platform
 from rlgate.localfleet.safe_unpickle import UnsafePayload, decode_verifier_args, split_env_marker
+from rlgate.localfleet.snapshots import UnknownSnapshot, from_snapshot
 from rlgate.localfleet.tasks_loader import task_response
 from rlgate.localfleet.verifier_exec import BadBundle
 
@@ -147,8 +148,9 @@ def routes(platform: Platform) -> list[Route]:
                 data_key=_opt_str(body, "data_key"),
                 data_version=_opt_str(body, "data_version"),
                 image_type=_opt_str(body, "image_type"),
+                current_from=from_snapshot(platform, _opt_str(body, "snapshot_id"), spec),
             )
-        except (ValueError, UnknownEnvironment) as exc:
+        except (ValueError, UnknownEnvironment, UnknownSnapshot) as exc:
             return error(400, str(exc))
         if kwargs["image_type"] == SCREEN_IMAGE_TYPE:
             try:

@@ -257,7 +257,9 @@ class InstanceRegistry:
         data_key: str | None = None,
         data_version: str | None = None,
         image_type: str | None = None,
+        current_from: Callable[[Path], None] | None = None,
     ) -> Instance:
+        """`current_from(path)`, when given, writes the live database (a snapshot's) instead of the seed."""
         if request_id and request_id in self._request_ids:
             raise DuplicateRequest(self._request_ids[request_id])
         faults = self.faults.for_env(spec.env_id, spec.version)
@@ -296,7 +298,7 @@ class InstanceRegistry:
             if faults.create_delay_s:
                 await asyncio.sleep(faults.create_delay_s)
             template = await self.catalog.template(spec)
-            await asyncio.to_thread(self._materialize, inst, template)
+            await asyncio.to_thread(self._materialize, inst, template, current_from)
         except BaseException:
             self.live.pop(inst.instance_id, None)
             await asyncio.to_thread(shutil.rmtree, inst.directory, True)
@@ -310,10 +312,13 @@ class InstanceRegistry:
         return inst
 
     @staticmethod
-    def _materialize(inst: Instance, template: Path) -> None:
+    def _materialize(inst: Instance, template: Path, current_from: Callable[[Path], None] | None = None) -> None:
         inst.directory.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(template, inst.seed_path)
-        shutil.copyfile(template, inst.current_path)
+        if current_from is None:
+            shutil.copyfile(template, inst.current_path)
+        else:
+            current_from(inst.current_path)
         (inst.directory / "instance.json").write_text(json.dumps(inst.to_record()))
 
     def get(self, instance_id: str) -> Instance:

@@ -19,6 +19,7 @@ from rlgate.localfleet.environments.base import EnvironmentSpec
 from rlgate.localfleet.faults import FaultRegistry
 from rlgate.localfleet.instances import Instance, InstanceRegistry
 from rlgate.localfleet.mcp_mount import MCPEndpoints
+from rlgate.localfleet.snapshots import Snapshots
 from rlgate.localfleet.tasks_loader import load_tasks
 from rlgate.localfleet.verifier_exec import VerifierService
 from rlgate.localfleet.webapps import WebApps
@@ -59,6 +60,7 @@ class Platform:
         self.registry = InstanceRegistry(
             self.catalog, data_dir, self.faults, self.counters, config.instance_limit, config.reaper_interval_s
         )
+        self.snapshots = Snapshots(data_dir)
         self.browser = BrowserManager(config)
         self.registry.on_stopped.append(self.browser.close_screen)  # a stopped instance's page goes with it
         computer = Computer(
@@ -79,6 +81,7 @@ class Platform:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        await self.snapshots.clear()
         await self.registry.start()
         try:
             async with self.endpoints.running():

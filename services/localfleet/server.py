@@ -20,7 +20,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
-from rlgate.localfleet import admin, control_plane, manager_api
+from rlgate.localfleet import admin, control_plane, manager_api, snapshots
 from rlgate.localfleet.config import LocalfleetConfig
 from rlgate.localfleet.connections import ConnectionTracker
 from rlgate.localfleet.environments.base import EnvironmentSpec
@@ -43,7 +43,12 @@ class LocalfleetApp:
                 yield
 
         self.router = Starlette(
-            routes=[*control_plane.routes(platform), *manager_api.routes(platform), *admin.routes(platform)],
+            routes=[
+                *control_plane.routes(platform),
+                *manager_api.routes(platform),
+                *snapshots.routes(platform),
+                *admin.routes(platform),
+            ],
             lifespan=lifespan,
         )
 

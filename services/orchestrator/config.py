@@ -47,6 +47,7 @@ class OrchestratorConfig:
     )
     default_max_turns: int = setting(20, "RLGATE_DEFAULT_MAX_TURNS", "Turn limit when a task sets none")
     max_sessions: int = setting(1000, "RLGATE_MAX_SESSIONS", "Open sessions allowed at once")
+    max_fork_branches: int = setting(16, "RLGATE_MAX_FORK_BRANCHES", "Branches one Fork may make (its count)")
     session_ttl_s: float = setting(3600.0, "RLGATE_SESSION_TTL_S", "Session lifetime before it is reaped")
     idle_timeout_s: float = setting(900.0, "RLGATE_IDLE_TIMEOUT_S", "Reap sessions idle this long")
     instance_ttl_s: int = setting(

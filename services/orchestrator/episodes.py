@@ -5,6 +5,7 @@ return wire messages.
 - `sessions`: session records — read one, the compare-and-set loop every change goes through, open sessions;
 - `admission`: whether a new session may start (drain, max_sessions);
 - `resets`: Reset, every path (new session, next episode, repeat, retry after a dead attempt);
+- `forks`: Fork, a running episode branched into new sessions on copies of its instance;
 - `steps`: Step, the turn counted and the episode ended;
 - `endings`: an ended episode scored and its answer recorded, in tasks that outlive their callers;
 - `closing`: Close, CloseSessions, expiry and failure;
@@ -22,6 +23,7 @@ from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.endings import Endings
+from rlgate.orchestrator.forks import Forks
 from rlgate.orchestrator.instances import Instances
 from rlgate.orchestrator.pool import WarmPool
 from rlgate.orchestrator.providers.base import Provider
@@ -42,11 +44,12 @@ class Episodes:
     admission: Admission
     instances: Instances
     resets: Resets
+    forks: Forks
     steps: Steps
     endings: Endings
     closing: Closing
     queries: Queries
-    ledger: RequestLedger  # Reset's and Step's request records
+    ledger: RequestLedger  # Reset's, Fork's and Step's request records
 
     @classmethod
     def create(
@@ -68,11 +71,13 @@ class Episodes:
         instances = Instances(config, provider, provisioner, pool)
         closing = Closing(sessions, instances)
         endings = Endings(sessions, provider, verifier)
+        resets = Resets(config, sessions, admission, instances, closing, provider, catalog, tools, ledger)
         return cls(
             sessions=sessions,
             admission=admission,
             instances=instances,
-            resets=Resets(config, sessions, admission, instances, closing, provider, catalog, tools, ledger),
+            resets=resets,
+            forks=Forks(config, sessions, admission, instances, closing, provider, tools, ledger, resets),
             steps=Steps(sessions, endings, ledger),
             endings=endings,
             closing=closing,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -124,9 +125,10 @@ class Provisioner:
         env_variables: dict[str, Any] | None = None,
         state: str = IntentState.CREATING,
         modality: str = "tool_use",
+        snapshot_id: str = "",
     ) -> tuple[InstanceHandle, Intent]:
         """A running instance of the kind `modality` needs and its intent (state `state`), or an RlgateError
-        by the deadline."""
+        by the deadline. With `snapshot_id` the instance's live state is that snapshot's (Fork)."""
         last: ProviderError | None = None
         retry = 0
         while True:
@@ -138,7 +140,7 @@ class Provisioner:
             except TimeoutError:
                 raise self._give_up(env_key, last) from None
             try:
-                return await self._create_once(env_key, deadline, env_variables or {}, state, modality)
+                return await self._create_once(env_key, deadline, env_variables or {}, state, modality, snapshot_id)
             except InstanceLimit as exc:
                 last = exc
                 # Not jittered: a deleted instance wakes the waiters early, the delay only bounds the wait.
@@ -175,7 +177,13 @@ class Provisioner:
         )
 
     async def _create_once(
-        self, env_key: str, deadline: Deadline, env_variables: dict[str, Any], state: str, modality: str
+        self,
+        env_key: str,
+        deadline: Deadline,
+        env_variables: dict[str, Any],
+        state: str,
+        modality: str,
+        snapshot_id: str = "",
     ) -> tuple[InstanceHandle, Intent]:
         intent = Intent(
             intent_id=new_intent_id(self._owner, self.store_id),
@@ -189,8 +197,12 @@ class Provisioner:
         self.in_flight += 1
         metrics.CREATES_IN_FLIGHT.inc()
         try:
-            handle = await self._provider.create(
-                env_key,
+            create = (
+                functools.partial(self._provider.create_from_snapshot, env_key, snapshot_id)
+                if snapshot_id
+                else functools.partial(self._provider.create, env_key)
+            )
+            handle = await create(
                 env_variables={**env_variables, INTENT_ENV_VAR: intent.intent_id},
                 run_id=self._config.run_id,
                 ttl_s=self._config.instance_ttl_s,

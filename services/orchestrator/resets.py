@@ -125,7 +125,7 @@ class Resets:
         """A repeat of a finished Reset. Its record holds no token (tokens are stored only as hashes), so the
         episode gets a fresh one, which revokes the one handed out before: only the latest reply's holder
         acts. Once the episode is over or superseded: FAILED_PRECONDITION naming the session."""
-        _, token = await self._rotate_token(recorded.session_id, recorded.episode)
+        _, token = await self.rotate_token(recorded.session_id, recorded.episode)
         answer = orchestrator_pb2.ResetResponse()
         answer.CopyFrom(recorded)
         answer.agent_token = token
@@ -210,13 +210,13 @@ class Resets:
 
     async def _resume_episode(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:
         """Answer for an episode that a dead attempt started: same episode, a fresh token."""
-        session, token = await self._rotate_token(session.session_id, session.episode)
+        session, token = await self.rotate_token(session.session_id, session.episode)
         tools = await self._tools.get(
             session.env_key, session.endpoints, session.tool_filter, per_instance=self._provider.manages_instances
         )
         return self._reset_response(session, task, tools, token)
 
-    async def _rotate_token(self, session_id: str, episode: int) -> tuple[Session, str]:
+    async def rotate_token(self, session_id: str, episode: int) -> tuple[Session, str]:
         """A fresh agent token for `episode` while it is the session's running episode. Compare-and-set:
         concurrent rotations serialise and the last one's token is the valid one."""
         token = mint_agent_token(session_id)

@@ -16,6 +16,7 @@ from grpc_status import rpc_status
 from rlgate.core.errors import MAX_MESSAGE, RlgateError, clip
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import Episodes
+from rlgate.orchestrator.forks import ForkParams
 from rlgate.orchestrator.limits import check_request
 from rlgate.orchestrator.resets import ResetParams
 from rlgate.runtime.auth import bearer_token, token_hash
@@ -83,6 +84,18 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             caller=self._caller(context),
         )
         return await _answer(context, request, lambda: self._episodes.resets.reset(params, self._deadline(context)))
+
+    async def Fork(
+        self, request: orchestrator_pb2.ForkRequest, context: grpc.aio.ServicerContext
+    ) -> orchestrator_pb2.ForkResponse:
+        params = ForkParams(
+            request_id=request.request_id,
+            session_id=request.session_id,
+            count=request.count,
+            mechanism=request.mechanism,
+            caller=self._caller(context),
+        )
+        return await _answer(context, request, lambda: self._episodes.forks.fork(params, self._deadline(context)))
 
     async def Step(
         self, request: orchestrator_pb2.StepRequest, context: grpc.aio.ServicerContext

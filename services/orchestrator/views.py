@@ -121,6 +121,8 @@ def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) ->
         updated_at=timestamp(session.updated_at),
         expires_at=timestamp(session.expires_at),
         tool_call_count=tool_calls,
+        parent_session_id=session.parent_session_id,
+        branch_index=session.branch_index,
     )
     if session.reward is not None:
         info.reward = session.reward

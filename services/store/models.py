@@ -231,6 +231,8 @@ class Session(_Json):
     last_active_at: float = field(default_factory=time.time)
     expires_at: float = 0.0  # absolute TTL deadline; 0 = none
     closed_at: float = 0.0
+    parent_session_id: str = ""  # the session this one was forked from ("" when not a branch)
+    branch_index: int = 0  # its index among that Fork's branches (0-based; with parent_session_id)
     version: int = 0  # bumped by every update_session (compare-and-set)
 
     @property

@@ -399,3 +399,13 @@ async def test_verifier_code_gets_the_answer_and_the_tool_call_log(
 
     step = await p.finish(await p.reset(task_key="free"), "anything")
     assert step.verification.status == common_pb2.VERIFICATION_STATUS_SKIPPED
+
+
+async def test_the_mcp_provider_cannot_fork_and_says_why(planes: Callable[..., Any], upstream: Upstream) -> None:
+    p = await planes(f"calc={upstream.url}")
+    reset = await p.reset(env_key="calc")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await p.orchestrator.Fork(orchestrator_pb2.ForkRequest(session_id=reset.session_id, count=2), timeout=30)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(err.value).reason == "FORK_UNSUPPORTED"
+    assert "share their environment's endpoints" in (err.value.details() or "")

@@ -189,7 +189,7 @@ async def test_pages_end_on_their_byte_bound_without_gaps(log_store: SessionStor
         await log_store.append_tool_call(ToolCallEntry(session_id="s", episode=2, request_id=f"o{i}", tool="t"))
     pages = LogPages(log_store, page_bytes=3000)
     for size in (0, 1, 5):
-        token, seen = "", []
+        token, seen = "", list[str]()
         while True:
             page = await pages.page("s", 1, size, token)
             assert sum(e.ByteSize() + 6 for e in page.entries) <= 3000 and 1 <= len(page.entries) <= (size or 100)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import sqlite3
 import subprocess
@@ -258,6 +259,11 @@ def _register_notes(server: Any) -> None:
             raise ToolError(f"no note {note_id}")
         conn.commit()
         return "starred"
+
+    @server.tool()
+    def draw_ticket(ctx: Context) -> str:
+        """Draw a raffle ticket (a fresh random number each call: a tool no replay can reproduce)."""
+        return f"ticket {secrets.randbelow(10**9)}"
 
     @server.tool()
     def whoami(ctx: Context) -> str:

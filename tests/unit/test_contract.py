@@ -75,7 +75,7 @@ def _rpcs_named_in(proto: str) -> list[str]:
         (
             "orchestrator.proto",
             "OrchestratorService",
-            ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions"],
+            ["Reset", "Step", "State", "Close", "CloseSessions", "ListTasks", "ListSessions", "Fork"],
         ),
     ],
 )

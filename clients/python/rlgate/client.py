@@ -148,6 +148,18 @@ class _Core(Generic[C]):
         )
         return self._orchestrator_call("reset", "Reset", request, trace_id, timeout, "reset")
 
+    def fork(
+        self, session_id: str, count: int, trace_id: str | None, timeout: float | None, *, request_id: str | None
+    ) -> Call[C, orchestrator_pb2.ForkResponse]:
+        request = build(
+            orchestrator_pb2.ForkRequest,
+            "fork",
+            request_id=request_id or new_request_id(),
+            session_id=session_id,
+            count=count,
+        )
+        return self._orchestrator_call("fork", "Fork", request, trace_id, timeout, "reset")
+
     def step(
         self,
         session_id: str,
@@ -420,6 +432,30 @@ class Client:
             The ResetResponse.
         """
         return self._run(self._core.reset(EpisodeSpec.of(spec, fields), request_id, trace_id, timeout))
+
+    def fork(
+        self,
+        session_id: str,
+        count: int,
+        *,
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
+    ) -> orchestrator_pb2.ForkResponse:
+        """Branch the running episode of `session_id` into `count` new sessions that share its state (its
+        instance's state, turn, task, labels and tool-call log), each with its own agent token.
+
+        Args:
+            session_id: The source session; its episode must be running, with no tool call in flight.
+            count: How many branches (1 to the orchestrator's maximum, 16 by default).
+            request_id: Makes retries safe (generated when None): a retry returns the same branches.
+            trace_id: Carried into the orchestrator's log lines.
+            timeout: Deadline of the whole call in seconds (None: the client's Reset timeout).
+
+        Returns:
+            The branches (session ids, agent tokens, tools). Every branch must be closed on its own;
+            prefer `Episode.fork`, which wraps each in an episode."""
+        return self._run(self._core.fork(session_id, count, trace_id, timeout, request_id=request_id))
 
     def step(
         self,
@@ -768,6 +804,28 @@ class AsyncClient:
             **fields: see `Client.reset`.
         """
         return await self._run(self._core.reset(EpisodeSpec.of(spec, fields), request_id, trace_id, timeout))
+
+    async def fork(
+        self,
+        session_id: str,
+        count: int,
+        *,
+        request_id: str | None = None,
+        trace_id: str | None = None,
+        timeout: float | None = None,
+    ) -> orchestrator_pb2.ForkResponse:
+        """Branch a running episode into `count` sessions; see `Client.fork`.
+
+        Args:
+            session_id: The source session.
+            count: How many branches.
+            request_id: Makes retries safe (generated when None).
+            trace_id: Carried into the orchestrator's log lines.
+            timeout: Deadline of the whole call in seconds.
+
+        Returns:
+            The branches."""
+        return await self._run(self._core.fork(session_id, count, trace_id, timeout, request_id=request_id))
 
     async def step(
         self,

@@ -227,6 +227,10 @@ class _EpisodeBase(Generic[ClientT]):
         self._reset_request_id = new_request_id()
         self.reset_result: ResetResult | None = None
         self.last_step: StepResult | None = None
+        # A forked episode's chat so far (`fork(messages=...)`): the prefix it continues from.
+        self.prefix_messages: list[Message] = []
+        self.parent_session_id = ""
+        self.branch_index = 0
         self.closed = False
         self._close_lock = threading.Lock()
 
@@ -261,6 +265,48 @@ class _EpisodeBase(Generic[ClientT]):
         if result.task_key:
             self.task_key = result.task_key
         return result
+
+    def _fork_request(self, count: int) -> dict[str, Any]:
+        """Fork's arguments; the episode must be running."""
+        if self.done or self.closed:
+            raise RuntimeError(f"session {self.session_id}: only a running episode can be forked")
+        return {"session_id": self.session_id, "count": count, "trace_id": self.trace_id}
+
+    def _branches(self, forked: orchestrator_pb2.ForkResponse, messages: Sequence[Message] | None) -> list[Any]:
+        """One episode per branch, as if its Reset had answered: the source's task and prompt, the branch's
+        session, token, tools and instance, and a copy of `messages` (default: `initial_messages()`)."""
+        source = self._reset.raw
+        prefix = list(messages if messages is not None else self.initial_messages())  # messages are frozen
+        out = []
+        for branch in forked.branches:
+            episode = type(self)(
+                self.client,
+                self.spec,
+                instructions=self.instructions,
+                raise_on_verifier_error=self.raise_on_verifier_error,
+                tool_timeout_s=self.tool_timeout_s,
+            )
+            episode._begin_trace()
+            episode._reset_done(
+                orchestrator_pb2.ResetResponse(
+                    session_id=branch.session_id,
+                    episode=branch.episode,
+                    prompt=source.prompt,
+                    messages=source.messages,
+                    tools=branch.tools,
+                    agent_token=branch.agent_token,
+                    gateway_address=branch.gateway_address,
+                    task=source.task,
+                    max_turns=branch.max_turns,
+                    modality=source.modality,
+                    instance=branch.instance,
+                )
+            )
+            episode.prefix_messages = list(prefix)
+            episode.parent_session_id = forked.parent_session_id
+            episode.branch_index = branch.branch_index
+            out.append(episode)
+        return out
 
     @property
     def reset_response(self) -> orchestrator_pb2.ResetResponse | None:
@@ -467,6 +513,24 @@ class Episode(_EpisodeBase["Client"]):
                 )
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
+
+    def fork(self, count: int, messages: Sequence[Message] | None = None) -> list[Episode]:
+        """Branch this running episode into `count` episodes that continue from its current state (Fork):
+        each on its own session and instance, at this turn, carrying a copy of `messages`.
+
+        Args:
+            count: How many branches (1 to the orchestrator's maximum, 16 by default).
+            messages: The chat so far, copied into each branch's `prefix_messages` (default:
+                `initial_messages()`).
+
+        Returns:
+            The branch episodes, by branch index. Each is running already (no reset); close each (or use it
+            as a context manager)."""
+        fields = self._fork_request(count)
+        with self._trace.active():
+            forked = self.client.fork(fields.pop("session_id"), fields.pop("count"), **fields)
+        branches: list[Episode] = self._branches(forked, messages)
+        return branches
 
     def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
         """The tools the session may call, asked of the gateway now (`tools` is what Reset said).
@@ -678,6 +742,21 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
                 )
         except RlgateError as err:
             log.warning("could not close the session of a failed Reset (%s); the server will reap it", err)
+
+    async def fork(self, count: int, messages: Sequence[Message] | None = None) -> list[AsyncEpisode]:
+        """Branch this running episode into `count` episodes; see `Episode.fork`.
+
+        Args:
+            count: How many branches.
+            messages: The chat so far, copied into each branch (default: `initial_messages()`).
+
+        Returns:
+            The branch episodes, by branch index; close each."""
+        fields = self._fork_request(count)
+        with self._trace.active():
+            forked = await self.client.fork(fields.pop("session_id"), fields.pop("count"), **fields)
+        branches: list[AsyncEpisode] = self._branches(forked, messages)
+        return branches
 
     async def list_tools(self, *, timeout: float | None = None) -> list[common_pb2.ToolSpec]:
         """The session's tools from the gateway; see `Episode.list_tools`.

@@ -3,10 +3,12 @@ r"""`rlgate rollout`: run many episodes concurrently against a running stack wit
     rlgate rollout --orchestrator 127.0.0.1:50051 --tasks all --episodes 2 --concurrency 16 \
         --policy reference --out traj.jsonl --summary-json summary.json
 
-`--episodes` is per task. Every episode runs in an `AsyncEpisode` (its session is closed however it ends);
-the run's sessions carry one run id, and a final CloseSessions on it reports anything left open (it
-should be 0). Output: a live progress bar, a summary table per environment, JSONL trajectories (one line
-per episode) and the summary JSON
+`--episodes` is per task. With `--fork-at K --branches N` each episode plays K turns and is forked N ways
+(`AsyncEpisode.fork`); every branch plays on to its end and is a trajectory of its own (carrying the
+prefix's messages, its `parent_session_id` and `branch_index`). Every episode runs in an `AsyncEpisode`
+(its session is closed however it ends); the run's sessions carry one run id, and a final CloseSessions on
+it reports anything left open (it should be 0). Output: a live progress bar, a summary table per
+environment, JSONL trajectories (one line per episode) and the summary JSON
 `{episodes, reward_mean, errors, verifier_errors, truncated, wall_s, episodes_per_s, ...}`, and with
 `--plot` a figure of reward, turn latency and episodes/s over the run.
 Screens reach the policy as images: `--policy openai` sends them as `image_url` parts (`--text-only`:
@@ -21,6 +23,7 @@ Heavier dependencies (rich, httpx, matplotlib) are imported when the command run
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import json
 import os
@@ -38,7 +41,7 @@ import click
 
 from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, AsyncClient, ClientSettings
-from rlgate.episode import ENV_TOOL_TIMEOUT, tool_timeout_setting
+from rlgate.episode import ENV_TOOL_TIMEOUT, AsyncEpisode, tool_timeout_setting
 from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavailable, VerifierError
 from rlgate.messages import DEFAULT_KEEP_IMAGES, Message, keep_last_images, to_text_dicts
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
@@ -97,6 +100,8 @@ class EpisodeRecord:
     turn_latency_s: list[float] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    parent_session_id: str = ""  # --fork-at: the episode this branch was forked from
+    branch_index: int = 0
 
 
 @dataclass
@@ -140,6 +145,8 @@ class RolloutConfig:
     keep_images: int = DEFAULT_KEEP_IMAGES
     text_only: bool = False
     progress: bool = True
+    fork_at: int = 0  # 0: no forking
+    branches: int = 1
 
 
 async def run_episode(
@@ -160,61 +167,139 @@ async def run_episode(
         config: the rollout's options (turn limit, run id, tool timeout).
         run_started: the zero of the record's timeline (`time.monotonic()`); None: this episode's start.
     """
-    env_key = f"{task.env_id}:{task.version}" if task.version else task.env_id
-    record = EpisodeRecord(task_key=task.key, env_key=env_key, episode_index=index)
+    record = _new_record(task, index)
     started = time.monotonic()
     zero = started if run_started is None else run_started
     record.started_s = started - zero
     try:
-        async with client.episode(
-            task_key=task.key,
-            max_turns=config.max_turns,
-            run_id=config.run_id,
-            labels={"rlgate-tool": "rollout"},
-            tool_timeout_s=config.tool_timeout,
-        ) as ep:
+        async with _episode(client, task, config) as ep:
             record.session_id = ep.session_id
-            conversation: list[Message] = ep.initial_messages()
+            conversation = ep.initial_messages()
             record.messages = to_text_dicts(conversation)
-            turn = 0
-            while True:
-                # The listed task, not Reset's: only ListTasks carries a reference solution (when asked).
-                context = PolicyContext(task, list(conversation), turn, ep.max_turns)
-                text = await policy(context)
-                # Stored (and shown to the policy again) as sendable text: a lone surrogate could not be
-                # written to the JSONL nor posted to a chat endpoint. The turn parses the text as written.
-                reply = Message("assistant", protocol.sendable_text(text))
-                conversation.append(reply)
-                record.messages.append(reply.to_text_dict())
-                turn_started = time.monotonic()
-                result = await ep.turn(text)
-                turn_ended = time.monotonic()
-                record.turn_latency_s.append(turn_ended - turn_started)
-                record.turn_ended_s.append(turn_ended - zero)
-                # Older screens leave the conversation as the new ones arrive: its size stays bounded.
-                conversation = keep_last_images([*conversation, *result.observations], config.keep_images)
-                record.messages.extend(to_text_dicts(result.observations))
-                record.tool_calls.extend(r.as_dict() for r in result.tool_calls)
-                record.turns = result.turn
-                turn += 1
-                if result.done:
-                    record.done, record.truncated = True, result.truncated
-                    record.reward = result.reward
-                    record.done_reason = result.done_reason
-                    record.verification_status = result.verification_status
-                    break
-    except VerifierError as err:
-        record.done, record.error, record.error_type = True, str(err), "verifier"
-        record.verification_status = err.status
-    except RlgateError as err:
-        record.error, record.error_type = str(err), "rpc"
-    except PolicyError as err:
-        record.error, record.error_type = str(err), "policy"
-    except Exception as err:  # one broken episode must not end the run; it is reported
-        record.error, record.error_type = f"{type(err).__name__}: {err}", type(err).__name__
+            await _play(ep, task, record, conversation, policy, config, zero)
+    except Exception as err:
+        _failed(record, err)
     ended = time.monotonic()
     record.seconds, record.ended_s = ended - started, ended - zero
     return record
+
+
+async def run_forked(
+    client: AsyncClient,
+    task: common_pb2.TaskInfo,
+    index: int,
+    policy: Policy,
+    config: RolloutConfig,
+    run_started: float | None = None,
+) -> list[EpisodeRecord]:
+    """`--fork-at K --branches N`: one episode plays K turns, is forked N ways (`AsyncEpisode.fork`) and
+    each branch plays on to its end; one record per branch (the prefix's turns in each), never raising. An
+    episode that ends before turn K is one record, as without forking."""
+    record = _new_record(task, index)
+    started = time.monotonic()
+    zero = started if run_started is None else run_started
+    record.started_s = started - zero
+    records = [record]
+    try:
+        async with _episode(client, task, config) as ep:
+            record.session_id = ep.session_id
+            conversation = ep.initial_messages()
+            record.messages = to_text_dicts(conversation)
+            turn = await _play(ep, task, record, conversation, policy, config, zero, stop_at=config.fork_at)
+            if not record.done:
+                branches = await ep.fork(config.branches, messages=conversation)
+                records = [copy.deepcopy(record) for _ in branches]
+
+                async def branch(b: AsyncEpisode, r: EpisodeRecord) -> None:
+                    r.session_id, r.branch_index, r.parent_session_id = b.session_id, b.branch_index, ep.session_id
+                    try:
+                        async with b:
+                            await _play(b, task, r, list(conversation), policy, config, zero, turn=turn)
+                    except Exception as err:
+                        _failed(r, err)
+                    r.ended_s = time.monotonic() - zero
+                    r.seconds = r.ended_s - r.started_s
+
+                await asyncio.gather(*(branch(b, r) for b, r in zip(branches, records, strict=True)))
+                return records
+    except Exception as err:
+        for r in records:
+            _failed(r, err)
+    ended = time.monotonic()
+    for r in records:
+        r.seconds, r.ended_s = ended - started, ended - zero
+    return records
+
+
+def _new_record(task: common_pb2.TaskInfo, index: int) -> EpisodeRecord:
+    env_key = f"{task.env_id}:{task.version}" if task.version else task.env_id
+    return EpisodeRecord(task_key=task.key, env_key=env_key, episode_index=index)
+
+
+def _episode(client: AsyncClient, task: common_pb2.TaskInfo, config: RolloutConfig) -> AsyncEpisode:
+    return client.episode(
+        task_key=task.key,
+        max_turns=config.max_turns,
+        run_id=config.run_id,
+        labels={"rlgate-tool": "rollout"},
+        tool_timeout_s=config.tool_timeout,
+    )
+
+
+async def _play(
+    ep: AsyncEpisode,
+    task: common_pb2.TaskInfo,
+    record: EpisodeRecord,
+    conversation: list[Message],
+    policy: Policy,
+    config: RolloutConfig,
+    zero: float,
+    *,
+    turn: int = 0,
+    stop_at: int | None = None,
+) -> int:
+    """Turns of `policy` from `turn` until the episode ends (or `stop_at` turns were played), recorded;
+    `conversation` (what the policy sees) grows in place. Returns the turn count."""
+    while stop_at is None or turn < stop_at:
+        # The listed task, not Reset's: only ListTasks carries a reference solution (when asked).
+        context = PolicyContext(task, list(conversation), turn, ep.max_turns)
+        text = await policy(context)
+        # Stored (and shown to the policy again) as sendable text: a lone surrogate could not be
+        # written to the JSONL nor posted to a chat endpoint. The turn parses the text as written.
+        reply = Message("assistant", protocol.sendable_text(text))
+        conversation.append(reply)
+        record.messages.append(reply.to_text_dict())
+        turn_started = time.monotonic()
+        result = await ep.turn(text)
+        turn_ended = time.monotonic()
+        record.turn_latency_s.append(turn_ended - turn_started)
+        record.turn_ended_s.append(turn_ended - zero)
+        # Older screens leave the conversation as the new ones arrive: its size stays bounded.
+        conversation[:] = keep_last_images([*conversation, *result.observations], config.keep_images)
+        record.messages.extend(to_text_dicts(result.observations))
+        record.tool_calls.extend(r.as_dict() for r in result.tool_calls)
+        record.turns = result.turn
+        turn += 1
+        if result.done:
+            record.done, record.truncated = True, result.truncated
+            record.reward = result.reward
+            record.done_reason = result.done_reason
+            record.verification_status = result.verification_status
+            break
+    return turn
+
+
+def _failed(record: EpisodeRecord, err: Exception) -> None:
+    """What went wrong, by kind: one broken episode must not end the run; it is reported."""
+    if isinstance(err, VerifierError):
+        record.done, record.error, record.error_type = True, str(err), "verifier"
+        record.verification_status = err.status
+    elif isinstance(err, RlgateError):
+        record.error, record.error_type = str(err), "rpc"
+    elif isinstance(err, PolicyError):
+        record.error, record.error_type = str(err), "policy"
+    else:
+        record.error, record.error_type = f"{type(err).__name__}: {err}", type(err).__name__
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -356,9 +441,13 @@ async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[Episo
 
         async def one(task: common_pb2.TaskInfo, index: int, bar: Any) -> None:
             async with semaphore:
-                record = await run_episode(client, task, index, policy, config, started)
-            records.append(record)
-            await writer.queue.put(record)
+                if config.fork_at:
+                    made = await run_forked(client, task, index, policy, config, started)
+                else:
+                    made = [await run_episode(client, task, index, policy, config, started)]
+            records.extend(made)
+            for record in made:
+                await writer.queue.put(record)
             rewards = [r.reward for r in records if r.reward is not None]
             progress.update(
                 bar,
@@ -586,6 +675,14 @@ def preflight(config: RolloutConfig) -> None:
 @click.option(
     "--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="Figure of reward, turn latency and episodes/s over time (.png, .svg, .pdf; needs matplotlib)",
+)  # fmt: skip
+@click.option(
+    "--fork-at", default=0, show_default=True, type=click.IntRange(min=0),
+    help="Fork each episode after this many turns (0: never); its branches play on (--branches)",
+)  # fmt: skip
+@click.option(
+    "--branches", default=1, show_default=True, type=click.IntRange(min=1, max=16),
+    help="Branches per forked episode (--fork-at); each is a trajectory of its own",
 )  # fmt: skip
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def rollout_command(**options: Any) -> None:

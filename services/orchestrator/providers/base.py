@@ -58,6 +58,10 @@ class Unsupported(ProviderError):
     retrying does not help until someone changes it."""
 
 
+class SnapshotUnsupported(ProviderError):
+    """The instance offers no snapshot (the message says why)."""
+
+
 @dataclass
 class InstanceHandle:
     """One instance as the orchestrator keeps it (serialised into `Session.instance`)."""
@@ -227,6 +231,30 @@ class Provider(abc.ABC):
     def can_verify(self, task: TaskDef) -> bool:
         """Whether the task defines scoring this provider can run (else verification is SKIPPED)."""
         return bool(task.verifier_code)
+
+    # -- forks (optional) --------------------------------------------------------------------------------
+    def snapshot_unsupported(self, handle: InstanceHandle) -> str:
+        """Why `snapshot` cannot serve this instance ("" when it can)."""
+        return f"the {self.name or 'configured'} provider takes no snapshots"
+
+    async def snapshot(self, handle: InstanceHandle, *, timeout_s: float) -> str:
+        """A snapshot of the instance's live state, by id. `SnapshotUnsupported` when it offers none."""
+        raise SnapshotUnsupported(self.snapshot_unsupported(handle))
+
+    async def create_from_snapshot(
+        self,
+        env_key: str,
+        snapshot_id: str,
+        *,
+        env_variables: dict[str, Any],
+        run_id: str,
+        ttl_s: int,
+        heartbeat_interval_s: int,
+        timeout_s: float,
+        modality: str = "tool_use",
+    ) -> InstanceHandle:
+        """As `create`, the instance's live state being the snapshot's (its seed state the environment's)."""
+        raise SnapshotUnsupported(f"the {self.name or 'configured'} provider creates no instances from snapshots")
 
     def endpoints_for(self, env_key: str, task: TaskDef | None) -> list[str]:
         """MCP endpoints of an instance-less session (mcp provider); empty otherwise."""

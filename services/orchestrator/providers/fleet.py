@@ -42,6 +42,7 @@ from rlgate.orchestrator.providers.base import (
     RateLimited,
     ResetFailed,
     Retryable,
+    SnapshotUnsupported,
     TaskDef,
     Unsupported,
     VerifierRun,
@@ -243,6 +244,82 @@ class FleetProvider(Provider):
         if env.status in ("error", "stopped"):
             raise Retryable(f"create {env_key}: instance {env.instance_id} came up {env.status}")
         return self._handle(env)
+
+    # -- snapshots (Fork) -------------------------------------------------------------------------------
+    # The SDK has no snapshot call: its own HTTP clients carry them (the instance's manager client for the
+    # manager's `snapshot` URL, the control plane's for a create from a snapshot), each under a timeout.
+    def snapshot_unsupported(self, handle: InstanceHandle) -> str:
+        manager = (handle.raw.get("urls") or {}).get("manager") or {}
+        if not manager.get("snapshot"):
+            return f"instance {handle.instance_id} lists no manager snapshot URL"
+        return ""
+
+    async def snapshot(self, handle: InstanceHandle, *, timeout_s: float) -> str:
+        why = self.snapshot_unsupported(handle)
+        if why:
+            raise SnapshotUnsupported(why)
+        env = self._env(handle)
+
+        async def take() -> str:
+            response = await env.instance.client.request("POST", "/snapshot")
+            status: int = response.status_code  # the SDK's instance client is plain httpx: no raise on status
+            if status in (404, 405, 501):
+                raise SnapshotUnsupported(f"instance {handle.instance_id} answers no snapshot (HTTP {status})")
+            if status >= 500:
+                raise Retryable(f"snapshot of {handle.instance_id}: HTTP {status}")
+            if status != 200:
+                raise ProviderError(f"snapshot of {handle.instance_id}: HTTP {status}: {response.text[:200]}")
+            body = response.json()
+            snapshot_id = body.get("snapshot_id") if isinstance(body, dict) else None
+            if not isinstance(snapshot_id, str) or not snapshot_id:
+                raise ProviderError(f"snapshot of {handle.instance_id}: the answer names no snapshot_id")
+            return snapshot_id
+
+        return await self._call(f"snapshot {handle.instance_id}", take, timeout_s)
+
+    async def create_from_snapshot(
+        self,
+        env_key: str,
+        snapshot_id: str,
+        *,
+        env_variables: dict[str, Any],
+        run_id: str,
+        ttl_s: int,
+        heartbeat_interval_s: int,
+        timeout_s: float,
+        modality: str = "tool_use",
+    ) -> InstanceHandle:
+        screen = modality in SCREEN_MODALITIES
+        env_id, _, version = env_key.partition(":")
+        body: dict[str, Any] = {
+            "env_key": env_id,
+            "snapshot_id": snapshot_id,
+            "env_variables": env_variables,
+            "run_id": run_id,
+            "image_type": SCREEN_IMAGE_TYPE if screen else None,
+            "ttl_seconds": ttl_s or (SCREEN_TTL_S if screen else TOOL_USE_TTL_S),
+            "heartbeat_interval": heartbeat_interval_s or None,
+            "max_wait_seconds": max(1, int(timeout_s) - 2),
+        }
+        if version:
+            body["env_version"] = version
+
+        async def make() -> InstanceHandle:
+            response = await self._fleet.client.request(
+                "POST", "/v1/env/instances", json={k: v for k, v in body.items() if v is not None}, timeout=timeout_s
+            )
+            env = AsyncEnv(client=self._fleet.client, **response.json())
+            loop = asyncio.get_running_loop()
+            ends = loop.time() + timeout_s
+            while env.status == "pending" and loop.time() < ends:  # a platform that answers before it runs
+                await asyncio.sleep(0.5)
+                env = await self._fleet.instance(env.instance_id)
+            return self._handle(env)
+
+        handle = await self._call(f"create {env_key} from {snapshot_id}", make, timeout_s)
+        if handle.status != "running":
+            raise Retryable(f"create {env_key}: instance {handle.instance_id} came up {handle.status}")
+        return handle
 
     async def reset(self, handle: InstanceHandle, *, timeout_s: float) -> None:
         env = self._env(handle)

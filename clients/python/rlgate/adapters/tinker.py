@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -187,34 +188,12 @@ class RlgateMessageEnv(MessageEnv):
         self.example_id = builder.task_key
 
     async def initial_observation(self) -> list[Message]:
-        """Open the session (once) and return the chat: the renderer's tool prefix, then the task."""
+        """Open the session (once) and return the chat: the renderer's tool prefix, then the task (for a
+        `RlgateForkGroupBuilder`, one branch of the shared prefix, and the prefix's messages)."""
+        if self.episode is None and isinstance(self.builder, RlgateForkGroupBuilder):
+            self.episode, self.history = await self.builder.branch(self.renderer)
         if self.episode is None:
-            episode = AsyncEpisode(
-                loop_client(
-                    orchestrator_address(self.builder.orchestrator),
-                    self.builder.api_key or read_env(ENV_API_KEY),
-                ),
-                task_key=self.builder.task_key,
-                max_turns=self.builder.max_turns,
-                run_id=self.builder.run_id,
-                labels=dict(self.builder.labels),
-                tool_timeout_s=self.builder.tool_timeout_s,
-            )
-            self.builder.track(episode)  # before Reset: cleanup closes it even if this task dies mid-Reset
-            await episode.reset()
-            self.episode = episode
-            if not self.builder.tracks(episode):
-                # cleanup() ran while Reset was in flight (FailFast's gather leaves sibling rollouts running
-                # after one fails): nobody will close this session later, so close it now.
-                await self._close()
-                raise RuntimeError(f"rollout group of {self.builder.task_key!r} was cleaned up during Reset")
-            system = "\n\n".join(p for p in (self.builder.instructions, FINISH_INSTRUCTIONS) if p)
-            prefix = self.renderer.create_conversation_prefix_with_tools(tool_specs(episode), system)
-            images = sees_images(self.renderer)
-            task = [
-                Message(role=m.role, content=cookbook_content(m.parts, images)) for m in episode.initial_messages()[1:]
-            ]
-            self.history = keep_last_images([*prefix, *task], self.builder.keep_images)
+            self.episode, self.history = await self.builder.open_episode(self.renderer)
         return self.history
 
     async def step(self, message: Message) -> MessageStepResult:
@@ -333,6 +312,31 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
         state["_opened"] = []  # live sessions belong to the process that opened them
         return state
 
+    async def open_episode(self, renderer: Renderer) -> tuple[AsyncEpisode, list[Message]]:
+        """A new session of the task (tracked, so cleanup closes it) and its chat: the renderer's tool
+        prefix, then the task."""
+        episode = AsyncEpisode(
+            loop_client(orchestrator_address(self.orchestrator), self.api_key or read_env(ENV_API_KEY)),
+            task_key=self.task_key,
+            max_turns=self.max_turns,
+            run_id=self.run_id,
+            labels=dict(self.labels),
+            tool_timeout_s=self.tool_timeout_s,
+        )
+        self.track(episode)  # before Reset: cleanup closes it even if this task dies mid-Reset
+        await episode.reset()
+        if not self.tracks(episode):
+            # cleanup() ran while Reset was in flight (FailFast's gather leaves sibling rollouts running
+            # after one fails): nobody will close this session later, so close it now.
+            with contextlib.suppress(Exception):
+                await episode.close()
+            raise RuntimeError(f"rollout group of {self.task_key!r} was cleaned up during Reset")
+        system = "\n\n".join(p for p in (self.instructions, FINISH_INSTRUCTIONS) if p)
+        prefix = renderer.create_conversation_prefix_with_tools(tool_specs(episode), system)
+        images = sees_images(renderer)
+        task = [Message(role=m.role, content=cookbook_content(m.parts, images)) for m in episode.initial_messages()[1:]]
+        return episode, keep_last_images([*prefix, *task], self.keep_images)
+
     def track(self, episode: AsyncEpisode) -> None:
         """Remember `episode` so cleanup() closes it (called before its Reset).
 
@@ -380,6 +384,64 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
     def logging_tags(self) -> list[str]:
         """Tags for the cookbook's metrics: "rlgate" and the task's environment prefix."""
         return ["rlgate", self.task_key.split("-")[0] if "-" in self.task_key else self.task_key]
+
+
+@dataclass
+class RlgateForkGroupBuilder(RlgateEnvGroupBuilder):
+    """A group whose episodes share a prefix (GRPO on continuations): one session of the task plays the
+    assistant messages of `prefix` (k turns, e.g. a reference solution's first steps), then is forked
+    (`AsyncEpisode.fork`) into `group_size` branches that continue from turn k, one per env. Each env's
+    observation is the prefix's chat. The source session stays open (a retried env forks it again) until
+    `cleanup`, which closes it with every branch. Picklable like its base (live state is not pickled)."""
+
+    prefix: tuple[str, ...] = ()
+    _source: AsyncEpisode | None = field(default=None, init=False, repr=False, compare=False)
+    _source_chat: list[Message] = field(default_factory=list, init=False, repr=False, compare=False)
+    _unclaimed: list[AsyncEpisode] = field(default_factory=list, init=False, repr=False, compare=False)
+    _lock: asyncio.Lock | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_source=None, _source_chat=[], _unclaimed=[], _lock=None)
+        return state
+
+    async def branch(self, renderer: Renderer) -> tuple[AsyncEpisode, list[Message]]:
+        """An unclaimed branch and its chat; the first call plays the prefix and forks `group_size` ways."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._source is None:
+                self._source, self._source_chat = await self._play_prefix(renderer)
+            if not self._unclaimed:
+                wanted = max(1, self.group_size)
+                # The chat lives here, in the renderer's terms; the branches carry none of their own.
+                branches = await self._source.fork(wanted)
+                for episode in branches:
+                    self.track(episode)
+                self._unclaimed = list(branches)
+            episode = self._unclaimed.pop(0)
+        return episode, list(self._source_chat)
+
+    async def cleanup(self) -> None:
+        """Close the source and every branch (see the base class); a later make_envs plays the prefix again."""
+        self._source, self._source_chat, self._unclaimed = None, [], []
+        await super().cleanup()
+
+    async def _play_prefix(self, renderer: Renderer) -> tuple[AsyncEpisode, list[Message]]:
+        source, chat = await self.open_episode(renderer)
+        for text in self.prefix:
+            message = Message(role="assistant", content=text)
+            result = await source.turn(*parsed_turn(message))
+            chat.append(message)
+            if result.done:
+                raise RuntimeError(
+                    f"the shared prefix of {self.task_key!r} ended the episode at turn {result.turn}; "
+                    "a prefix must leave it running"
+                )
+            chat = keep_last_images(
+                [*chat, *RlgateMessageEnv._observations(result, message, sees_images(renderer))], self.keep_images
+            )
+        return source, chat
 
 
 class RlgateDataset(RLDataset):

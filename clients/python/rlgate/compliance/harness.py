@@ -256,6 +256,21 @@ class ComplianceHarness(abc.ABC):
         self._state()["sessions"].append((stub, metadata, response.session_id))
         return response
 
+    def fork(
+        self, session_id: str, count: int, *, metadata: Metadata | None = None, **fields: Any
+    ) -> orchestrator_pb2.ForkResponse:
+        """Fork with a fresh request_id unless given; every branch is closed at teardown."""
+        fields.setdefault("request_id", self.new_request_id())
+        metadata = self.orchestrator_metadata if metadata is None else metadata
+        response: orchestrator_pb2.ForkResponse = self.orchestrator.Fork(
+            orchestrator_pb2.ForkRequest(session_id=session_id, count=count, **fields),
+            metadata=metadata,
+            timeout=self.rpc_timeout_s,
+        )
+        for branch in response.branches:
+            self._state()["sessions"].append((self.orchestrator, metadata, branch.session_id))
+        return response
+
     def step(self, session_id: str, **fields: Any) -> orchestrator_pb2.StepResponse:
         fields.setdefault("request_id", self.new_request_id())
         response: orchestrator_pb2.StepResponse = self.orchestrator.Step(
@@ -309,7 +324,9 @@ class ComplianceHarness(abc.ABC):
             time.sleep(POLL_INTERVAL_S)
 
     # -- agent calls --------------------------------------------------------------------------------------
-    def list_tools(self, episode: orchestrator_pb2.ResetResponse, token: str | None = None) -> Sequence[Any]:
+    def list_tools(
+        self, episode: orchestrator_pb2.ResetResponse | orchestrator_pb2.ForkBranch, token: str | None = None
+    ) -> Sequence[Any]:
         response = self.gateway(episode.gateway_address).ListTools(
             toolgateway_pb2.ListToolsRequest(),
             metadata=self.bearer(episode.agent_token if token is None else token),
@@ -319,7 +336,7 @@ class ComplianceHarness(abc.ABC):
 
     def call_tool(
         self,
-        episode: orchestrator_pb2.ResetResponse,
+        episode: orchestrator_pb2.ResetResponse | orchestrator_pb2.ForkBranch,
         name: str,
         arguments: Mapping[str, Any] | None = None,
         *,

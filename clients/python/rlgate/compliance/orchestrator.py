@@ -3,6 +3,7 @@ proto/rlgate/v1/orchestrator.proto documents, checked over the wire."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,7 @@ def _empty_requests() -> dict[str, Any]:
         "CloseSessions": orchestrator_pb2.CloseSessionsRequest(),
         "ListTasks": orchestrator_pb2.ListTasksRequest(),
         "ListSessions": orchestrator_pb2.ListSessionsRequest(),
+        "Fork": orchestrator_pb2.ForkRequest(),
     }
 
 
@@ -602,6 +604,82 @@ class OrchestratorServiceCompliance(ComplianceHarness):
             lambda: self.list_tools(episode),
             mentions="expire",
             what="the agent token of an expired session",
+        )
+
+    # -- Fork ---------------------------------------------------------------------------------------------
+    FORK_RUN = "compliance-fork-run"
+
+    def _forkable(self) -> tuple[orchestrator_pb2.ResetResponse, orchestrator_pb2.ForkResponse, str]:
+        """A source one turn in (with the tool call made), forked into 2: (source, fork, its request_id);
+        skips when the server's provider cannot fork (FAILED_PRECONDITION saying so)."""
+        tool = self.the_tool_call()
+        source = self.reset(labels={"compliance": "fork"}, run_id=self.FORK_RUN)
+        assert not self.call_tool(source, tool.name, tool.arguments).result.is_error
+        self.step(source.session_id, assistant_text="first turn")
+        request_id = self.new_request_id()
+        try:
+            forked = self.fork(source.session_id, 2, request_id=request_id)
+        except grpc.RpcError as err:
+            if err.code() == PRECONDITION and "fork" in (err.details() or "").lower():
+                skip(f"the server cannot fork this episode: {err.details()}")
+            raise
+        return source, forked, request_id
+
+    def test_fork_branches_share_the_episode(self) -> None:
+        source, forked, _ = self._forkable()
+        assert forked.parent_session_id == source.session_id and forked.turn == 1, forked
+        assert forked.mechanism in (
+            orchestrator_pb2.FORK_MECHANISM_SNAPSHOT,
+            orchestrator_pb2.FORK_MECHANISM_REPLAY,
+        ), forked
+        assert [b.branch_index for b in forked.branches] == [0, 1]
+        source_log = [c.tool for c in self.state(source.session_id, include_tool_calls=True).tool_calls]
+        for branch in forked.branches:
+            assert branch.session_id not in ("", source.session_id) and branch.agent_token, branch
+            assert (branch.episode, branch.turn, branch.max_turns) == (1, 1, source.max_turns), branch
+            state = self.state(branch.session_id, include_tool_calls=True)
+            info = state.session
+            assert info.status == Status.SESSION_STATUS_ACTIVE and info.task.key == self.task_key
+            assert (info.parent_session_id, info.branch_index) == (source.session_id, branch.branch_index)
+            assert info.labels["compliance"] == "fork" and info.run_id == self.FORK_RUN
+            assert [c.tool for c in state.tool_calls] == source_log, "a branch has the source's tool-call log"
+            assert self.list_tools(branch), "a branch's agent token works"
+        assert self.list_tools(source), "the source goes on unchanged"
+        session = self.state(source.session_id).session
+        assert (session.status, session.turn) == (Status.SESSION_STATUS_ACTIVE, 1)
+        assert self.step(forked.branches[0].session_id, done=True).turn == 2, "a branch counts from the task's start"
+        assert self.state(forked.branches[1].session_id).session.turn == 1, "branches are independent"
+
+    def test_fork_retry_returns_the_same_branches(self) -> None:
+        source, forked, request_id = self._forkable()
+        again = self.fork(source.session_id, 2, request_id=request_id)
+        assert [b.session_id for b in again.branches] == [b.session_id for b in forked.branches]
+        for first, retried in zip(forked.branches, again.branches, strict=True):
+            assert retried.agent_token and retried.agent_token != first.agent_token
+            assert self.list_tools(retried), "the retry's agent token works"
+            self.expect_status(PRECONDITION, functools.partial(self.list_tools, first), what="a first Fork's token")
+        self.expect_status(
+            INVALID,
+            lambda: self.fork(source.session_id, 3, request_id=request_id),
+            field="count",
+            what="a Fork request_id reused with another count",
+        )
+
+    def test_fork_refusals(self) -> None:
+        source = self.reset()
+        ended = self.reset()
+        self.step(ended.session_id, done=True)
+        closed = self.reset()
+        self.close(closed.session_id)
+        self.expect_statuses(
+            [
+                ("count 0", INVALID, lambda: self.fork(source.session_id, 0), "count"),
+                ("count -1", INVALID, lambda: self.fork(source.session_id, -1), "count"),
+                ("count past any maximum", INVALID, lambda: self.fork(source.session_id, 1_000_000), "count"),
+                ("an unknown session", NOT_FOUND, lambda: self.fork(UNKNOWN_SESSION, 1), None),
+                ("a done source", PRECONDITION, lambda: self.fork(ended.session_id, 1), None),
+                ("a closed source", PRECONDITION, lambda: self.fork(closed.session_id, 1), None),
+            ]
         )
 
     # -- authentication and the plane split ---------------------------------------------------------------

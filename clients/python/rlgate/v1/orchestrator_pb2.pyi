@@ -18,10 +18,19 @@ class DoneReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DONE_REASON_FINAL_ANSWER: _ClassVar[DoneReason]
     DONE_REASON_AGENT_DONE: _ClassVar[DoneReason]
     DONE_REASON_MAX_TURNS: _ClassVar[DoneReason]
+
+class ForkMechanism(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FORK_MECHANISM_UNSPECIFIED: _ClassVar[ForkMechanism]
+    FORK_MECHANISM_SNAPSHOT: _ClassVar[ForkMechanism]
+    FORK_MECHANISM_REPLAY: _ClassVar[ForkMechanism]
 DONE_REASON_UNSPECIFIED: DoneReason
 DONE_REASON_FINAL_ANSWER: DoneReason
 DONE_REASON_AGENT_DONE: DoneReason
 DONE_REASON_MAX_TURNS: DoneReason
+FORK_MECHANISM_UNSPECIFIED: ForkMechanism
+FORK_MECHANISM_SNAPSHOT: ForkMechanism
+FORK_MECHANISM_REPLAY: ForkMechanism
 
 class ResetRequest(_message.Message):
     __slots__ = ("request_id", "session_id", "task_key", "env_key", "max_turns", "labels", "run_id")
@@ -151,7 +160,7 @@ class InstanceInfo(_message.Message):
     def __init__(self, provider: _Optional[str] = ..., instance_id: _Optional[str] = ..., env_key: _Optional[str] = ..., root_url: _Optional[str] = ..., mcp_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "status", "task", "episode", "turn", "max_turns", "done_reason", "reward", "verification", "labels", "run_id", "instance", "created_at", "updated_at", "expires_at", "tool_call_count")
+    __slots__ = ("session_id", "status", "task", "episode", "turn", "max_turns", "done_reason", "reward", "verification", "labels", "run_id", "instance", "created_at", "updated_at", "expires_at", "tool_call_count", "parent_session_id", "branch_index")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +184,8 @@ class SessionInfo(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     status: _common_pb2.SessionStatus
     task: _common_pb2.TaskInfo
@@ -191,7 +202,9 @@ class SessionInfo(_message.Message):
     updated_at: _timestamp_pb2.Timestamp
     expires_at: _timestamp_pb2.Timestamp
     tool_call_count: int
-    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ...) -> None: ...
+    parent_session_id: str
+    branch_index: int
+    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ..., parent_session_id: _Optional[str] = ..., branch_index: _Optional[int] = ...) -> None: ...
 
 class ToolCallLogEntry(_message.Message):
     __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided")
@@ -314,3 +327,49 @@ class ListSessionsResponse(_message.Message):
     sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
     next_page_token: str
     def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("request_id", "session_id", "count", "mechanism")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    session_id: str
+    count: int
+    mechanism: ForkMechanism
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., count: _Optional[int] = ..., mechanism: _Optional[_Union[ForkMechanism, str]] = ...) -> None: ...
+
+class ForkBranch(_message.Message):
+    __slots__ = ("branch_index", "session_id", "episode", "turn", "max_turns", "tools", "agent_token", "gateway_address", "instance")
+    BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    MAX_TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    branch_index: int
+    session_id: str
+    episode: int
+    turn: int
+    max_turns: int
+    tools: _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]
+    agent_token: str
+    gateway_address: str
+    instance: InstanceInfo
+    def __init__(self, branch_index: _Optional[int] = ..., session_id: _Optional[str] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., tools: _Optional[_Iterable[_Union[_common_pb2.ToolSpec, _Mapping]]] = ..., agent_token: _Optional[str] = ..., gateway_address: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("parent_session_id", "turn", "mechanism", "branches")
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    parent_session_id: str
+    turn: int
+    mechanism: ForkMechanism
+    branches: _containers.RepeatedCompositeFieldContainer[ForkBranch]
+    def __init__(self, parent_session_id: _Optional[str] = ..., turn: _Optional[int] = ..., mechanism: _Optional[_Union[ForkMechanism, str]] = ..., branches: _Optional[_Iterable[_Union[ForkBranch, _Mapping]]] = ...) -> None: ...

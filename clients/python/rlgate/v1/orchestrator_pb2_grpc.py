@@ -80,6 +80,11 @@ class OrchestratorServiceStub:
                 request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsResponse.FromString,
                 _registered_method=True)
+        self.Fork = channel.unary_unary(
+                '/rlgate.v1.OrchestratorService/Fork',
+                request_serializer=rlgate_dot_v1_dot_orchestrator__pb2.ForkRequest.SerializeToString,
+                response_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.ForkResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -207,6 +212,63 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Fork(self, request, context):
+        """Fork branches a live episode: from the source session at its current
+        turn it starts `count` new sessions (1 to the orchestrator's configured
+        maximum, 16 by default), each on an instance of its own whose state equals
+        the source's at the fork. A branch has the source's task, episode number,
+        turn count, turn limit, labels, run_id and tool-call log (its entries
+        copied); it gets a fresh agent token, and its SessionInfo carries
+        parent_session_id and branch_index (0-based), also set as the labels
+        "rlgate.parent_session" and "rlgate.branch", so a trainer can group the
+        branches (ListSessions, CloseSessions). The orchestrator keeps no
+        transcript beyond the turn count and the tool-call log: the caller copies
+        its own messages into each branch (the Python client's Episode.fork does).
+
+        The source goes on unchanged (its token, turn and instance stay). A
+        branch's turn limit counts from the task's start (a source at turn 3 of
+        max_turns 10 gives branches with 7 turns left); its verifier scores it
+        against the task's seed state, as an unforked episode would be scored.
+        Each branch is an ordinary session afterwards: Step, State, Reset and
+        Close it on its own (every branch needs its own Close).
+
+        Mechanisms (ForkResponse.mechanism says which ran): SNAPSHOT where the
+        source's instance offers one (the fleet provider: the instance manager's
+        snapshot URL, then new instances created from the snapshot); otherwise
+        REPLAY: fresh instances (warm pools used) are reset and the source's
+        logged tool calls of this episode re-run in order, skipping tools
+        annotated readOnlyHint; each result is compared with the logged one, and
+        a mismatch fails the Fork naming the first differing call (its position
+        in the log and its request_id). Replayed calls are not logged again and
+        do not count as turns.
+
+        Tool calls in flight: Fork does not wait for them. The fork point is the
+        source's tool-call log as Fork reads it; if the log grows before the
+        branches are ready (a call of the source finished meanwhile) the Fork is
+        refused with FAILED_PRECONDITION (TOOL_CALL_IN_FLIGHT), if the source took
+        a turn meanwhile with FAILED_PRECONDITION (SESSION_NOT_FORKABLE), and
+        everything it made is closed. Fork between turns: after Step, before the
+        next call.
+
+        A Fork that fails part-way closes every branch and instance it made.
+        Retries: a request_id seen before from the same caller returns the same
+        branches with fresh agent tokens (the first ones revoked), while each
+        branch's episode still runs; bound to session_id, count and mechanism,
+        reused with others it is INVALID_ARGUMENT naming the field.
+
+        Errors: NOT_FOUND (unknown session), INVALID_ARGUMENT (count out of
+        range, unknown mechanism), FAILED_PRECONDITION (the source is closed,
+        expired, done or resetting (SESSION_NOT_FORKABLE); a call of the source
+        finished during the fork (TOOL_CALL_IN_FLIGHT); the provider cannot fork
+        or cannot use the requested mechanism (FORK_UNSUPPORTED, the message says
+        why); a replayed call's result differs from the logged one
+        (REPLAY_MISMATCH)), RESOURCE_EXHAUSTED (max sessions, or the provider's
+        instance limit), UNAVAILABLE, DEADLINE_EXCEEDED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -244,6 +306,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsRequest.FromString,
                     response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'Fork': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fork,
+                    request_deserializer=rlgate_dot_v1_dot_orchestrator__pb2.ForkRequest.FromString,
+                    response_serializer=rlgate_dot_v1_dot_orchestrator__pb2.ForkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +513,33 @@ class OrchestratorService:
             '/rlgate.v1.OrchestratorService/ListSessions',
             rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsRequest.SerializeToString,
             rlgate_dot_v1_dot_orchestrator__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlgate.v1.OrchestratorService/Fork',
+            rlgate_dot_v1_dot_orchestrator__pb2.ForkRequest.SerializeToString,
+            rlgate_dot_v1_dot_orchestrator__pb2.ForkResponse.FromString,
             options,
             channel_credentials,
             insecure,
