@@ -129,3 +129,16 @@ def test_healthcheck_works_in_a_client_only_install(health_server: tuple[str, he
     unreachable = _client_only("healthcheck", f"127.0.0.1:{_closed_port()}", "--timeout", "1")
     assert unreachable.returncode == 2 and len(unreachable.stderr.splitlines()) == 1
     assert "UNAVAILABLE" in unreachable.stderr and "Traceback" not in unreachable.stderr
+
+
+def test_rollout_runs_only_the_modalities_asked_for() -> None:
+    from rlgate.v1 import common_pb2
+
+    tasks = [
+        common_pb2.TaskInfo(key="a", modality="tool_use"),
+        common_pb2.TaskInfo(key="b", modality="computer_use"),
+        common_pb2.TaskInfo(key="c"),  # no modality: tool_use, as the contract says
+    ]
+    assert [t.key for t in tasks if rollout._of_modality(t, "all")] == ["a", "b", "c"]
+    assert [t.key for t in tasks if rollout._of_modality(t, "tool_use")] == ["a", "c"]
+    assert [t.key for t in tasks if rollout._of_modality(t, " computer_use , browser_use")] == ["b"]

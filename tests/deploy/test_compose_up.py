@@ -177,6 +177,8 @@ class Project:
         summary_path, out_path = tmp_path / "summary.json", tmp_path / "traj.jsonl"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RLGATE_", "FLEET_"))}
         argv = [sys.executable, "-m", "rlgate.cli", "rollout", "--orchestrator", orchestrators, "--tasks", "all",
+                # The image carries no browser (docs/deploy.md): screens are served by a derived image.
+                "--modalities", "tool_use",
                 "--concurrency", "8", "--policy", "reference", "--no-progress",
                 "--summary-json", str(summary_path), "--out", str(out_path)]  # fmt: skip
         started = time.monotonic()

@@ -111,6 +111,8 @@ class RolloutConfig:
     Args:
         orchestrator: the orchestrator's address, `host:port[,...]`.
         tasks: "all" or comma-separated task keys.
+        modalities: "all" or comma-separated task modalities (tool_use, computer_use, browser_use): only tasks
+            of these run (a stack without a browser serves no screens).
         episodes: episodes per task.
         concurrency: episodes at once.
         policy: "reference" (the task's reference solution) or "openai" (an OpenAI-compatible endpoint).
@@ -130,6 +132,7 @@ class RolloutConfig:
 
     orchestrator: str
     tasks: str = "all"
+    modalities: str = "all"
     episodes: int = 1
     concurrency: int = 8
     policy: str = "reference"
@@ -395,7 +398,13 @@ async def _list_tasks(client: AsyncClient, config: RolloutConfig) -> list[common
         raise click.ClickException(f"the orchestrator at {config.orchestrator} {given} ({err})") from err
     except (Unavailable, DeadlineExceeded) as err:
         raise click.ClickException(f"cannot reach the orchestrator at {config.orchestrator} ({err})") from err
-    return _select(listed, config.tasks)
+    return [t for t in _select(listed, config.tasks) if _of_modality(t, config.modalities)]
+
+
+def _of_modality(task: common_pb2.TaskInfo, wanted: str) -> bool:
+    if wanted.strip() == "all":
+        return True
+    return (task.modality or "tool_use") in {m.strip() for m in wanted.split(",")}
 
 
 async def run_rollout(config: RolloutConfig) -> tuple[dict[str, Any], list[EpisodeRecord]]:
@@ -651,6 +660,10 @@ def preflight(config: RolloutConfig) -> None:
 )
 @click.option("--api-key", envvar=ENV_API_KEY, default=None, help=f"Orchestrator API key [env: {ENV_API_KEY}]")
 @click.option("--tasks", default="all", show_default=True, help="'all' or comma-separated task keys")
+@click.option(
+    "--modalities", default="all", show_default=True,
+    help="'all' or comma-separated task modalities (tool_use, computer_use, browser_use) to run",
+)  # fmt: skip
 @click.option("--episodes", default=1, show_default=True, type=click.IntRange(min=1), help="Episodes per task")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Episodes at once")
 @click.option("--policy", type=click.Choice(["reference", "openai"]), default="reference", show_default=True)
