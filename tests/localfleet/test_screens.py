@@ -42,7 +42,9 @@ COUNT_BOX = (0, 0, 400, 60)  # "N notes"
 @pytest.fixture(scope="module")
 def lf() -> Iterator[LocalfleetProcess]:
     require_binary("chromium")
-    with LocalfleetProcess(environments=TINY, extra_args=["--browser-viewport", f"{WIDTH}x{HEIGHT}"]) as proc:
+    # PNG: these tests compare screenshots pixel by pixel, which JPEG's (default) artifacts would blur.
+    args = ["--browser-viewport", f"{WIDTH}x{HEIGHT}", "--screenshot-format", "png"]
+    with LocalfleetProcess(environments=TINY, extra_args=args) as proc:
         yield proc
 
 
