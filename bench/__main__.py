@@ -33,6 +33,8 @@ BENCHMARKS = (
     "episodes_per_s",
     "sessions_10000",
     "scale_sessions",
+    "screenshot_vs_direct",
+    "computer_use_16",
 )
 TIME_LIMIT_S = {"quick": 150.0, "full": 1800.0}  # per benchmark, unless its module sets TIME_LIMIT_S
 

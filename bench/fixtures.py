@@ -216,10 +216,14 @@ class Rlgate:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def reset(self, env_key: str, max_turns: int = MAX_TURNS) -> Session:
+    async def reset(self, env_key: str = "", max_turns: int = MAX_TURNS, task_key: str = "") -> Session:
+        """A new session on `env_key` (a plain instance), or on the task `task_key` (its modality decides the
+        instance's image: computer_use tasks get a screen)."""
         t0 = time.perf_counter()
         reply = await self.orchestrator.Reset(
-            orchestrator_pb2.ResetRequest(request_id=uuid.uuid4().hex, env_key=env_key, max_turns=max_turns),
+            orchestrator_pb2.ResetRequest(
+                request_id=uuid.uuid4().hex, env_key=env_key, task_key=task_key, max_turns=max_turns
+            ),
             timeout=RPC_TIMEOUT_S * 3,
         )
         reset_ms = (time.perf_counter() - t0) * 1e3
@@ -283,16 +287,19 @@ class Rlgate:
             orchestrator_pb2.CloseRequest(session_id=session.session_id), timeout=RPC_TIMEOUT_S
         )
 
-    async def mcp_url(self, session: Session) -> str:
-        """The instance endpoint that serves the app's tools (`{root}mcp`), from the session's State."""
+    async def mcp_url(self, session: Session, aggregator: bool = False) -> str:
+        """The instance endpoint that serves the app's tools (`{root}mcp`), or with `aggregator` the one that
+        also serves the `computer` tool of a screen instance (`{root}api/v1/mcp`), from the session's State."""
         reply: orchestrator_pb2.StateResponse = await self.orchestrator.State(
             orchestrator_pb2.StateRequest(session_id=session.session_id), timeout=RPC_TIMEOUT_S
         )
         endpoints = list(reply.session.instance.mcp_endpoints)
         if not endpoints:
             raise BenchError(f"session {session.session_id} reports no MCP endpoint")
-        plain = [e for e in endpoints if not e.rstrip("/").endswith("api/v1/mcp")]
-        return (plain or endpoints)[0]
+        chosen = [e for e in endpoints if e.rstrip("/").endswith("api/v1/mcp") == aggregator]
+        if aggregator and not chosen:
+            raise BenchError(f"session {session.session_id} reports no aggregator endpoint: {endpoints}")
+        return (chosen or endpoints)[0]
 
 
 def mcp_http(verify: ssl.SSLContext | bool = True) -> httpx2.AsyncClient:

@@ -27,6 +27,30 @@ from rlgate.localfleet.config import LocalfleetConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_EXECUTABLES = ("chromium", "chromium-headless-shell")
+# Headless Chromium still builds a browser window per page, and with it the omnibox popup's WebUI page, which
+# runs in a renderer process of its own: a second renderer per screen that nobody sees. Disabling it (and the
+# spare renderer kept warm for the next tab) leaves one renderer per screen instead of two.
+SCREEN_DISABLED_FEATURES = ("WebUIOmniboxPopup", "WebUIOmniboxAimPopup", "SpareRendererForSitePerProcess")
+# Chromium keeps only the last `--disable-features` and Playwright passes its own before ours, so ours repeats
+# Playwright's (its chromiumSwitches.ts); tests/localfleet/test_browser_flags.py fails when they drift apart.
+PLAYWRIGHT_DISABLED_FEATURES = (
+    "AvoidUnnecessaryBeforeUnloadCheckSync",
+    "DestroyProfileOnBrowserClose",
+    "HttpsUpgrades",
+    "HttpsFirstBalancedModeAutoEnable",
+    "LensOverlay",
+    "MediaRouter",
+    "PaintHolding",
+    "ThirdPartyStoragePartitioning",
+    "AvoidCorsURLLoaderRestartOnRedirect",
+    "TcpPortRandomizationWin",
+    "OptimizationHints",
+    "NetworkTimeServiceQuerying",
+    "AimEnabled",
+    "PreconnectToSearch",
+    "msForceBrowserSignIn",
+    "msEdgeUpdateLaunchServicesPreferredVersion",
+)
 # What works here: no sandbox (containers without user namespaces), no GPU, and nothing that calls home.
 LAUNCH_ARGS = (
     "--headless",
@@ -37,6 +61,7 @@ LAUNCH_ARGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-features=" + ",".join((*PLAYWRIGHT_DISABLED_FEATURES, *SCREEN_DISABLED_FEATURES)),
 )
 BLOCKED_PAGE = (
     "<!doctype html><html><head><title>Blocked</title></head><body style='font-family:sans-serif;margin:2em'>"

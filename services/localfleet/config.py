@@ -51,9 +51,11 @@ class LocalfleetConfig:
     browser_timeout_s: float = setting(
         10.0, "RLGATE_LOCALFLEET_BROWSER_TIMEOUT_S", "Timeout of one browser call (an action, a page load)"
     )
-    screenshot_format: str = setting("png", "RLGATE_LOCALFLEET_SCREENSHOT_FORMAT", "Screenshot encoding: png or jpeg")
+    # JPEG by default: a busy app page's PNG at the default viewport, carried as base64 text (the base64_image
+    # result form), would not fit the toolgateway's default output limit (tests/orchestrator/test_screen_sizes.py).
+    screenshot_format: str = setting("jpeg", "RLGATE_LOCALFLEET_SCREENSHOT_FORMAT", "Screenshot encoding: jpeg or png")
     screenshot_quality: int = setting(
-        80, "RLGATE_LOCALFLEET_SCREENSHOT_QUALITY", "JPEG quality of screenshots (1-100; jpeg only)"
+        70, "RLGATE_LOCALFLEET_SCREENSHOT_QUALITY", "JPEG quality of screenshots (1-100; jpeg only)"
     )
     log_level: str = setting("INFO", "RLGATE_LOG_LEVEL", "Log level")
 

@@ -41,15 +41,19 @@ COUNT_BOX = (0, 0, 400, 60)  # "N notes"
 @pytest.fixture(scope="module")
 def lf() -> Iterator[LocalfleetProcess]:
     require_binary("chromium")
-    with LocalfleetProcess(environments=TINY, extra_args=["--browser-viewport", f"{WIDTH}x{HEIGHT}"]) as proc:
+    # PNG: these tests compare screenshots pixel by pixel, which JPEG's (default) artifacts would blur.
+    args = ["--browser-viewport", f"{WIDTH}x{HEIGHT}", "--screenshot-format", "png"]
+    with LocalfleetProcess(environments=TINY, extra_args=args) as proc:
         yield proc
 
 
 def image_of(result: Any) -> Image.Image:
     assert not result.is_error, text_of(result)
     images = [c for c in result.content if c.type == "image"]
-    assert len(images) == 1 and images[0].mime_type == "image/png"
-    return Image.open(io.BytesIO(base64.b64decode(images[0].data))).convert("RGB")
+    assert len(images) == 1
+    image = Image.open(io.BytesIO(base64.b64decode(images[0].data)))
+    assert image.format is not None and images[0].mime_type == Image.MIME[image.format]  # says what it is
+    return image.convert("RGB")
 
 
 def changed(a: Image.Image, b: Image.Image, box: tuple[int, int, int, int] | None = None) -> bool:
