@@ -76,7 +76,17 @@ class LimitExceeded(Exception):
 
 
 class RateLimited(Exception):
-    """Too many creations in flight (Fleet's per-team burst cap); the SDK raises FleetRateLimitError."""
+    """Too many creations in flight (Fleet's per-team burst cap) or too many per second (its rate limit); the
+    SDK raises FleetRateLimitError. `retry_after_s` is the Retry-After answered."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PlacementFailed(Exception):
+    """A create refused for now with nothing created, marked `"retryable": true` (as Fleet's placement
+    failures are)."""
 
 
 class DuplicateRequest(Exception):
@@ -184,6 +194,8 @@ class InstanceRegistry:
         self.live: dict[str, Instance] = {}
         self.stopped: dict[str, Instance] = {}
         self._request_ids: dict[str, str] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # env_key -> (tokens, at): the create_rate fault
+        self._creating = 0  # creates accepted and still being made (counters: creates_in_flight_peak)
         self._reaper: asyncio.Task[None] | None = None
         # Called with the id of every instance that stops, so per-instance state elsewhere (MCP sessions)
         # dies with it instead of lingering until its own idle timeout.
@@ -270,7 +282,12 @@ class InstanceRegistry:
             raise LimitExceeded(self.running_count(spec.env_key), faults.instance_limit, f" for {spec.env_key}")
         inflight = sum(1 for i in self.live.values() if i.status == "pending" and i.spec.env_key == spec.env_key)
         if faults.max_inflight_creates is not None and inflight >= faults.max_inflight_creates:
+            self.counters.inc("creates_throttled")
             raise RateLimited(f"Too many in-flight instance creations for this team ({inflight} for {spec.env_key})")
+        self._take_create_token(spec.env_key, faults.create_rate)
+        if self.faults.chance(faults.placement_failure_rate):
+            self.counters.inc("creates_placement_failed")
+            raise PlacementFailed(f"no capacity to place {spec.env_key} right now")
         now = time.time()
         inst = Instance(
             instance_id=uuid.uuid4().hex[:16],
@@ -294,6 +311,8 @@ class InstanceRegistry:
             self._request_ids[request_id] = inst.instance_id
             while len(self._request_ids) > _REQUEST_IDS:
                 self._request_ids.pop(next(iter(self._request_ids)))
+        self._creating += 1
+        self.counters.peak("creates_in_flight_peak", self._creating)
         try:
             if faults.create_delay_s:
                 await asyncio.sleep(faults.create_delay_s)
@@ -303,6 +322,8 @@ class InstanceRegistry:
             self.live.pop(inst.instance_id, None)
             await asyncio.to_thread(shutil.rmtree, inst.directory, True)
             raise
+        finally:
+            self._creating -= 1
         if inst.instance_id not in self.live:  # deleted while it was being created
             await asyncio.to_thread(shutil.rmtree, inst.directory, True)
             raise InstanceGone(f"instance {inst.instance_id} was deleted while being created")
@@ -310,6 +331,20 @@ class InstanceRegistry:
         inst.updated_at = time.time()
         self.counters.inc("instances_created")
         return inst
+
+    def _take_create_token(self, env_key: str, rate: float) -> None:
+        """The create_rate fault: a token bucket of one second's worth per environment; RateLimited (with the
+        wait for the next token) when it is empty."""
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, at = self._buckets.get(env_key, (max(1.0, rate), now))
+        tokens = min(max(1.0, rate), tokens + (now - at) * rate)
+        if tokens < 1.0:
+            self._buckets[env_key] = (tokens, now)
+            self.counters.inc("creates_throttled")
+            raise RateLimited(f"Rate limit exceeded: {rate:g} creates/s for {env_key}", (1.0 - tokens) / rate)
+        self._buckets[env_key] = (tokens - 1.0, now)
 
     @staticmethod
     def _materialize(inst: Instance, template: Path, current_from: Callable[[Path], None] | None = None) -> None:

@@ -131,7 +131,7 @@ class WarmPool:
     async def _fill_one(self, env_key: str) -> None:
         try:
             handle, intent = await self._provisioner.create(
-                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED
+                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED, background=True
             )
         except RlgateError as exc:
             log.warning("warm pool %s: create failed: %s", env_key, exc.message)
