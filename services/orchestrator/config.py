@@ -97,6 +97,12 @@ class OrchestratorConfig:
         "URL and API key)",
     )
     warm_pool: str = setting("", "RLGATE_WARM_POOL", "Warm pool targets, e.g. 'mailbox:v1=4,tracker:v1=2'")
+    pool_max_age_s: float = setting(
+        300.0,
+        "RLGATE_POOL_MAX_AGE_S",
+        "A warm-pool instance idle longer than this is deleted and replaced, never handed out (0: no bound; keep "
+        "it well under the instance TTL)",
+    )
     reconcile_interval_s: float = setting(
         30.0, "RLGATE_RECONCILE_INTERVAL_S", "How often to reconcile the store with the provider"
     )

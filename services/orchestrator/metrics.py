@@ -27,4 +27,9 @@ RECONCILED = m.counter(
     "Reconciliation actions (orphan_deleted, session_resumed, session_lost)",
     ["action"],
 )
+POOL_DISCARDED = m.counter(
+    "rlgate_orchestrator_pool_discarded_total",
+    "Idle warm-pool instances deleted instead of handed out (aged out, failed its health check)",
+    ["reason"],
+)
 POOL_HITS = m.counter("rlgate_orchestrator_pool_total", "Warm-pool hand-outs (hit) and misses", ["result"])

@@ -39,9 +39,8 @@ from typing import Any
 
 from rlgate.core.backoff import Backoff
 from rlgate.core.errors import FailedPrecondition, NotFound, ResourceExhausted, RlgateError, Unavailable, clip
-from rlgate.orchestrator import metrics
+from rlgate.orchestrator import creates, metrics
 from rlgate.orchestrator.config import OrchestratorConfig
-from rlgate.orchestrator import creates
 from rlgate.orchestrator.creates import CreateGate
 from rlgate.orchestrator.providers.base import (
     INTENT_ENV_VAR,
