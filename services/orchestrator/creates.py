@@ -33,6 +33,10 @@ from rlgate.store.admission import BACKGROUND, POLL_S, URGENT
 log = logging.getLogger(__name__)
 
 PRIORITIES = (URGENT, BACKGROUND)
+# The pump asks again at least this often while creates wait, so a run that still waits renews its place in
+# the store's turn order within WAITING_TTL_S; a run whose creates all gave up loses it that long after.
+MAX_POLL_S = 1.0
+WAITING_TTL_S = 1.5
 # After a store error the pump asks again this long later (the waiters' own bounds still hold).
 STORE_RETRY_S = 0.5
 # Runs whose refusal is account-wide (paused, full, out of tokens): the other queued runs would hear the same.
@@ -58,7 +62,7 @@ def create_limits(config: OrchestratorConfig) -> CreateLimits:
         burst=max(1.0, config.create_burst),
         recover_per_s=max(0.0, config.create_rate_recovery),
         slot_ttl_s=config.provision_timeout_s + 30.0,
-        wait_ttl_s=2.0,
+        wait_ttl_s=WAITING_TTL_S,
     )
 
 
@@ -237,7 +241,7 @@ class CreateGate:
             wait = min(wait, grant.wait_s)
             if grant.reason in _ACCOUNT_WIDE:
                 break
-        return max(0.001, min(wait, 1.0))
+        return max(0.001, min(wait, MAX_POLL_S))
 
 
 __all__ = ["ADMISSION_TIMEOUT", "QUEUE_FULL", "REFUSED", "CreateGate", "create_client", "create_limits"]
