@@ -195,7 +195,7 @@ class InstanceRegistry:
         self.stopped: dict[str, Instance] = {}
         self._request_ids: dict[str, str] = {}
         self._buckets: dict[str, tuple[float, float]] = {}  # env_key -> (tokens, at): the create_rate fault
-        self._creating = 0  # creates accepted and still being made (counters: creates_in_flight_peak)
+        self._creating = 0  # create requests being served (counters: creates_in_flight_peak)
         self._reaper: asyncio.Task[None] | None = None
         # Called with the id of every instance that stops, so per-instance state elsewhere (MCP sessions)
         # dies with it instead of lingering until its own idle timeout.
@@ -272,6 +272,39 @@ class InstanceRegistry:
         current_from: Callable[[Path], None] | None = None,
     ) -> Instance:
         """`current_from(path)`, when given, writes the live database (a snapshot's) instead of the seed."""
+        # Every create request counts while it is served, refused ones too: the peak is what callers sent.
+        self._creating += 1
+        self.counters.peak("creates_in_flight_peak", self._creating)
+        try:
+            return await self._create(
+                spec,
+                request_id=request_id,
+                env_variables=env_variables,
+                run_id=run_id,
+                ttl_seconds=ttl_seconds,
+                heartbeat_interval=heartbeat_interval,
+                data_key=data_key,
+                data_version=data_version,
+                image_type=image_type,
+                current_from=current_from,
+            )
+        finally:
+            self._creating -= 1
+
+    async def _create(
+        self,
+        spec: EnvironmentSpec,
+        *,
+        request_id: str | None,
+        env_variables: dict[str, Any] | None,
+        run_id: str | None,
+        ttl_seconds: int | None,
+        heartbeat_interval: int | None,
+        data_key: str | None,
+        data_version: str | None,
+        image_type: str | None,
+        current_from: Callable[[Path], None] | None,
+    ) -> Instance:
         if request_id and request_id in self._request_ids:
             raise DuplicateRequest(self._request_ids[request_id])
         faults = self.faults.for_env(spec.env_id, spec.version)
@@ -283,6 +316,7 @@ class InstanceRegistry:
         inflight = sum(1 for i in self.live.values() if i.status == "pending" and i.spec.env_key == spec.env_key)
         if faults.max_inflight_creates is not None and inflight >= faults.max_inflight_creates:
             self.counters.inc("creates_throttled")
+            self.counters.inc("creates_over_inflight_cap")
             raise RateLimited(f"Too many in-flight instance creations for this team ({inflight} for {spec.env_key})")
         self._take_create_token(spec.env_key, faults.create_rate)
         if self.faults.chance(faults.placement_failure_rate):
@@ -311,8 +345,6 @@ class InstanceRegistry:
             self._request_ids[request_id] = inst.instance_id
             while len(self._request_ids) > _REQUEST_IDS:
                 self._request_ids.pop(next(iter(self._request_ids)))
-        self._creating += 1
-        self.counters.peak("creates_in_flight_peak", self._creating)
         try:
             if faults.create_delay_s:
                 await asyncio.sleep(faults.create_delay_s)
@@ -322,8 +354,6 @@ class InstanceRegistry:
             self.live.pop(inst.instance_id, None)
             await asyncio.to_thread(shutil.rmtree, inst.directory, True)
             raise
-        finally:
-            self._creating -= 1
         if inst.instance_id not in self.live:  # deleted while it was being created
             await asyncio.to_thread(shutil.rmtree, inst.directory, True)
             raise InstanceGone(f"instance {inst.instance_id} was deleted while being created")
@@ -343,6 +373,7 @@ class InstanceRegistry:
         if tokens < 1.0:
             self._buckets[env_key] = (tokens, now)
             self.counters.inc("creates_throttled")
+            self.counters.inc("creates_over_rate")
             raise RateLimited(f"Rate limit exceeded: {rate:g} creates/s for {env_key}", (1.0 - tokens) / rate)
         self._buckets[env_key] = (tokens - 1.0, now)
 
