@@ -127,11 +127,14 @@ class WarmPool:
             queue.remove(entry)
             metrics.POOL_DISCARDED.labels("aged out").inc()
             log.info("pool instance %s aged out; deleting it", entry.handle.instance_id)
-            task = asyncio.create_task(self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id))
+            task = asyncio.create_task(self._delete(entry))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         if stale:
             self._gauge(env_key)
+
+    async def _delete(self, entry: PoolEntry) -> None:
+        await self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id)
 
     async def put_back(self, entry: PoolEntry) -> bool:
         """Return a clean instance to its pool if below target (Close with pool_on_close)."""
