@@ -207,7 +207,11 @@ class CreateGate:
             if not candidates:
                 return
             self._wake.clear()
-            wait = await self._offer(candidates)
+            try:
+                wait = await self._offer(candidates)
+            except Exception:  # a bug must not strand the queue: the waiters' own bounds still hold
+                log.exception("create admission pump on %s failed", self.account)
+                wait = STORE_RETRY_S
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
