@@ -116,18 +116,20 @@ class CreateGate:
         finally:
             await asyncio.shield(self._release(slot_id))
 
-    async def throttled(self, retry_after_s: float | None) -> None:
+    async def throttled(self, retry_after_s: float | None) -> float:
         """The provider refused a create for its rate or burst cap: every replica pauses for its Retry-After
-        (or the store's last hint) and the shared rate is cut."""
+        (or the store's last hint) and the shared rate is cut. Returns how long the caller must wait itself
+        before asking again: 0 once the store took the pause, else the pause (the store could not)."""
         wait = retry_after_s if retry_after_s is not None else max(self.hint_s, 1.0 / self.rate)
         try:
             self.rate = await self._store.throttle_creates(self.account, wait, self.limits)
         except StoreError:
             log.exception("could not record a throttle of %s", self.account)
-            return
+            return wait
         metrics.CREATE_RATE.set(self.rate)
         metrics.CREATE_THROTTLES.inc()
         log.info("provider throttled creates on %s: pausing %.2fs, rate now %.2f/s", self.account, wait, self.rate)
+        return 0.0
 
     async def close(self) -> None:
         """Cancel the pump; waiters still queued get RESOURCE_EXHAUSTED."""

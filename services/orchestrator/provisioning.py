@@ -179,8 +179,8 @@ class Provisioner:
                 log.info("instance limit reached creating %s (%s); waiting %.2fs for capacity", env_key, exc, wait)
             except RateLimited as exc:
                 last = exc
-                await self.gate.throttled(exc.retry_after_s)
-                wait = 0.0  # admission waits for the pause, on every replica
+                # Admission waits for the pause, on every replica (unless the store could not take it).
+                wait = min(await self.gate.throttled(exc.retry_after_s), deadline.remaining())
                 log.info("create %s: provider throttled (%s); waiting for admission", env_key, exc)
             except Retryable as exc:
                 last = exc
