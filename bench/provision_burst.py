@@ -60,21 +60,28 @@ async def rlgate_side(ctx: BenchContext, env_key: str, count: int, faults: list[
         },
     )
     failures = 0
-    async with grpc.aio.insecure_channel(stack.orchestrator_address) as channel:
-        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+    # One channel per run, as two trainer processes would hold (a connection carries at most 1,024 calls).
+    channels = [grpc.aio.insecure_channel(stack.orchestrator_address) for _ in range(2)]
+    stubs = [orchestrator_pb2_grpc.OrchestratorServiceStub(c) for c in channels]
 
-        async def episode(run: str) -> None:
-            nonlocal failures
-            try:
-                reset = await stub.Reset(orchestrator_pb2.ResetRequest(env_key=env_key, run_id=run), timeout=1800)
-            except grpc.aio.AioRpcError:
-                failures += 1
-                return
-            await stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=60)
+    async def episode(run: int) -> None:
+        nonlocal failures
+        try:
+            reset = await stubs[run].Reset(
+                orchestrator_pb2.ResetRequest(env_key=env_key, run_id=f"run-{run}"), timeout=1800
+            )
+        except grpc.aio.AioRpcError:
+            failures += 1
+            return
+        await stubs[run].Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=60)
 
+    try:
         start = time.perf_counter()
-        await asyncio.gather(*(episode(f"run-{i % 2}") for i in range(count)))
+        await asyncio.gather(*(episode(i % 2) for i in range(count)))
         elapsed = time.perf_counter() - start
+    finally:
+        for channel in channels:
+            await channel.close()
     await ctx.stop_stack("rlgate")
     return elapsed, failures
 
