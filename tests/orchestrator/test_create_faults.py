@@ -1,6 +1,7 @@
 """Creates as Fleet really behaves, against localfleet's injected faults: a lost reply is retried under the same
 idempotency key and adopted via 409 (one instance, not two); retryable placement failures are retried; a rate
-limit's 429 throttles the shared admission and every Reset still gets its instance."""
+limit's 429 throttles the shared admission and every Reset still gets its instance; a Reset that waits past
+the admission bound gets RESOURCE_EXHAUSTED with RetryInfo."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, instances_of
 from tests.support.localfleet import LocalfleetProcess
+from tests.support.statuses import detail
 
 TASK = "mailbox-count-unread-from-kenji"
 
@@ -70,3 +76,28 @@ async def test_a_rate_limit_throttles_admission_and_every_reset_succeeds(
     assert counters["instances_created"] == 12
     gate = orch.handle.orchestrator.provisioner.gate
     assert gate.rate < 100.0  # the shared rate was cut (it climbs back at 1/s per second)
+
+
+async def test_a_reset_past_the_admission_wait_is_resource_exhausted_with_retry_info(
+    lf: LocalfleetProcess, orchestrator_factory: Callable[..., Any]
+) -> None:
+    orch: Running = await orchestrator_factory(
+        fast_config(lf, reconcile_interval_s=600, max_concurrent_creates=1, create_queue_wait_s=0.5)
+    )
+    lf.set_faults(faults(create_delay_s=3.0))  # the one create slot stays taken for 3 s
+
+    async def reset() -> orchestrator_pb2.ResetResponse:
+        response: orchestrator_pb2.ResetResponse = await orch.stub.Reset(
+            orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60
+        )
+        return response
+
+    first = asyncio.create_task(reset())
+    await asyncio.sleep(0.5)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert detail(err.value, error_details_pb2.ErrorInfo).reason == "CREATE_ADMISSION_TIMEOUT"
+    assert detail(err.value, error_details_pb2.RetryInfo).retry_delay.ToTimedelta().total_seconds() > 0
+    assert (await first).tools  # the admitted one goes on
+    assert len(instances_of(lf, orch.config.run_id)) == 1  # the refused one made nothing
