@@ -30,6 +30,7 @@ BENCHMARKS = (
     "step_vs_openenv",
     "reset_warm_vs_cold",
     "fork_vs_replay",
+    "provision_burst",
     "episodes_per_s",
     "sessions_10000",
     "scale_sessions",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -24,6 +25,7 @@ from rlgate.localfleet.instances import (
     Instance,
     InstanceGone,
     LimitExceeded,
+    PlacementFailed,
     RateLimited,
     iso,
 )
@@ -174,11 +176,21 @@ def routes(platform: Platform) -> list[Route]:
                 },
             )
         except RateLimited as exc:
-            return error(429, str(exc))
+            response = error(429, str(exc))
+            response.headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))  # delta-seconds: whole
+            return response
+        except PlacementFailed as exc:
+            return error(503, {"error_type": "placement_failed", "message": str(exc), "retryable": True})
         except DuplicateRequest as exc:
             return error(409, {"error": "duplicate_request_id", "instance_id": exc.instance_id, "message": str(exc)})
         except InstanceGone as exc:
             return error(409, str(exc))
+        faults = platform.faults.for_env(spec.env_id, spec.version)
+        if platform.faults.chance(faults.create_reply_loss_rate):  # made, but the caller never hears of it
+            platform.counters.inc("create_replies_lost")
+            connections = platform.endpoints.connections
+            if connections is not None and connections.abort(request.scope.get("client")):
+                return error(500, "reply lost (injected fault)")  # written to a closed socket: never read
         return JSONResponse(instance_json(platform, inst))
 
     async def list_instances(request: Request) -> JSONResponse:

@@ -41,6 +41,10 @@ class Counters:
     def inc(self, name: str, n: int = 1) -> None:
         self._global[name] += n
 
+    def peak(self, name: str, value: int) -> None:
+        """Keep the largest `value` seen (a high-water mark)."""
+        self._global[name] = max(self._global[name], value)
+
     def inc_env(self, env_id: str, name: str, n: int = 1) -> None:
         self._env.setdefault(env_id, Counter())[name] += n
         self._global[name] += n

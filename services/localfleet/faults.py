@@ -37,6 +37,9 @@ class EnvFaults:
     instance_limit: int | None = None  # running instances of this environment allowed
     create_delay_s: float = 0.0  # POST /v1/env/instances takes this long
     max_inflight_creates: int | None = None  # more concurrent creates than this get 429 (Fleet's burst cap)
+    create_rate: float = 0.0  # creates accepted per second (0: no limit); past it 429 with Retry-After
+    placement_failure_rate: float = 0.0  # fraction of creates refused 503 "retryable": true (nothing created)
+    create_reply_loss_rate: float = 0.0  # fraction of created instances whose reply is lost (connection dropped)
 
     def hangs(self, tool: str) -> bool:
         return "*" in self.hang_tools or tool in self.hang_tools
@@ -46,6 +49,7 @@ class EnvFaults:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(EnvFaults)}
+_FRACTIONS = frozenset({"tool_error_rate", "placement_failure_rate", "create_reply_loss_rate"})
 
 
 class FaultError(ValueError):
@@ -77,7 +81,7 @@ def _parse_env(name: str, raw: Any) -> dict[str, Any]:
         else:
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise FaultError(f"{name}.{key} must be a non-negative number")
-            if key == "tool_error_rate" and value > 1:
+            if key in _FRACTIONS and value > 1:
                 raise FaultError(f"{name}.{key} must be between 0 and 1")
             out[key] = float(value)
     return out
@@ -157,4 +161,8 @@ class FaultRegistry:
         return default if self._plan.instance_limit is None else self._plan.instance_limit
 
     def injected_error(self, faults: EnvFaults) -> bool:
-        return faults.tool_error_rate > 0 and self.rng.random() < faults.tool_error_rate
+        return self.chance(faults.tool_error_rate)
+
+    def chance(self, rate: float) -> bool:
+        """True with probability `rate` (a fault that strikes a fraction of calls)."""
+        return rate > 0 and self.rng.random() < rate

@@ -76,7 +76,17 @@ class LimitExceeded(Exception):
 
 
 class RateLimited(Exception):
-    """Too many creations in flight (Fleet's per-team burst cap); the SDK raises FleetRateLimitError."""
+    """Too many creations in flight (Fleet's per-team burst cap) or too many per second (its rate limit); the
+    SDK raises FleetRateLimitError. `retry_after_s` is the Retry-After answered."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PlacementFailed(Exception):
+    """A create refused for now with nothing created, marked `"retryable": true` (as Fleet's placement
+    failures are)."""
 
 
 class DuplicateRequest(Exception):
@@ -184,6 +194,8 @@ class InstanceRegistry:
         self.live: dict[str, Instance] = {}
         self.stopped: dict[str, Instance] = {}
         self._request_ids: dict[str, str] = {}
+        self._buckets: dict[str, tuple[float, float]] = {}  # env_key -> (tokens, at): the create_rate fault
+        self._creating = 0  # create requests being served (counters: creates_in_flight_peak)
         self._reaper: asyncio.Task[None] | None = None
         # Called with the id of every instance that stops, so per-instance state elsewhere (MCP sessions)
         # dies with it instead of lingering until its own idle timeout.
@@ -260,6 +272,39 @@ class InstanceRegistry:
         current_from: Callable[[Path], None] | None = None,
     ) -> Instance:
         """`current_from(path)`, when given, writes the live database (a snapshot's) instead of the seed."""
+        # Every create request counts while it is served, refused ones too: the peak is what callers sent.
+        self._creating += 1
+        self.counters.peak("creates_in_flight_peak", self._creating)
+        try:
+            return await self._create(
+                spec,
+                request_id=request_id,
+                env_variables=env_variables,
+                run_id=run_id,
+                ttl_seconds=ttl_seconds,
+                heartbeat_interval=heartbeat_interval,
+                data_key=data_key,
+                data_version=data_version,
+                image_type=image_type,
+                current_from=current_from,
+            )
+        finally:
+            self._creating -= 1
+
+    async def _create(
+        self,
+        spec: EnvironmentSpec,
+        *,
+        request_id: str | None,
+        env_variables: dict[str, Any] | None,
+        run_id: str | None,
+        ttl_seconds: int | None,
+        heartbeat_interval: int | None,
+        data_key: str | None,
+        data_version: str | None,
+        image_type: str | None,
+        current_from: Callable[[Path], None] | None,
+    ) -> Instance:
         if request_id and request_id in self._request_ids:
             raise DuplicateRequest(self._request_ids[request_id])
         faults = self.faults.for_env(spec.env_id, spec.version)
@@ -270,7 +315,13 @@ class InstanceRegistry:
             raise LimitExceeded(self.running_count(spec.env_key), faults.instance_limit, f" for {spec.env_key}")
         inflight = sum(1 for i in self.live.values() if i.status == "pending" and i.spec.env_key == spec.env_key)
         if faults.max_inflight_creates is not None and inflight >= faults.max_inflight_creates:
+            self.counters.inc("creates_throttled")
+            self.counters.inc("creates_over_inflight_cap")
             raise RateLimited(f"Too many in-flight instance creations for this team ({inflight} for {spec.env_key})")
+        self._take_create_token(spec.env_key, faults.create_rate)
+        if self.faults.chance(faults.placement_failure_rate):
+            self.counters.inc("creates_placement_failed")
+            raise PlacementFailed(f"no capacity to place {spec.env_key} right now")
         now = time.time()
         inst = Instance(
             instance_id=uuid.uuid4().hex[:16],
@@ -310,6 +361,21 @@ class InstanceRegistry:
         inst.updated_at = time.time()
         self.counters.inc("instances_created")
         return inst
+
+    def _take_create_token(self, env_key: str, rate: float) -> None:
+        """The create_rate fault: a token bucket of one second's worth per environment; RateLimited (with the
+        wait for the next token) when it is empty."""
+        if rate <= 0:
+            return
+        now = time.monotonic()
+        tokens, at = self._buckets.get(env_key, (max(1.0, rate), now))
+        tokens = min(max(1.0, rate), tokens + (now - at) * rate)
+        if tokens < 1.0:
+            self._buckets[env_key] = (tokens, now)
+            self.counters.inc("creates_throttled")
+            self.counters.inc("creates_over_rate")
+            raise RateLimited(f"Rate limit exceeded: {rate:g} creates/s for {env_key}", (1.0 - tokens) / rate)
+        self._buckets[env_key] = (tokens - 1.0, now)
 
     @staticmethod
     def _materialize(inst: Instance, template: Path, current_from: Callable[[Path], None] | None = None) -> None:

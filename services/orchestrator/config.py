@@ -63,8 +63,46 @@ class OrchestratorConfig:
     reset_timeout_s: float = setting(10.0, "RLGATE_RESET_TIMEOUT_S", "Timeout of the manager's /reset")
     verify_timeout_s: float = setting(60.0, "RLGATE_VERIFY_TIMEOUT_S", "Timeout of one verifier run")
     verify_retries: int = setting(2, "RLGATE_VERIFY_RETRIES", "Retries of a verifier infrastructure failure")
-    max_concurrent_creates: int = setting(16, "RLGATE_MAX_CONCURRENT_CREATES", "Instance creates in flight")
+    max_concurrent_creates: int = setting(
+        16,
+        "RLGATE_MAX_CONCURRENT_CREATES",
+        "Instance creates in flight on the provider account, across every replica on the store (Fleet's burst cap)",
+    )
+    create_rate: float = setting(
+        20.0, "RLGATE_CREATE_RATE", "Instance creates per second on the provider account, across every replica"
+    )
+    create_burst: float = setting(
+        16.0, "RLGATE_CREATE_BURST", "Creates that may start at once after a quiet spell (the rate's bucket size)"
+    )
+    create_rate_min: float = setting(
+        1.0, "RLGATE_CREATE_RATE_MIN", "The floor a provider's throttling cuts the create rate down to"
+    )
+    create_rate_recovery: float = setting(
+        2.0,
+        "RLGATE_CREATE_RATE_RECOVERY",
+        "After a throttle, the create rate climbs back by this many creates/s every second",
+    )
+    create_queue_wait_s: float = setting(
+        60.0,
+        "RLGATE_CREATE_QUEUE_WAIT_S",
+        "Longest a create waits for admission (never past the Reset's deadline), then RESOURCE_EXHAUSTED",
+    )
+    create_queue_max: int = setting(
+        4096, "RLGATE_CREATE_QUEUE_MAX", "Creates one process queues for admission at most (then RESOURCE_EXHAUSTED)"
+    )
+    create_account: str = setting(
+        "",
+        "RLGATE_CREATE_ACCOUNT",
+        "Name of the provider account whose create limits replicas share (empty: derived from the provider, its "
+        "URL and API key)",
+    )
     warm_pool: str = setting("", "RLGATE_WARM_POOL", "Warm pool targets, e.g. 'mailbox:v1=4,tracker:v1=2'")
+    pool_max_age_s: float = setting(
+        300.0,
+        "RLGATE_POOL_MAX_AGE_S",
+        "A warm-pool instance idle longer than this is deleted and replaced, never handed out (0: no bound; keep "
+        "it well under the instance TTL)",
+    )
     reconcile_interval_s: float = setting(
         30.0, "RLGATE_RECONCILE_INTERVAL_S", "How often to reconcile the store with the provider"
     )

@@ -34,6 +34,7 @@ from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.creates import create_client
 from rlgate.orchestrator.instances import Instances
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, SnapshotUnsupported, TaskDef
 from rlgate.orchestrator.replay import ReplayMismatch, replay_calls
@@ -192,6 +193,7 @@ class Forks:
         if params.mechanism == SNAPSHOT and why:
             raise FailedPrecondition(f"cannot fork by snapshot: {why}", reason="FORK_UNSUPPORTED")
         env_vars = dict(task.env_variables) if task else {}
+        client = create_client(params.caller, source.run_id)
         if params.mechanism != REPLAY and not why:
             try:
                 snapshot_id = await self._provider.snapshot(
@@ -218,6 +220,7 @@ class Forks:
                         env_variables=env_vars,
                         snapshot_id=snapshot_id,
                         modality=source.modality,
+                        client=client,
                     )
                     made.append(_Made(index, fresh, intent))
 
@@ -225,11 +228,11 @@ class Forks:
                 return SNAPSHOT
 
         async def replayed(index: int) -> None:
-            fresh, intent, reused = await self._instances.acquire(source.env_key, task, deadline)
+            fresh, intent, reused = await self._instances.acquire(source.env_key, task, deadline, client=client)
             entry = _Made(index, fresh, intent, claimed=intent.intent_id if intent is not None and reused else "")
             made.append(entry)
             entry.handle, entry.intent = await self._instances.reset(
-                fresh, intent, reused, source.env_key, task, deadline
+                fresh, intent, reused, source.env_key, task, deadline, client=client
             )
             try:
                 async with asyncio.timeout(deadline.remaining()):

@@ -42,10 +42,10 @@ class Instances:
         self.pool = pool
 
     async def acquire(
-        self, env_key: str, task: TaskDef | None, deadline: Deadline
+        self, env_key: str, task: TaskDef | None, deadline: Deadline, *, client: str = ""
     ) -> tuple[InstanceHandle, Intent | None, bool]:
         """An instance for a new session: (handle, intent, reused). A reused one is a warm-pool instance
-        whose intent stays claimed until `settled`."""
+        whose intent stays claimed until `settled`. A create takes its turn for admission as `client`."""
         if not self._provider.manages_instances:
             try:
                 endpoints = self._provider.endpoints_for(env_key, task)
@@ -58,7 +58,9 @@ class Instances:
             if entry is not None:
                 return entry.handle, entry.intent, True
         env_vars = dict(task.env_variables) if task else {}
-        handle, intent = await self.provisioner.create(env_key, deadline, env_variables=env_vars, modality=modality)
+        handle, intent = await self.provisioner.create(
+            env_key, deadline, env_variables=env_vars, modality=modality, client=client
+        )
         return handle, intent, False
 
     def _modality(self, env_key: str, task: TaskDef | None) -> str:
@@ -79,6 +81,8 @@ class Instances:
         env_key: str,
         task: TaskDef | None,
         deadline: Deadline,
+        *,
+        client: str = "",
     ) -> tuple[InstanceHandle, Intent | None]:
         """Restore seed state. Fresh instance: a failure is logged and the episode goes on. Reused instance:
         fatal — the instance is deleted and replaced by a fresh one, so no episode starts on dirty state."""
@@ -100,9 +104,9 @@ class Instances:
         await self.discard(handle, intent)
         env_vars = dict(task.env_variables) if task else {}
         fresh, fresh_intent = await self.provisioner.create(
-            env_key, deadline, env_variables=env_vars, modality=self._modality(env_key, task)
+            env_key, deadline, env_variables=env_vars, modality=self._modality(env_key, task), client=client
         )
-        return await self.reset(fresh, fresh_intent, False, env_key, task, deadline)
+        return await self.reset(fresh, fresh_intent, False, env_key, task, deadline, client=client)
 
     async def bind(self, intent: Intent, session_id: str) -> None:
         """The instance is `session_id`'s now. Only once the session records it: a BOUND intent is kept by

@@ -1,9 +1,13 @@
 """Warm pools: idle instances per env key, created ahead of demand so Reset skips provisioning.
 
-Pool instances are real instances with POOLED intents (reaped like any other if this process dies) and are
-health-checked before hand-out. A refill task per env key tops the pool up to its target in the background
-(through the provisioner, so it obeys admission control). Instances handed out count as *reused*: a failing
-reset is fatal for them and they are replaced.
+Pool instances are real instances with POOLED intents (reaped like any other if this process dies). Only a
+live instance is handed out: one idle longer than `pool_max_age_s` (its TTL runs from its create, so an old
+one may die mid-episode) or failing its health check (the provider says it is not running, or its manager
+does not answer /health) is deleted instead and the next one tried; the refill replaces it. The refill loop
+also sweeps out instances that aged past the bound while waiting. A refill task per env key tops the pool up
+to its target in the background (through the provisioner, so it obeys admission control, at background
+priority: Resets' creates go first). Instances handed out count as *reused*: a failing reset is fatal for
+them and they are replaced.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlgate.core.errors import RlgateError
 from rlgate.orchestrator import metrics
@@ -43,6 +48,10 @@ def parse_pool_targets(spec: str) -> dict[str, int]:
 class PoolEntry:
     handle: InstanceHandle
     intent: Intent
+    pooled_at: float = field(default_factory=time.monotonic)  # when it (re)entered the pool
+
+    def age(self) -> float:
+        return time.monotonic() - self.pooled_at
 
 
 class WarmPool:
@@ -87,15 +96,45 @@ class WarmPool:
             self._gauge(env_key)
             self._wake.set()
             self._claimed.add(entry.intent.intent_id)
-            if await self._provider.health(entry.handle, timeout_s=self._config.health_timeout_s):
+            why = await self._unfit(entry)
+            if not why:
                 metrics.POOL_HITS.labels("hit").inc()
                 return entry
             self._claimed.discard(entry.intent.intent_id)
-            log.warning("pool instance %s failed its health check; deleting", entry.handle.instance_id)
-            await self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id)
+            metrics.POOL_DISCARDED.labels(why).inc()
+            log.warning("pool instance %s %s; deleting it", entry.handle.instance_id, why)
+            await asyncio.shield(self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id))
         if env_key in self.targets:
             metrics.POOL_HITS.labels("miss").inc()
         return None
+
+    async def _unfit(self, entry: PoolEntry) -> str:
+        """Why an idle instance must not be handed out ("" when it is fit): too old, or not alive."""
+        if self._too_old(entry):
+            return "aged out"
+        if not await self._provider.health(entry.handle, timeout_s=self._config.health_timeout_s):
+            return "failed its health check"
+        return ""
+
+    def _too_old(self, entry: PoolEntry) -> bool:
+        return self._config.pool_max_age_s > 0 and entry.age() > self._config.pool_max_age_s
+
+    def _sweep(self, env_key: str, tasks: set[asyncio.Task[None]]) -> None:
+        """Delete the idle instances that aged out while waiting (the refill replaces them)."""
+        queue = self._idle[env_key]
+        stale = [e for e in queue if self._too_old(e)]
+        for entry in stale:
+            queue.remove(entry)
+            metrics.POOL_DISCARDED.labels("aged out").inc()
+            log.info("pool instance %s aged out; deleting it", entry.handle.instance_id)
+            task = asyncio.create_task(self._delete(entry))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if stale:
+            self._gauge(env_key)
+
+    async def _delete(self, entry: PoolEntry) -> None:
+        await self._provisioner.release(entry.handle.instance_id, entry.intent.intent_id)
 
     async def put_back(self, entry: PoolEntry) -> bool:
         """Return a clean instance to its pool if below target (Close with pool_on_close)."""
@@ -104,6 +143,7 @@ class WarmPool:
             return False
         await self._provisioner.set_intent(entry.intent.intent_id, IntentState.POOLED)
         self._claimed.discard(entry.intent.intent_id)
+        entry.pooled_at = time.monotonic()
         queue.append(entry)
         self._gauge(entry.handle.env_key)
         return True
@@ -115,6 +155,7 @@ class WarmPool:
             while True:
                 self._wake.clear()
                 for env_key, target in ({} if self._closed else self.targets).items():
+                    self._sweep(env_key, tasks)
                     missing = target - len(self._idle[env_key]) - self._filling[env_key]
                     for _ in range(max(0, missing)):
                         self._filling[env_key] += 1
@@ -131,7 +172,7 @@ class WarmPool:
     async def _fill_one(self, env_key: str) -> None:
         try:
             handle, intent = await self._provisioner.create(
-                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED
+                env_key, Deadline(self._config.provision_timeout_s), state=IntentState.POOLED, background=True
             )
         except RlgateError as exc:
             log.warning("warm pool %s: create failed: %s", env_key, exc.message)

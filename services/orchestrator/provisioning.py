@@ -11,10 +11,18 @@ intent".
 The store's identity (`store_identity`) is a random id made once per store and kept in it; the default
 run id is derived from it, so two deployments with their own stores never share a run id by accident.
 
-Admission: at most `max_concurrent_creates` creates in flight (Fleet caps bursts). Fleet's instance limit
-makes a create wait for capacity (woken early when rlgate deletes an instance) until the caller's
-deadline, then RESOURCE_EXHAUSTED; rate limits and retryable placement failures are retried with jittered
-backoff until the deadline, then UNAVAILABLE with RetryInfo.
+Admission: every attempt first takes a slot from the provider account's admission record, shared by every
+replica on the store (rlgate.orchestrator.creates): creates in flight and their rate are capped, runs take
+turns, Resets go before warm-pool refills. A rate-limit or burst-cap answer from the provider throttles the
+shared record (every replica pauses for its Retry-After, the rate is cut and climbs back). Fleet's instance
+limit makes a create wait for capacity (woken early when rlgate deletes an instance) until the caller's
+deadline, then RESOURCE_EXHAUSTED; retryable placement failures are retried with jittered backoff until the
+deadline, then UNAVAILABLE with RetryInfo.
+
+Idempotency: one create (all its attempts) is one intent, and the intent id is the create's idempotency key
+at the provider (`fleet` sends it as X-Request-ID). A retry after a lost reply is answered with the instance
+the first attempt made (Fleet's 409 duplicate_request_id, which the provider adopts), not a second one. Only
+when the provider says that instance failed (`StaleRequest`) does the next attempt start a new intent.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import time
 import uuid
@@ -30,8 +39,9 @@ from typing import Any
 
 from rlgate.core.backoff import Backoff
 from rlgate.core.errors import FailedPrecondition, NotFound, ResourceExhausted, RlgateError, Unavailable, clip
-from rlgate.orchestrator import metrics
+from rlgate.orchestrator import creates, metrics
 from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.creates import CreateGate
 from rlgate.orchestrator.providers.base import (
     INTENT_ENV_VAR,
     EnvNotFound,
@@ -41,11 +51,13 @@ from rlgate.orchestrator.providers.base import (
     ProviderError,
     RateLimited,
     Retryable,
+    StaleRequest,
     Unsupported,
 )
 from rlgate.runtime import tracing
 from rlgate.runtime.deadline import Deadline
 from rlgate.store import Intent, IntentState, SessionStore, StoreError
+from rlgate.store.admission import BACKGROUND, URGENT
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +77,15 @@ async def store_identity(store: SessionStore) -> str:
     """This store's identity: made on first use, the same for every process on the store ever after."""
     record, _ = await store.claim_request(IDENTITY_SCOPE, IDENTITY_KEY, uuid.uuid4().hex[:12])
     return record.owner
+
+
+def create_account(config: OrchestratorConfig) -> str:
+    """The provider account whose create limits every replica shares: configured, or derived from the
+    provider, its URL and its API key (hashed: the key itself never reaches the store)."""
+    if config.create_account:
+        return config.create_account
+    digest = hashlib.sha256(f"{config.fleet_base_url}\0{config.fleet_api_key}".encode()).hexdigest()[:16]
+    return f"{config.provider}:{digest}"
 
 
 def default_run_id(store_id: str) -> str:
@@ -90,6 +111,13 @@ def intent_store(intent_id: str) -> str:
     return store_id if sep and tagged else ""
 
 
+def _retried_under_same_key(exc: BaseException) -> bool:
+    """A transient failure whose create may have happened: the retry sends the same idempotency key and adopts
+    what this attempt made, so the intent stays CREATING. A throttle created nothing (the intent goes);
+    a stale key's instance failed (the intent goes DELETING, the retry takes a new one)."""
+    return isinstance(exc, Retryable) and not isinstance(exc, RateLimited | StaleRequest)
+
+
 class Provisioner:
     """Creates instances under admission control and deletes them, keeping intents in step."""
 
@@ -101,7 +129,7 @@ class Provisioner:
         self._provider = provider
         self._owner = owner
         self.store_id = store_id  # tags every intent id (set before the first create; see Orchestrator)
-        self._creates = asyncio.Semaphore(max(1, config.max_concurrent_creates))
+        self.gate = CreateGate.from_config(config, store, create_account(config))
         self._capacity = asyncio.Event()
         self.in_flight = 0
         self.backoff = PROVISION_BACKOFF
@@ -126,37 +154,77 @@ class Provisioner:
         state: str = IntentState.CREATING,
         modality: str = "tool_use",
         snapshot_id: str = "",
+        client: str = "",
+        background: bool = False,
     ) -> tuple[InstanceHandle, Intent]:
         """A running instance of the kind `modality` needs and its intent (state `state`), or an RlgateError
-        by the deadline. With `snapshot_id` the instance's live state is that snapshot's (Fork)."""
+        by the deadline. With `snapshot_id` the instance's live state is that snapshot's (Fork). `client`
+        (the caller's API key and run) takes its turn for admission with other clients; `background` creates
+        (warm-pool refills) wait while any Reset's create waits."""
         last: ProviderError | None = None
         retry = 0
+        intent = self._new_intent(env_key)
+        priority = BACKGROUND if background else URGENT
         while True:
             if deadline.expired():
+                await self._abandon_intent(intent)
                 raise self._give_up(env_key, last)
             try:
-                async with asyncio.timeout(deadline.remaining()):
-                    await self._creates.acquire()
-            except TimeoutError:
-                raise self._give_up(env_key, last) from None
-            try:
-                return await self._create_once(env_key, deadline, env_variables or {}, state, modality, snapshot_id)
+                async with self.gate.slot(client, priority, deadline):
+                    return await self._create_once(intent, deadline, env_variables or {}, state, modality, snapshot_id)
             except InstanceLimit as exc:
                 last = exc
                 # Not jittered: a deleted instance wakes the waiters early, the delay only bounds the wait.
                 wait = min(replace(self.backoff, jitter=0.0).delay(retry), deadline.remaining())
                 log.info("instance limit reached creating %s (%s); waiting %.2fs for capacity", env_key, exc, wait)
+            except RateLimited as exc:
+                last = exc
+                # Admission waits for the pause, on every replica (unless the store could not take it).
+                wait = min(await self.gate.throttled(exc.retry_after_s), deadline.remaining())
+                log.info("create %s: provider throttled (%s); waiting for admission", env_key, exc)
             except Retryable as exc:
                 last = exc
+                if isinstance(exc, StaleRequest):  # the key's instance failed: retry as a new request
+                    intent = self._new_intent(env_key)
                 wait = min(self.backoff.delay(retry), deadline.remaining())
                 log.warning("create %s: transient failure (%s); retrying in %.2fs", env_key, exc, wait)
-            finally:
-                self._creates.release()
+            except ResourceExhausted as exc:
+                await asyncio.shield(self._abandon_intent(intent))
+                if exc.reason in creates.REFUSED and last is not None:  # say why the attempts failed
+                    raise self._give_up(env_key, last) from None
+                raise
+            except BaseException:
+                await asyncio.shield(self._abandon_intent(intent))
+                raise
             if isinstance(last, InstanceLimit):
                 await self._wait_capacity(wait)
-            else:
+            elif wait > 0:
                 await asyncio.sleep(wait)
             retry += 1
+
+    def _new_intent(self, env_key: str) -> Intent:
+        return Intent(
+            intent_id=new_intent_id(self._owner, self.store_id),
+            run_id=self._config.run_id,
+            env_key=env_key,
+            state=IntentState.CREATING,
+        )
+
+    async def _abandon_intent(self, intent: Intent) -> None:
+        """The create gives up. An intent still CREATING had an attempt whose outcome is unknown (left for a
+        retry under its key): DELETING now, so reconciliation deletes whatever it made. An intent never
+        written, or settled by its last attempt, is nothing to undo."""
+        try:
+            stored = await self._store.get_intent(intent.intent_id)
+        except StoreError:
+            log.exception("could not read intent %s", intent.intent_id)
+            return
+        if stored is not None and stored.state == IntentState.CREATING:
+            await self._after_failed_create(stored, Retryable("gave up"))
+
+    async def close(self) -> None:
+        """Stop the admission pump (creates still queued are refused)."""
+        await self.gate.close()
 
     def _give_up(self, env_key: str, last: ProviderError | None) -> RlgateError:
         if isinstance(last, InstanceLimit):
@@ -178,19 +246,16 @@ class Provisioner:
 
     async def _create_once(
         self,
-        env_key: str,
+        intent: Intent,
         deadline: Deadline,
         env_variables: dict[str, Any],
         state: str,
         modality: str,
         snapshot_id: str = "",
     ) -> tuple[InstanceHandle, Intent]:
-        intent = Intent(
-            intent_id=new_intent_id(self._owner, self.store_id),
-            run_id=self._config.run_id,
-            env_key=env_key,
-            state=IntentState.CREATING,
-        )
+        env_key = intent.env_key
+        intent.state = IntentState.CREATING
+        intent.updated_at = time.time()
         await self._store.put_intent(intent)
         timeout = deadline.cap(self._config.provision_timeout_s)
         start = time.perf_counter()
@@ -212,7 +277,8 @@ class Provisioner:
             )
         except BaseException as exc:
             metrics.PROVISION_SECONDS.labels("error").observe(time.perf_counter() - start)
-            await asyncio.shield(self._after_failed_create(intent, exc))
+            if not _retried_under_same_key(exc):
+                await asyncio.shield(self._after_failed_create(intent, exc))
             if isinstance(exc, EnvNotFound):
                 raise NotFound(
                     f"unknown environment {clip(env_key)!r}: {exc}",

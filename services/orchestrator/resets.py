@@ -27,6 +27,7 @@ from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.admission import Admission
 from rlgate.orchestrator.closing import Closing
 from rlgate.orchestrator.config import OrchestratorConfig
+from rlgate.orchestrator.creates import create_client
 from rlgate.orchestrator.instances import Instances
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider, TaskDef
 from rlgate.orchestrator.sessions import Sessions
@@ -153,9 +154,12 @@ class Resets:
             intent: Intent | None = None
             claimed = ""
             try:
-                handle, intent, reused = await self._instances.acquire(env_key, task, deadline)
+                client = create_client(params.caller, params.run_id)
+                handle, intent, reused = await self._instances.acquire(env_key, task, deadline, client=client)
                 claimed = intent.intent_id if intent is not None and reused else ""
-                handle, intent = await self._instances.reset(handle, intent, reused, env_key, task, deadline)
+                handle, intent = await self._instances.reset(
+                    handle, intent, reused, env_key, task, deadline, client=client
+                )
                 tools = await self._tools.get(
                     env_key, handle.endpoints, tool_filter, per_instance=self._provider.manages_instances
                 )
@@ -288,7 +292,10 @@ class Resets:
             else None
         )
         try:
-            new_handle, new_intent = await self._instances.reset(handle, intent, True, session.env_key, task, deadline)
+            client = create_client(params.caller, session.run_id)
+            new_handle, new_intent = await self._instances.reset(
+                handle, intent, True, session.env_key, task, deadline, client=client
+            )
         except BaseException as exc:
             await asyncio.shield(self._closing.fail(session.session_id, f"reset failed: {exc}"))
             raise

@@ -314,6 +314,7 @@ class Orchestrator:
         await step("unfinished endings", self.episodes.abandon())
         await step("handing back request records", self.store.heartbeat_owner(self.owner, 0))
         await step("releasing the reconcile lease", self.reconciler.release_lease())
+        await step("create admission", self.provisioner.close())
         await step("closing the provider client", self.provider.close())
         if self._owns_store:
             await step("closing the store", self.store.close())

@@ -4,11 +4,12 @@
 `redis://host:port/db` (several replicas); `memory://` keeps everything in this process (logic tests, no
 file or server). All implement `SessionStore` and pass the same test suite.
 Each concern has a protocol of its own (rlgate.store.protocols: `SessionRecords`, `ToolCallLog`,
-`RequestRecords`, `IntentRecords`, `Owners`, `Leases`, `Upkeep`); `SessionStore` is all of them.
+`RequestRecords`, `IntentRecords`, `CreateAdmission`, `Owners`, `Leases`, `Upkeep`); `SessionStore` is all of them.
 `StoreCorrupt` and `StoreFull` (both `StoreError`s) say why a store cannot serve; `SessionStore.health()`
 probes for them.
 """
 
+from rlgate.store.admission import CreateGrant, CreateLimits
 from rlgate.store.base import SessionStore, open_store
 from rlgate.store.memory import MemoryStore
 from rlgate.store.models import (
@@ -32,6 +33,7 @@ from rlgate.store.models import (
     call_scope,
 )
 from rlgate.store.protocols import (
+    CreateAdmission,
     IntentRecords,
     Leases,
     Owners,
@@ -44,6 +46,9 @@ from rlgate.store.protocols import (
 __all__ = [
     "OPEN_STATUSES",
     "ConflictError",
+    "CreateAdmission",
+    "CreateGrant",
+    "CreateLimits",
     "DoneReason",
     "Intent",
     "IntentRecords",

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from rlgate.store.models import ConflictError, RequestExists, Session, ToolCallEntry, Writes
 from rlgate.store.protocols import (
+    CreateAdmission,
     IntentRecords,
     Leases,
     Owners,
@@ -23,8 +24,11 @@ from rlgate.store.protocols import (
 )
 
 
-class SessionStore(SessionRecords, ToolCallLog, RequestRecords, IntentRecords, Owners, Leases, Upkeep, abc.ABC):
-    """Sessions, tool-call logs, request records, provisioning intents, owners, leases and upkeep."""
+class SessionStore(
+    SessionRecords, ToolCallLog, RequestRecords, IntentRecords, CreateAdmission, Owners, Leases, Upkeep, abc.ABC
+):
+    """Sessions, tool-call logs, request records, provisioning intents, create admission, owners, leases and
+    upkeep."""
 
     async def commit(
         self,

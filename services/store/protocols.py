@@ -1,5 +1,6 @@
 """What the session store keeps, one protocol per concern: sessions, the tool-call log, the request ledger's
-records, provisioning intents, process owners, leases, and the store's own upkeep. `SessionStore`
+records, provisioning intents, admission control for instance creation, process owners, leases, and the store's
+own upkeep. `SessionStore`
 (rlgate.store.base) is all of them at once, and what `open_store` returns; code that needs one concern says so
 by asking for its protocol.
 
@@ -15,6 +16,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from rlgate.store.admission import CreateGrant, CreateLimits
 from rlgate.store.models import Intent, RequestRecord, Session, ToolCallEntry, Writes
 
 
@@ -214,6 +216,29 @@ class IntentRecords(Protocol):
         """Remove an intent (its instance is gone)."""
 
 
+class CreateAdmission(Protocol):
+    """Admission control for instance creation, one record per provider account shared by every process on the
+    store: creates in flight, a creation rate that a provider's throttling cuts (AIMD), turns between runs, and
+    urgent requests before background ones (rlgate.store.admission says how). The store's clock decides
+    (Redis: the server's), so replicas agree on it."""
+
+    @abc.abstractmethod
+    async def admit_create(
+        self, account: str, slot_id: str, run: str, priority: str, limits: CreateLimits
+    ) -> CreateGrant:
+        """Take a slot (`slot_id`, until `release_create` or `limits.slot_ttl_s`) and a token for a create of
+        `run` at `priority` ("urgent" or "background"), or say how long to wait before asking again."""
+
+    @abc.abstractmethod
+    async def release_create(self, account: str, slot_id: str) -> None:
+        """The create of `slot_id` finished: free its slot (a no-op for one that lapsed)."""
+
+    @abc.abstractmethod
+    async def throttle_creates(self, account: str, retry_after_s: float, limits: CreateLimits) -> float:
+        """The provider refused a create for its rate or burst cap: no admission for `retry_after_s`, and the
+        rate is cut (once per `limits.cut_window_s`). Returns the account's rate now."""
+
+
 class Owners(Protocol):
     """Process heartbeats: whether the owner of a PENDING request record is still alive."""
 
@@ -270,4 +295,13 @@ class Upkeep(Protocol):
         """Release connections."""
 
 
-__all__ = ["IntentRecords", "Leases", "Owners", "RequestRecords", "SessionRecords", "ToolCallLog", "Upkeep"]
+__all__ = [
+    "CreateAdmission",
+    "IntentRecords",
+    "Leases",
+    "Owners",
+    "RequestRecords",
+    "SessionRecords",
+    "ToolCallLog",
+    "Upkeep",
+]

@@ -249,10 +249,59 @@ async def test_max_inflight_creates_is_a_429(lf: LocalfleetProcess) -> None:
         assert (await http.post("/v1/env/instances", json={"env_key": "notes-legacy"})).status_code == 200
 
 
+def test_create_rate_is_a_429_with_retry_after(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", create_rate=2))
+    codes = []
+    for _ in range(4):
+        r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=AUTH, timeout=60)
+        codes.append(r.status_code)
+        if r.status_code == 429:
+            assert "Rate limit" in r.json()["detail"]
+            assert int(r.headers["retry-after"]) >= 1
+    assert codes[:2] == [200, 200] and 429 in codes[2:]  # a second's worth at once, then the limit
+    assert lf.counters()["creates_throttled"] >= 1
+
+
+def test_placement_failures_are_retryable_503s(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", placement_failure_rate=1.0))
+    before = len(httpx.get(f"{lf.base_url}/v1/env/instances", headers=AUTH).json())
+    r = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=AUTH, timeout=60)
+    assert r.status_code == 503
+    assert r.json()["detail"]["retryable"] is True and r.json()["detail"]["error_type"] == "placement_failed"
+    assert len(httpx.get(f"{lf.base_url}/v1/env/instances", headers=AUTH).json()) == before  # nothing created
+
+
+def test_a_lost_create_reply_retried_with_its_request_id_answers_409_with_the_instance(lf: LocalfleetProcess) -> None:
+    lf.set_faults(only("notes", create_reply_loss_rate=1.0))
+    headers = {**AUTH, "X-Request-ID": "intent-123"}
+    with pytest.raises(httpx.TransportError):  # made, but the connection drops before the reply
+        httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=headers, timeout=60)
+    assert lf.counters()["create_replies_lost"] == 1
+    again = httpx.post(f"{lf.base_url}/v1/env/instances", json={"env_key": "notes"}, headers=headers, timeout=60)
+    assert again.status_code == 409
+    detail = again.json()["detail"]
+    assert detail["error"] == "duplicate_request_id"
+    made = httpx.get(f"{lf.base_url}/v1/env/instances/{detail['instance_id']}", headers=AUTH).json()
+    assert made["status"] == "running"
+
+
+def test_the_peak_of_creates_in_flight_is_counted(lf: LocalfleetProcess) -> None:
+    lf.reset_counters()
+    lf.set_faults(only("notes", create_delay_s=0.5))
+    threads = [threading.Thread(target=create, args=(lf,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert lf.counters()["creates_in_flight_peak"] == 3
+
+
 def test_faults_are_validated(lf: LocalfleetProcess) -> None:
     for bad in (
         {"environments": {"notes": {"no_such_fault": 1}}},
         {"environments": {"notes": {"tool_error_rate": 2}}},
+        {"environments": {"notes": {"create_reply_loss_rate": 1.5}}},
+        {"environments": {"notes": {"create_rate": -1}}},
         {"unknown": 1},
         [1],
     ):

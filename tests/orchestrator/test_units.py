@@ -31,6 +31,7 @@ from rlgate.core.errors import (
 from rlgate.orchestrator.limits import MAX_KEY, MAX_PAGE_TOKEN, check_request
 from rlgate.orchestrator.pool import parse_pool_targets
 from rlgate.orchestrator.providers.base import (
+    INTENT_ENV_VAR,
     EnvNotFound,
     InstanceGone,
     InstanceHandle,
@@ -347,6 +348,7 @@ class _RejectingProvider(_ScriptedProvider):
         super().__init__([])
         self.error = error
         self.creates = 0
+        self.keys: list[str] = []  # each attempt's idempotency key (its intent id)
 
     async def create(
         self,
@@ -360,6 +362,7 @@ class _RejectingProvider(_ScriptedProvider):
         modality: str = "tool_use",
     ) -> InstanceHandle:
         self.creates += 1
+        self.keys.append(env_variables[INTENT_ENV_VAR])
         raise self.error
 
 
@@ -394,8 +397,10 @@ async def test_provisioner_retries_until_the_deadline_then_maps(
         intents = await store.list_intents("unit")
         if isinstance(error, RateLimited | InstanceLimit):
             assert intents == []  # a definite rejection created nothing: no intent left behind
-        else:  # the outcome is unknown: every attempt's intent says "delete whatever turns up"
-            assert len(intents) == provider.creates and all(i.state == "deleting" for i in intents)
+        else:  # the outcome is unknown: the create's one intent says "delete whatever turns up"
+            assert len(intents) == 1 and intents[0].state == "deleting"
+            # Every attempt was the same create to the provider: one idempotency key, the intent's.
+            assert set(provider.keys) == {intents[0].intent_id}
     finally:
         await store.close()
 

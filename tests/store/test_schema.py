@@ -103,7 +103,7 @@ async def test_a_new_database_gets_the_current_schema(tmp_path: Path) -> None:
     store = await SqliteStore.open(str(tmp_path / "store.db"))
     await store.close()
     got = shape(tmp_path / "store.db")
-    assert got["user_version"] == SCHEMA_VERSION == 3
+    assert got["user_version"] == SCHEMA_VERSION == 4
     assert got["sessions"]["indexes"]["sessions_open"] == (0, 1, ["status"])  # type: ignore[index]
     for table in ("tool_calls", "requests"):
         assert got[table]["without_rowid"] == 0 and not got[table]["autoincrement"]  # type: ignore[index]
@@ -162,12 +162,14 @@ async def test_a_version_2_database_gets_the_index_of_open_sessions(tmp_path: Pa
     await ref.close()
     conn = apsw.Connection(str(tmp_path / "ref.db"))
     conn.execute("DROP INDEX sessions_open")
+    conn.execute("DROP TABLE admission")
     conn.execute("PRAGMA user_version = 2")
     conn.close()
     store = await SqliteStore.open(str(tmp_path / "ref.db"))
     try:
         got = shape(tmp_path / "ref.db")
-        assert got["user_version"] == 3
+        assert got["user_version"] == SCHEMA_VERSION
+        assert "admission" in got  # and the migrations after 2
         assert got["sessions"]["indexes"]["sessions_open"] == (0, 1, ["status"])  # type: ignore[index]
         assert await store.count_open_sessions() == 0
     finally:

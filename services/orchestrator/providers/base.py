@@ -29,7 +29,17 @@ class Retryable(ProviderError):
 
 
 class RateLimited(Retryable):
-    """The platform asked us to slow down (429)."""
+    """The platform asked us to slow down (429: its rate limit or its cap on creates in flight), for
+    `retry_after_s` seconds when it said (Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StaleRequest(Retryable):
+    """A create's idempotency key points at an instance that failed (Fleet's 409 duplicate_request_id on an
+    instance in error or gone): retry as a new request, under a new key."""
 
 
 class InstanceLimit(ProviderError):

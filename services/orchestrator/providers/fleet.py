@@ -4,14 +4,26 @@ The SDK's own HTTP client retries 404s and 5xx with waits of up to 300-900 s; rl
 `httpx.AsyncClient` (no retry transport) and bounds every call with `asyncio.wait_for`, so retry policy and
 deadlines are the orchestrator's. Idempotent reads and deletes get a short bounded retry here; creates are
 never retried at this level (the provisioner decides, under the caller's deadline and admission control).
+
+Creates are safe to retry: a create's idempotency key is its intent id (INTENT_ENV_VAR), sent as
+X-Request-ID on its POST (the SDK makes a fresh id per `make()` call and offers no way to pass one, so a
+request hook sets it for the create running in this context). A retry after a lost reply is answered 409
+duplicate_request_id with the first attempt's instance, which the SDK adopts once it runs (fleet-python ≥
+0.2.127) and `create_from_snapshot` adopts the same way; an instance that failed or is gone makes the key
+stale (`StaleRequest`). A 429's Retry-After is read by a response hook and rides on the `RateLimited` error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import email.utils
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
@@ -32,6 +44,7 @@ from fleet.runner_auth import RunnerTokenProvider
 
 from rlgate.core.backoff import Backoff
 from rlgate.orchestrator.providers.base import (
+    INTENT_ENV_VAR,
     SCREEN_MODALITIES,
     EnvNotFound,
     InstanceGone,
@@ -43,6 +56,7 @@ from rlgate.orchestrator.providers.base import (
     ResetFailed,
     Retryable,
     SnapshotUnsupported,
+    StaleRequest,
     TaskDef,
     Unsupported,
     VerifierRun,
@@ -60,6 +74,70 @@ SCREEN_IMAGE_TYPE = "mcp"  # the image type whose aggregator serves the `compute
 SCREEN_TTL_S = 1800  # default instance lifetimes (when RLGATE_INSTANCE_TTL_S is 0), as Fleet's client sets
 TOOL_USE_TTL_S = 900
 
+CREATE_PATH = "/v1/env/instances"
+# The longest Retry-After honoured (a larger one is the platform's business, not a reason to stall a Reset).
+MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass
+class _CreateCall:
+    """The create running in this context: its idempotency key, and the Retry-After of its last 429."""
+
+    request_id: str
+    retry_after_s: float | None = None
+
+
+_CREATE_CALL: ContextVar[_CreateCall | None] = ContextVar("rlgate_fleet_create", default=None)
+
+
+@contextlib.contextmanager
+def _create_call(request_id: str) -> Iterator[_CreateCall]:
+    call = _CreateCall(request_id)
+    token = _CREATE_CALL.set(call)
+    try:
+        yield call
+    finally:
+        _CREATE_CALL.reset(token)
+
+
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a Retry-After header (delta-seconds or an HTTP date), bounded; None when absent or bad."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
+async def _key_create(request: httpx.Request) -> None:
+    call = _CREATE_CALL.get()
+    if call is not None and call.request_id and request.method == "POST" and request.url.path.endswith(CREATE_PATH):
+        request.headers["X-Request-ID"] = call.request_id
+
+
+async def _note_retry_after(response: httpx.Response) -> None:
+    call = _CREATE_CALL.get()
+    if call is not None and response.status_code == 429:
+        call.retry_after_s = retry_after(response.headers.get("retry-after"))
+
+
+def _create_error(exc: BaseException, what: str, call: _CreateCall) -> ProviderError:
+    """A create's failure: a stale idempotency key and a 429's Retry-After are known here."""
+    err = map_fleet_error(exc, what)
+    if isinstance(exc, FleetConflictError) and exc.instance_id:  # the key's instance failed: new key next
+        return StaleRequest(f"{what}: {exc.message}")
+    if isinstance(err, InstanceGone):  # the key's instance vanished while adopted
+        return StaleRequest(str(err))
+    if isinstance(err, RateLimited) and err.retry_after_s is None:
+        err.retry_after_s = call.retry_after_s
+    return err
+
+
 # Placement failures Fleet reports as transient (fleet.md §5 #9).
 _RETRYABLE_HINTS = ("retryable", "in-flight", "in flight", "placement", "temporarily", "try again")
 
@@ -72,7 +150,7 @@ def map_fleet_error(exc: BaseException, what: str) -> ProviderError:
         return Retryable(f"{what}: timed out")
     if isinstance(exc, FleetInstanceLimitError):
         return InstanceLimit(f"{what}: {exc.message}", exc.running_instances, exc.instance_limit)
-    if isinstance(exc, FleetRateLimitError):
+    if isinstance(exc, FleetRateLimitError):  # its Retry-After is read from the response (see _create_error)
         return RateLimited(f"{what}: rate limited: {exc.message}")
     if isinstance(exc, FleetEnvironmentNotFoundError | FleetVersionNotFoundError):
         return EnvNotFound(f"{what}: {exc.message}")
@@ -109,7 +187,8 @@ class FleetProvider(Provider):
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout, connect=min(10.0, request_timeout)),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            event_hooks={"request": [tracing.httpx_request_hook]},  # W3C trace context on every Fleet call
+            # W3C trace context on every Fleet call; a create's idempotency key; a 429's Retry-After.
+            event_hooks={"request": [tracing.httpx_request_hook, _key_create], "response": [_note_retry_after]},
         )
         self._fleet = AsyncFleet(
             api_key=api_key or None,
@@ -240,7 +319,11 @@ class FleetProvider(Provider):
                 max_wait_seconds=max(1, int(timeout_s) - 2),
             )
 
-        env = await self._call(f"create {env_key}", make, timeout_s)
+        with _create_call(str(env_variables.get(INTENT_ENV_VAR, ""))) as call:
+            try:
+                env = await self._call(f"create {env_key}", make, timeout_s)
+            except ProviderError as err:
+                raise _create_error(err.__cause__ or err, f"create {env_key}", call) from err
         if env.status in ("error", "stopped"):
             raise Retryable(f"create {env_key}: instance {env.instance_id} came up {env.status}")
         return self._handle(env)
@@ -305,10 +388,15 @@ class FleetProvider(Provider):
             body["env_version"] = version
 
         async def make() -> InstanceHandle:
-            response = await self._fleet.client.request(
-                "POST", "/v1/env/instances", json={k: v for k, v in body.items() if v is not None}, timeout=timeout_s
-            )
-            env = AsyncEnv(client=self._fleet.client, **response.json())
+            try:
+                response = await self._fleet.client.request(
+                    "POST", CREATE_PATH, json={k: v for k, v in body.items() if v is not None}, timeout=timeout_s
+                )
+                env = AsyncEnv(client=self._fleet.client, **response.json())
+            except FleetConflictError as exc:
+                if not exc.instance_id:
+                    raise
+                env = await self._fleet.instance(exc.instance_id)  # a retry of a create that happened: adopt it
             loop = asyncio.get_running_loop()
             ends = loop.time() + timeout_s
             while env.status == "pending" and loop.time() < ends:  # a platform that answers before it runs
@@ -316,7 +404,12 @@ class FleetProvider(Provider):
                 env = await self._fleet.instance(env.instance_id)
             return self._handle(env)
 
-        handle = await self._call(f"create {env_key} from {snapshot_id}", make, timeout_s)
+        what = f"create {env_key} from {snapshot_id}"
+        with _create_call(str(env_variables.get(INTENT_ENV_VAR, ""))) as call:
+            try:
+                handle = await self._call(what, make, timeout_s)
+            except ProviderError as err:
+                raise _create_error(err.__cause__ or err, what, call) from err
         if handle.status != "running":
             raise Retryable(f"create {env_key}: instance {handle.instance_id} came up {handle.status}")
         return handle

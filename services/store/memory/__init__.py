@@ -14,13 +14,14 @@ atomic for tasks and for threads). A caller cancelled before its call ran wrote 
 abandoned claims to release. `data` is the shared state (tests damage it behind the store's back; tests/fakes
 has a store that fails or pauses calls on demand).
 
-One module per concern (sessions, toolcalls, requests, intents, owners, upkeep: each a mixin of `MemoryStore`
+One module per concern (sessions, toolcalls, requests, intents, admission, owners, upkeep: each a mixin of `MemoryStore`
 over `data.MemoryBase`).
 """
 
 from __future__ import annotations
 
 from rlgate.store.base import SessionStore
+from rlgate.store.memory.admission import MemoryAdmission
 from rlgate.store.memory.data import URL_PREFIX, MemoryBase, MemoryData
 from rlgate.store.memory.intents import MemoryIntents
 from rlgate.store.memory.owners import MemoryLeases, MemoryOwners
@@ -35,6 +36,7 @@ class MemoryStore(
     MemoryToolCalls,
     MemoryRequests,
     MemoryIntents,
+    MemoryAdmission,
     MemoryOwners,
     MemoryLeases,
     MemoryUpkeep,

@@ -41,6 +41,7 @@ class MemoryData:
     owners: dict[str, float] = field(default_factory=dict)  # owner -> heartbeat expiry (time.time())
     intents: dict[str, str] = field(default_factory=dict)  # id -> Intent JSON
     leases: dict[str, tuple[str, float]] = field(default_factory=dict)  # name -> (holder, expiry)
+    admission: dict[str, str] = field(default_factory=dict)  # provider account -> AdmissionState JSON
     lock: threading.RLock = field(default_factory=threading.RLock)
 
 

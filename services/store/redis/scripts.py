@@ -29,6 +29,9 @@ NAMES = (
     "delete_intent",
     "acquire_lease",
     "release_lease",
+    "admit_create",
+    "release_create",
+    "throttle_creates",
     "prune_sessions",
     "prune_requests",
 )

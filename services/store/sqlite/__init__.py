@@ -9,7 +9,7 @@ SQLite (the stdlib's): two copies in one process do not see each other's POSIX l
 the file drops the other's locks and may delete the WAL under it (https://sqlite.org/howtocorrupt.html,
 "Multiple copies of SQLite linked into the same application").
 
-The package holds one module per concern (sessions, toolcalls, requests, intents, owners, upkeep: each a
+The package holds one module per concern (sessions, toolcalls, requests, intents, admission, owners, upkeep: each a
 mixin of `SqliteStore` over `connection.SqliteBase`), the schema and its migrations (schema), and the library
 check (library).
 
@@ -30,6 +30,7 @@ malformed page raises `StoreCorrupt` too, and `health()` reports it from then on
 from __future__ import annotations
 
 from rlgate.store.base import SessionStore
+from rlgate.store.sqlite.admission import SqliteAdmission
 from rlgate.store.sqlite.connection import QUICK_CHECK_BUDGET_S, SqliteBase
 from rlgate.store.sqlite.intents import SqliteIntents
 from rlgate.store.sqlite.library import (
@@ -52,6 +53,7 @@ class SqliteStore(
     SqliteToolCalls,
     SqliteRequests,
     SqliteIntents,
+    SqliteAdmission,
     SqliteOwners,
     SqliteLeases,
     SqliteUpkeep,

@@ -8,7 +8,7 @@ import apsw
 from rlgate.store.models import OPEN_STATUSES, StoreError
 from rlgate.store.sqlite.sql import scalar
 
-SCHEMA_VERSION = 3  # PRAGMA user_version; a change adds a step to _MIGRATIONS and bumps it
+SCHEMA_VERSION = 4  # PRAGMA user_version; a change adds a step to _MIGRATIONS and bumps it
 
 
 # The open statuses as SQL text: the partial index of open sessions and the queries it serves must spell its
@@ -45,6 +45,13 @@ _REQUESTS_V2 = """\
     finished_at REAL NOT NULL,
     PRIMARY KEY (scope, request_id)  -- a rowid table, so a DONE record stays in its page (see _MIGRATIONS)
 """
+
+
+# Create admission, one row per provider account (rlgate.store.admission): new in version 4.
+_ADMISSION_V4 = """CREATE TABLE IF NOT EXISTS admission (
+    account TEXT PRIMARY KEY,
+    data    TEXT NOT NULL  -- AdmissionState JSON
+)"""
 
 
 # Applied statement by statement (split on ";"), so no ";" inside a statement or a comment.
@@ -97,6 +104,7 @@ CREATE TABLE IF NOT EXISTS leases (
     holder     TEXT NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+{_ADMISSION_V4};
 """
 
 
@@ -128,6 +136,8 @@ CREATE INDEX requests_done ON requests(finished_at) WHERE state = 'done';
     # v3: the max-sessions check counts open sessions on every new-session Reset; without an index that
     # scanned every session the store keeps (closed ones too, for the retention period: a day by default).
     2: OPEN_INDEX,
+    # v4: admission control for instance creation, shared by every process on the store.
+    3: _ADMISSION_V4,
 }
 
 

@@ -126,7 +126,9 @@ class OrchestratorServiceServicer:
         FAILED_PRECONDITION (the session is closed or expired, or the provider
         cannot create the kind of instance the task needs, e.g. a computer_use
         task on a localfleet without a browser: reason PROVIDER_UNSUPPORTED),
-        RESOURCE_EXHAUSTED (max sessions, or the provider's instance limit),
+        RESOURCE_EXHAUSTED (max sessions, the provider's instance limit, or no
+        instance-creation slot of the provider account within the admission wait:
+        reason CREATE_ADMISSION_TIMEOUT or CREATE_QUEUE_FULL, with RetryInfo),
         UNAVAILABLE (provider down or rate limited past the deadline),
         DEADLINE_EXCEEDED.
         """
@@ -262,8 +264,9 @@ class OrchestratorServiceServicer:
         finished during the fork (TOOL_CALL_IN_FLIGHT); the provider cannot fork
         or cannot use the requested mechanism (FORK_UNSUPPORTED, the message says
         why); a replayed call's result differs from the logged one
-        (REPLAY_MISMATCH)), RESOURCE_EXHAUSTED (max sessions, or the provider's
-        instance limit), UNAVAILABLE, DEADLINE_EXCEEDED.
+        (REPLAY_MISMATCH)), RESOURCE_EXHAUSTED (max sessions, the provider's
+        instance limit, or no instance-creation slot in time, as for Reset),
+        UNAVAILABLE, DEADLINE_EXCEEDED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
