@@ -192,7 +192,16 @@ class LocalStack:
         )
         base = [sys.executable, *launcher, "-m", "rlgate.cli", "toolgateway" if name in self.gateways else name]
         if name in self.gateways:
-            return [*base, "--listen", f"127.0.0.1:{self.ports[name]}", "--store-url", self.store_url, *s.gateway_args]
+            return [
+                *base,
+                "--listen",
+                f"127.0.0.1:{self.ports[name]}",
+                "--store-url",
+                self.store_url,
+                "--orchestrator-address",  # named to a caller that sends it orchestrator methods
+                self.orchestrator_address,
+                *s.gateway_args,
+            ]
         if name == "localfleet":
             return [
                 *base,
