@@ -364,7 +364,8 @@ class LocalStack:
         ]
         if not self.settings.mcp_envs or self.settings.tasks_file:
             lines.append(
-                f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30"
+                f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 2"
+                "   (--episodes counts per task: 2 episodes of each)"
             )
         lines += [
             f"  {grpcurl} -plaintext {self.orchestrator_address} list",

@@ -45,6 +45,7 @@ from rlgate.episode import ENV_TOOL_TIMEOUT, AsyncEpisode, tool_timeout_setting
 from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavailable, VerifierError
 from rlgate.messages import DEFAULT_KEEP_IMAGES, Message, keep_last_images, to_text_dicts
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
+from rlgate.settings import split_addresses
 from rlgate.v1 import common_pb2
 
 # Deadline of the first call (ListTasks): an orchestrator that does not answer by then is reported as
@@ -610,6 +611,33 @@ def _require(module: str, why: str) -> None:
         raise click.ClickException(f"{why} needs {module}, which is not installed ({err}): {_EXTRA_HINT}") from err
 
 
+LOCAL_ORCHESTRATOR = "127.0.0.1:50051"  # `rlgate up`'s orchestrator
+_GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")  # target forms gRPC itself reads
+
+
+def _check_orchestrator(addresses: str) -> None:
+    """Each address a gRPC target (`host:port`, or a scheme gRPC reads), refused at once otherwise: a URL such
+    as `http://...` would only fail after the client's retries, with a message about DNS."""
+    try:
+        targets = split_addresses(addresses)
+    except (TypeError, ValueError) as err:
+        raise click.BadParameter(str(err), param_hint="'--orchestrator'") from err
+    for target in targets:
+        if target.lower().startswith(_GRPC_SCHEMES):
+            continue
+        if "://" in target:
+            raise click.BadParameter(
+                f"{target!r} is a URL; the orchestrator is a gRPC address host:port, such as "
+                f"{LOCAL_ORCHESTRATOR} (the local stack's)",
+                param_hint="'--orchestrator'",
+            )
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.BadParameter(
+                f"{target!r} is not host:port (for example {LOCAL_ORCHESTRATOR})", param_hint="'--orchestrator'"
+            )
+
+
 _EXTRA_HINT = "pip install 'rlgate[rollout]' (from the rlgate checkout)"
 
 
@@ -624,6 +652,7 @@ def preflight(config: RolloutConfig) -> None:
             bad tool timeout.
         click.ClickException: a library the options need is not installed.
     """
+    _check_orchestrator(config.orchestrator)
     for path, option in ((config.out, "--out"), (config.summary_json, "--summary-json"), (config.plot, "--plot")):
         _check_output(path, option)
     _require("rich", "rlgate rollout")
@@ -647,11 +676,15 @@ def preflight(config: RolloutConfig) -> None:
 
 @click.command("rollout")
 @click.option(
-    "--orchestrator", envvar=ENV_ORCHESTRATOR, required=True, help=f"host:port[,...] [env: {ENV_ORCHESTRATOR}]"
-)
+    "--orchestrator", envvar=ENV_ORCHESTRATOR, default=LOCAL_ORCHESTRATOR, show_default=True,
+    help=f"host:port[,...] (default: the local stack of `rlgate up`) [env: {ENV_ORCHESTRATOR}]",
+)  # fmt: skip
 @click.option("--api-key", envvar=ENV_API_KEY, default=None, help=f"Orchestrator API key [env: {ENV_API_KEY}]")
 @click.option("--tasks", default="all", show_default=True, help="'all' or comma-separated task keys")
-@click.option("--episodes", default=1, show_default=True, type=click.IntRange(min=1), help="Episodes per task")
+@click.option(
+    "--episodes", default=1, show_default=True, type=click.IntRange(min=1),
+    help="Episodes of EACH task: the run plays (number of tasks) x N episodes",
+)  # fmt: skip
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Episodes at once")
 @click.option("--policy", type=click.Choice(["reference", "openai"]), default="reference", show_default=True)
 @click.option("--base-url", envvar="OPENAI_BASE_URL", default=None, help="OpenAI-compatible endpoint (--policy openai)")
