@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -46,6 +46,9 @@ from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavai
 from rlgate.messages import DEFAULT_KEEP_IMAGES, Message, keep_last_images, to_text_dicts
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
 from rlgate.settings import split_addresses
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 from rlgate.v1 import common_pb2
 
 # Deadline of the first call (ListTasks): an orchestrator that does not answer by then is reported as
@@ -556,6 +559,17 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
         records: the run's episodes.
         summary: as `summarize` made it.
     """
+    plot_figure(records, summary).savefig(path, dpi=110)
+
+
+def plot_figure(records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> Figure:
+    """The figure `write_plot` writes: reward on a fixed 0-1 axis (widened by rewards outside it) with the
+    running mean drawn over the episodes' dots, turn latency, and episodes/s.
+
+    Args:
+        records: the run's episodes.
+        summary: as `summarize` made it.
+    """
     from matplotlib.figure import Figure  # the object API: no pyplot state, no display needed
 
     series = plot_series(records, summary["wall_s"])
@@ -564,8 +578,13 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
     mean = "-" if summary["reward_mean"] is None else f"{summary['reward_mean']:.3f}"
     figure.suptitle(f"rlgate rollout {summary.get('run_id', '')}: {summary['episodes']} episodes, mean reward {mean}")
     if series["reward"]:
-        reward_ax.scatter(*zip(*series["reward"], strict=True), s=10, alpha=0.5, label="episode")
-        reward_ax.plot(*zip(*series["reward_mean"], strict=True), color="black", label="running mean")
+        reward_ax.scatter(*zip(*series["reward"], strict=True), s=10, alpha=0.4, label="episode", zorder=2)
+        reward_ax.plot(*zip(*series["reward_mean"], strict=True), color="black", linewidth=2, label="running mean",
+                       zorder=3)  # fmt: skip  # over the dots
+    # A fixed axis: 0 to 1, widened only by rewards outside it (all 1.0 is a flat line at the top, not noise).
+    rewards = [r for _, r in series["reward"]]
+    low, high = min([0.0, *rewards]), max([1.0, *rewards])
+    reward_ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
     if series["failed"]:
         reward_ax.plot(series["failed"], [0.0] * len(series["failed"]), "|", color="red", markersize=12,
                        label="no reward (error)")  # fmt: skip
@@ -585,7 +604,7 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
             ax.legend(loc="best", fontsize="small")
     for ax in (reward_ax, latency_ax, rate_ax):
         ax.grid(alpha=0.3)
-    figure.savefig(path, dpi=110)
+    return figure
 
 
 # ----------------------------------------------------------------------------------------------- command
