@@ -21,6 +21,7 @@ import pytest
 
 import rlgate
 from rlgate.devtools.stack import LocalStack, StackSettings
+from rlgate.v1 import common_pb2
 from tests.support.ports import free_port
 from tests.support.wait import wait_until_sync
 
@@ -140,18 +141,24 @@ def test_kill_9_leaves_no_service_and_the_reaper_deletes_its_instances(up: Up) -
         wait_until_sync(lambda: not instances(up.data_dir), 60, "the dead stack's instances reaped")
 
 
-def test_a_killed_service_is_restarted_and_a_session_carries_on(up: Up) -> None:
+@pytest.mark.parametrize("service", ["toolgateway", "orchestrator"])
+def test_a_killed_service_is_restarted_and_a_session_carries_on(up: Up, service: str) -> None:
+    """Killed mid-session, the service comes back on its port; the client's calls made meanwhile are
+    delayed (retried), not failed, and the same session goes on to its close."""
     with rlgate.Client(up.orchestrator) as client:
         task = next(iter(client.list_tasks())).key
         with client.episode(task_key=task) as episode:
-            gateway = next(p for p in up.children() if "toolgateway" in p.cmdline())
-            gateway.kill()
-            up.read_until("toolgateway restarted")
-            assert episode.list_tools()  # the same session, through the restarted gateway
+            victim = next(p for p in up.children() if f"rlgate.cli {service} " in " ".join(p.cmdline()))
+            victim.kill()
+            # Straight away, while it is down: retried until the restart answers.
+            assert episode.list_tools()
+            assert client.state(episode.session_id).session.status == common_pb2.SESSION_STATUS_ACTIVE
+            up.read_until(f"{service} restarted")
             assert up.proc.poll() is None
-    replacement = next(p for p in up.children() if "toolgateway" in p.cmdline())
-    assert replacement.pid != gateway.pid
-    assert f"127.0.0.1:{up.ports['TOOLGATEWAY']}" in replacement.cmdline()
+        assert client.state(episode.session_id).session.status == common_pb2.SESSION_STATUS_CLOSED
+    replacement = next(p for p in up.children() if f"rlgate.cli {service} " in " ".join(p.cmdline()))
+    assert replacement.pid != victim.pid
+    assert f"127.0.0.1:{up.ports[service.upper()]}" in replacement.cmdline()
 
 
 def test_a_taken_port_stops_up_before_any_banner(tmp_path: Path) -> None:
