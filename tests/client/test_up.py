@@ -5,6 +5,7 @@ anything is up; a service that dies under it is restarted on its port and a sess
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -106,7 +107,7 @@ def assert_all_gone(up: Up, children: list[psutil.Process]) -> None:
     _gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
     for port in up.ports.values():
-        wait_until_sync(lambda port=port: port_free(port), 10, f"port {port} released")
+        wait_until_sync(functools.partial(port_free, port), 10, f"port {port} released")
 
 
 def test_sigint_after_the_output_pipe_broke_stops_everything(up: Up) -> None:

@@ -33,7 +33,7 @@ def test_list_tasks_on_the_toolgateway_names_the_orchestrator(stack: LocalStack)
 
 def test_an_unknown_method_names_what_this_plane_serves(stack: LocalStack) -> None:
     with grpc.insecure_channel(stack.orchestrator_address) as channel:
-        nope = channel.unary_unary("/rlgate.v1.OrchestratorService/Nope")
+        nope: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/rlgate.v1.OrchestratorService/Nope")
         with pytest.raises(grpc.RpcError) as caught:
             nope(b"", timeout=10)
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
