@@ -521,7 +521,7 @@ def _supervise(stack: LocalStack, supervisor: Supervisor, out: _Output, stopping
             try:
                 stack.start_service(name)
             except (RuntimeError, TimeoutError) as exc:
-                out.say(f"{name} did not come back: {str(exc).splitlines()[0]}", error=True)
+                out.say(f"{name} did not come back: {str(exc).splitlines()[0].removesuffix('; log:')}", error=True)
                 continue  # its exit is seen on the next pass and counts against its budget
             out.say(f"{name} restarted on port {stack.ports[name]}")
         time.sleep(0.5)

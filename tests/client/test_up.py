@@ -162,6 +162,42 @@ def test_a_killed_service_is_restarted_and_a_session_carries_on(up: Up, service:
     assert f"127.0.0.1:{up.ports[service.upper()]}" in replacement.cmdline()
 
 
+def test_a_service_that_keeps_failing_stops_the_stack_with_its_log(up: Up) -> None:
+    """The toolgateway killed and its port taken: every restart fails to bind, its budget runs out, and
+    `rlgate up` stops everything, exiting 1 with the end of the gateway's log."""
+    children = up.children()
+    victim = next(p for p in children if "rlgate.cli toolgateway " in " ".join(p.cmdline()))
+    victim.kill()
+    victim.wait(10)
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", up.ports["TOOLGATEWAY"]))
+        holder.listen()
+        up.read_until("toolgateway exited with", timeout=120)
+        up.read_until("times within", timeout=180)
+        assert up.proc.stdout is not None
+        up.output.append(up.proc.stdout.read().decode(errors="replace"))  # the log's tail, to the end
+        assert up.proc.wait(90) == 1
+    text = "".join(up.output)
+    assert "; stopping. Log:" in text and "address already in use" in text.lower(), text
+    psutil.wait_procs(children, timeout=30)
+    assert not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_supervisor_restarts_with_backoff_until_its_budget_is_spent(tmp_path: Path) -> None:
+    from rlgate.core.backoff import Backoff
+    from rlgate.devtools.stack import Supervisor
+
+    now = [0.0]
+    stack = LocalStack(StackSettings(data_dir=tmp_path))
+    supervisor = Supervisor(stack, backoff=Backoff(1.0, 4.0, jitter=0), budget=3, window_s=60, clock=lambda: now[0])
+    assert [supervisor.restart_delay("toolgateway") for _ in range(3)] == [1.0, 2.0, 4.0]
+    assert supervisor.restart_delay("toolgateway") is None  # a fourth exit within the window: failing for good
+    assert supervisor.restart_delay("orchestrator") == 1.0  # each service has its own budget
+    now[0] = 61.0  # exits older than the window are forgiven
+    assert supervisor.restart_delay("toolgateway") == 1.0
+
+
 def test_a_taken_port_stops_up_before_any_banner(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
