@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 import rlgate
 from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.v1 import common_pb2
+from tests.client.test_stack import _skyrl_episode
 from tests.support.ports import free_port
 from tests.support.wait import wait_until_sync
 
@@ -160,6 +162,25 @@ def test_a_killed_service_is_restarted_and_a_session_carries_on(up: Up, service:
     replacement = next(p for p in up.children() if f"rlgate.cli {service} " in " ".join(p.cmdline()))
     assert replacement.pid != victim.pid
     assert f"127.0.0.1:{up.ports[service.upper()]}" in replacement.cmdline()
+
+
+@pytest.mark.parametrize("service", ["toolgateway", "orchestrator"])
+def test_skyrl_threads_ride_through_a_restart(up: Up, service: str) -> None:
+    """SkyRL-style threads play reference solutions while a service is SIGKILLed under `rlgate up`: every
+    episode ends scored, none raises out of `init` or `step`."""
+    with rlgate.Client(up.orchestrator) as client:
+        tasks = [t for t in client.list_tasks(include_reference_solution=True) if t.modality != "computer_use"]
+    jobs = (tasks * 2)[:12]
+    run_id = f"restart-{service}"
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(_skyrl_episode, up.orchestrator, task, run_id) for task in jobs]
+        time.sleep(1.0)  # episodes under way
+        assert not all(f.done() for f in futures)
+        victim = next(p for p in up.children() if f"rlgate.cli {service} " in " ".join(p.cmdline()))
+        victim.kill()
+        outs = [f.result(timeout=600) for f in futures]
+    assert [out["reward"] for out in outs] == [1.0] * len(jobs), [out["metadata"] for out in outs]
+    up.read_until(f"{service} restarted")
 
 
 def test_a_service_that_keeps_failing_stops_the_stack_with_its_log(up: Up) -> None:
