@@ -142,6 +142,8 @@ class LocalStack:
         self.store_url = s.store_url or f"sqlite:///{s.data_dir / 'store.db'}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._started_once: set[str] = set()  # a restart keeps its port (clients hold the address)
+        # Polled while a service starts: True ends the wait at once (`rlgate up` told to stop meanwhile).
+        self.interrupted: Callable[[], bool] = lambda: False
 
     # -- addresses --------------------------------------------------------------------------------------
     @property
@@ -277,6 +279,8 @@ class LocalStack:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; log:\n{self.tail(name)}")
+            if self.interrupted():
+                raise InterruptedError(f"{name}: start interrupted")
             if self.ready(name):
                 return
             time.sleep(0.1)
@@ -480,10 +484,13 @@ def run_foreground(settings: StackSettings) -> int:
         stopping.append(signum)
 
     previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
+    stack.interrupted = lambda: bool(stopping)
     code = 0
     try:
         try:
             stack.start()
+        except InterruptedError:
+            return 0
         except (RuntimeError, TimeoutError, OSError) as exc:
             out.say(f"rlgate up failed: {exc}", error=True)
             return 1
@@ -520,6 +527,8 @@ def _supervise(stack: LocalStack, supervisor: Supervisor, out: _Output, stopping
                 return 0
             try:
                 stack.start_service(name)
+            except InterruptedError:
+                return 0
             except (RuntimeError, TimeoutError) as exc:
                 out.say(f"{name} did not come back: {str(exc).splitlines()[0].removesuffix('; log:')}", error=True)
                 continue  # its exit is seen on the next pass and counts against its budget
