@@ -8,6 +8,11 @@ benchmarks. Each service runs as `python -m rlgate.cli <service> ...` with its o
 `<data_dir>/logs/`, so tests can SIGKILL and restart one service, and scan what the servers wrote.
 Shutdown order matters: the orchestrator first (it closes its sessions and deletes their instances while
 localfleet is still up), then the gateway, then localfleet.
+
+`rlgate up` (`run_foreground`) also supervises: a service that exits is restarted on its port and store after
+a backoff (`Supervisor`), and one that exits too often stops the stack. Its children run in sessions of their
+own (so a terminal's Ctrl-C reaches only `rlgate up`, which stops them in order) and die with it even on
+`kill -9` (started through `rlgate.runtime.sandbox`, which sets the parent-death signal).
 """
 
 from __future__ import annotations
