@@ -54,9 +54,10 @@ log = logging.getLogger("rlgate.adapters.skyrl")
 
 _clients: dict[tuple[str, str], Client] = {}
 _clients_lock = threading.Lock()
-# The close after done runs here, so the turn that ended the episode returns at once: a Close retried through
-# a restarting orchestrator never delays the trainer. Its threads are joined at interpreter exit.
+# The close after done runs here, so the turn that ended the episode waits for it CLOSE_IN_STEP_S at most: a
+# Close retried through a restarting orchestrator goes on in the background. Its threads are joined at exit.
 _closer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rlgate-close")
+CLOSE_IN_STEP_S = 1.0  # how long the step that ends an episode waits for its close
 CLOSE_WAIT_S = 10.0  # how long close() waits for that close to finish before leaving it to run
 
 
@@ -212,6 +213,8 @@ class RlgateTextEnv(BaseTextEnv):
         self._counts["parse_errors"] += len(result.parsed.errors)
         if result.done:
             self._closing = _closer.submit(_close_quietly, self.episode)
+            with contextlib.suppress(TimeoutError):  # done here as a rule; a slow Close goes on in the background
+                self._closing.result(timeout=CLOSE_IN_STEP_S)
         reward = result.reward if result.done and result.reward is not None else 0.0
         return BaseTextEnvStepOutput(
             observations=to_text_dicts(result.observations),  # images as placeholders: text only
