@@ -28,12 +28,12 @@ $(PY):
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 
 $(STAMP_SERVER): constraints.txt pyproject.toml | $(PY)
-	$(PIP) -e '.[server,rollout]'
+	$(PIP) -e '.[server,rollout,local]'
 	@touch $@
 
 $(STAMP_ALL): constraints.txt pyproject.toml | $(PY)
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[server,rollout,skyrl,tinker,dev]'
+	$(PIP) -e '.[server,rollout,local,skyrl,tinker,dev]'
 	@rm -f $(VENV)/.installed-server-*; touch $@ $(STAMP_SERVER)
 
 venv: $(STAMP_ALL)

@@ -8,25 +8,41 @@ benchmarks. Each service runs as `python -m rlgate.cli <service> ...` with its o
 `<data_dir>/logs/`, so tests can SIGKILL and restart one service, and scan what the servers wrote.
 Shutdown order matters: the orchestrator first (it closes its sessions and deletes their instances while
 localfleet is still up), then the gateway, then localfleet.
+
+`rlgate up` (`run_foreground`) also supervises: a service that exits is restarted on its port and store after
+a backoff (`Supervisor`), and one that exits too often stops the stack. Its children run in sessions of their
+own (so a terminal's Ctrl-C reaches only `rlgate up`, which stops them in order) and die with it even on
+`kill -9` (started through `rlgate.runtime.sandbox`, which sets the parent-death signal).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
+import select
 import shlex
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlgate.core.backoff import Backoff
 from rlgate.devtools.healthcheck import EXIT_SERVING, check_grpc, check_http
 from rlgate.runtime.config import setting
 
 SERVICES = ("localfleet", "toolgateway", "orchestrator")  # start order
+_PORT_VARIABLES = {
+    "localfleet": "RLGATE_LOCALFLEET_PORT",
+    "orchestrator": "RLGATE_ORCHESTRATOR_PORT",
+    "toolgateway": "RLGATE_TOOLGATEWAY_PORT",
+}
 
 
 def _ephemeral_low() -> int:
@@ -97,6 +113,9 @@ class StackSettings:
     orchestrator_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
     gateway_workers: int = 1  # toolgateway processes, on gateway_port, gateway_port + 1, ... (or free ports)
+    # Children SIGKILLed by the kernel when this process dies (`rlgate up`). Only for a stack started and
+    # restarted from one thread: Linux signals the child when the thread that started it exits.
+    die_with_parent: bool = False
 
 
 def _gateway_names(workers: int) -> tuple[str, ...]:
@@ -128,6 +147,8 @@ class LocalStack:
         self.store_url = s.store_url or f"sqlite:///{s.data_dir / 'store.db'}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._started_once: set[str] = set()  # a restart keeps its port (clients hold the address)
+        # Polled while a service starts: True ends the wait at once (`rlgate up` told to stop meanwhile).
+        self.interrupted: Callable[[], bool] = lambda: False
 
     # -- addresses --------------------------------------------------------------------------------------
     @property
@@ -147,15 +168,47 @@ class LocalStack:
         """Every toolgateway process's address (one unless `gateway_workers` > 1)."""
         return [f"127.0.0.1:{self.ports[name]}" for name in self.gateways]
 
+    def port_variable(self, name: str) -> str:
+        """The environment variable that moves `name`'s port."""
+        return _PORT_VARIABLES["toolgateway" if name in self.gateways else name]
+
+    def taken_ports(self) -> list[str]:
+        """The chosen ports another process listens on now, each as a line naming it and its variable."""
+        taken = []
+        for name in self.services:
+            port = self.ports[name]
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of an earlier run is no owner
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    taken.append(
+                        f"port {port} ({name}) is in use on 127.0.0.1: set {self.port_variable(name)} to another "
+                        "port (0 picks a free one), or stop what holds it"
+                    )
+        return taken
+
     def log_path(self, name: str) -> Path:
         return self.settings.data_dir / "logs" / f"{name}.log"
 
     # -- processes --------------------------------------------------------------------------------------
     def _command(self, name: str) -> list[str]:
         s = self.settings
-        base = [sys.executable, "-m", "rlgate.cli", "toolgateway" if name in self.gateways else name]
+        launcher = (
+            ["-m", "rlgate.runtime.sandbox", json.dumps({"parent_pid": os.getpid()})] if s.die_with_parent else []
+        )
+        base = [sys.executable, *launcher, "-m", "rlgate.cli", "toolgateway" if name in self.gateways else name]
         if name in self.gateways:
-            return [*base, "--listen", f"127.0.0.1:{self.ports[name]}", "--store-url", self.store_url, *s.gateway_args]
+            return [
+                *base,
+                "--listen",
+                f"127.0.0.1:{self.ports[name]}",
+                "--store-url",
+                self.store_url,
+                "--orchestrator-address",  # named to a caller that sends it orchestrator methods
+                self.orchestrator_address,
+                *s.gateway_args,
+            ]
         if name == "localfleet":
             return [
                 *base,
@@ -231,6 +284,8 @@ class LocalStack:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}; log:\n{self.tail(name)}")
+            if self.interrupted():
+                raise InterruptedError(f"{name}: start interrupted")
             if self.ready(name):
                 return
             time.sleep(0.1)
@@ -318,7 +373,8 @@ class LocalStack:
         ]
         if not self.settings.mcp_envs or self.settings.tasks_file:
             lines.append(
-                f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 30"
+                f"  {command('rlgate')} rollout --orchestrator {self.orchestrator_address} --tasks all --episodes 2"
+                "   (--episodes counts per task: 2 episodes of each)"
             )
         lines += [
             f"  {grpcurl} -plaintext {self.orchestrator_address} list",
@@ -326,7 +382,7 @@ class LocalStack:
             "rlgate.v1.OrchestratorService/ListTasks",
         ]
         if grpcurl == "grpcurl":
-            lines.append("  (grpcurl: any build on PATH; `make test` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
+            lines.append("  (grpcurl: any build on PATH; `make up` installs grpcurl 1.8.6 as .venv/bin/grpcurl)")
         if not activated:
             lines.append(f"  (or `source {command('activate')}` first, then plain `rlgate ...`)")
         lines.append(
@@ -336,32 +392,151 @@ class LocalStack:
         return "\n".join(lines)
 
 
+class Supervisor:
+    """Restarts a stack's services that exit, on their ports and store, after a backoff; a service that
+    exits more than `budget` times within `window_s` is failing for good and ends the stack."""
+
+    def __init__(
+        self,
+        stack: LocalStack,
+        *,
+        backoff: Backoff | None = None,
+        budget: int = 5,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stack = stack
+        self.backoff = backoff or Backoff(0.5, 10.0)
+        self.budget = budget
+        self.window_s = window_s
+        self.clock = clock
+        self.exits: dict[str, list[float]] = {}
+
+    def exited(self) -> list[str]:
+        """The services whose process has exited."""
+        return [name for name, proc in self.stack.procs.items() if proc.poll() is not None]
+
+    def restart_delay(self, name: str) -> float | None:
+        """Record an exit of `name`: the delay before its restart, or None once its budget is spent."""
+        now = self.clock()
+        recent = [t for t in self.exits.get(name, []) if now - t < self.window_s] + [now]
+        self.exits[name] = recent
+        if len(recent) > self.budget:
+            return None
+        return self.backoff.delay(len(recent) - 1)
+
+
+class _Output:
+    """`rlgate up`'s stdout and stderr: a write to a reader that is gone (a dead `| tee`, a closed terminal)
+    is dropped rather than raised, so it can never keep the stack from stopping; and a stdout pipe whose
+    reader went away is noticed (`reader_gone`) as a reason to stop."""
+
+    def __init__(self) -> None:
+        self.broken: set[int] = set()  # 1: stdout, 2: stderr
+
+    def say(self, text: str, *, error: bool = False) -> None:
+        stream = sys.stderr if error else sys.stdout
+        which = 2 if error else 1
+        if which in self.broken:
+            return
+        try:
+            print(text, file=stream, flush=True)
+        except OSError:  # BrokenPipeError, or EIO from a hung-up terminal
+            self._drop(which)
+
+    def _drop(self, which: int) -> None:
+        """Point the stream at /dev/null, so neither we nor the interpreter's flush at exit write there again."""
+        self.broken.add(which)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, (sys.stdout if which == 1 else sys.stderr).fileno())
+        os.close(devnull)
+
+    def reader_gone(self) -> bool:
+        """stdout is a pipe whose reading end is closed (POLLERR on the writing end)."""
+        if 1 in self.broken:
+            return True
+        try:
+            fd = sys.stdout.fileno()
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return False
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            gone = any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+        except (OSError, ValueError):
+            return False
+        if gone:
+            self._drop(1)
+        return gone
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def run_foreground(settings: StackSettings) -> int:
-    """`rlgate up`: start, print the banner, wait for Ctrl-C/SIGTERM or a crashed service, stop in order."""
+    """`rlgate up`: start, print the banner, supervise (a service that exits is restarted) until Ctrl-C,
+    SIGTERM, SIGHUP, the output's reader going away or a service failing for good; then stop in order."""
+    settings.die_with_parent = True
+    out = _Output()
     stack = LocalStack(settings)
-    stopping = False
+    taken = stack.taken_ports()
+    if taken:
+        out.say("rlgate up: cannot start:\n" + "\n".join(f"  {line}" for line in taken), error=True)
+        return 2
+    stopping: list[int] = []
 
-    def _stop(_sig: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
+    def _stop(signum: int, _frame: object) -> None:
+        stopping.append(signum)
 
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        stack.start()
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"rlgate up failed: {exc}", file=sys.stderr)
-        return 1
-    print(stack.banner(), flush=True)
+    previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
+    stack.interrupted = lambda: bool(stopping)
     code = 0
     try:
-        while not stopping:
-            for name, proc in stack.procs.items():
-                if proc.poll() is not None:
-                    print(f"{name} exited with {proc.returncode}; stopping. Log:\n{stack.tail(name)}", file=sys.stderr)
-                    stopping, code = True, 1
-            time.sleep(0.5)
+        try:
+            stack.start()
+        except InterruptedError:
+            return 0
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            out.say(f"rlgate up failed: {exc}", error=True)
+            return 1
+        if stopping:
+            return 0
+        out.say(stack.banner())
+        code = _supervise(stack, Supervisor(stack), out, stopping)
     finally:
-        print("stopping...", flush=True)
+        out.say("stopping...")
         stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return code
+
+
+def _supervise(stack: LocalStack, supervisor: Supervisor, out: _Output, stopping: list[int]) -> int:
+    """Watch the services until a stop is asked; restart the ones that exit. 1 if one failed for good."""
+    while not stopping and not out.reader_gone():
+        for name in supervisor.exited():
+            returncode = stack.procs[name].returncode
+            delay = supervisor.restart_delay(name)
+            if delay is None:
+                out.say(
+                    f"{name} exited with {returncode} {supervisor.budget + 1} times within "
+                    f"{supervisor.window_s:.0f}s; stopping. Log:\n{stack.tail(name)}",
+                    error=True,
+                )
+                return 1
+            out.say(f"{name} exited with {returncode}; restarting in {delay:.1f}s", error=True)
+            end = time.monotonic() + delay
+            while not stopping and time.monotonic() < end:
+                time.sleep(0.1)
+            if stopping:
+                return 0
+            try:
+                stack.start_service(name)
+            except InterruptedError:
+                return 0
+            except (RuntimeError, TimeoutError) as exc:
+                out.say(f"{name} did not come back: {str(exc).splitlines()[0].removesuffix('; log:')}", error=True)
+                continue  # its exit is seen on the next pass and counts against its budget
+            out.say(f"{name} restarted on port {stack.ports[name]}")
+        time.sleep(0.5)
+    return 0

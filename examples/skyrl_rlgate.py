@@ -1,4 +1,4 @@
-"""Train an agent with SkyRL on rlgate tasks.
+"""Train an agent with SkyRL on rlgate tasks. Needs the skyrl extra: `.venv/bin/pip install -e '.[skyrl]'`.
 
 1. Start the stack (`make up`, or your deployed orchestrator) and point at it:
        export RLGATE_ORCHESTRATOR=127.0.0.1:50051   # RLGATE_API_KEY too if the orchestrator wants one
@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlgate.adapters.skyrl import register
+try:
+    from rlgate.adapters.skyrl import register
+except ModuleNotFoundError as missing:  # said as one sentence, not a traceback
+    sys.exit(f"{__file__} needs the skyrl extra: .venv/bin/pip install -e '.[skyrl]' (missing: {missing.name})")
 
 
 def dataset_rows(orchestrator: str, api_key: str | None = None) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Train an agent with the Tinker cookbook's RL loop on rlgate tasks.
+"""Train an agent with the Tinker cookbook's RL loop on rlgate tasks. Needs the tinker extra:
+`.venv/bin/pip install -e '.[tinker]'`.
 
     export RLGATE_ORCHESTRATOR=127.0.0.1:50051   # and RLGATE_API_KEY if needed; TINKER_API_KEY for Tinker
     python examples/tinker_rlgate.py model_name=Qwen/Qwen3-8B groups_per_batch=8 group_size=4
@@ -14,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-import chz
-from tinker_cookbook import cli_utils, model_info
-from tinker_cookbook.rl import train
+try:
+    import chz
+    from tinker_cookbook import cli_utils, model_info
+    from tinker_cookbook.rl import train
 
-from rlgate.adapters.tinker import RlgateDatasetBuilder
+    from rlgate.adapters.tinker import RlgateDatasetBuilder
+except ModuleNotFoundError as missing:  # said as one sentence, not a traceback
+    sys.exit(f"{__file__} needs the tinker extra: .venv/bin/pip install -e '.[tinker]' (missing: {missing.name})")
 
 DEFAULT_MODEL = "Qwen/Qwen3-8B"
 

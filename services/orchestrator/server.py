@@ -41,11 +41,12 @@ from rlgate.runtime.interceptors import (
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
 from rlgate.store import SessionStore, StoreError
-from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
+GATEWAY_SERVICE_NAME = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
 # RPCs that need the task catalog (task lookups, verification, task info in answers). Close and
 # CloseSessions do not: releasing instances must work whatever state the catalog is in.
 TASK_DEPENDENT = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reset", "Step", "State", "ListTasks", "ListSessions"))
@@ -249,6 +250,8 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
             serving=orchestrator.tasks_loaded,
+            plane="the orchestrator",
+            elsewhere={GATEWAY_SERVICE_NAME: f"the toolgateway ({config.gateway_address.replace(',', ', ')})"},
         )
     except BaseException:
         await orchestrator.stop()

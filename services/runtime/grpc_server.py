@@ -14,7 +14,7 @@ import asyncio
 import logging
 import resource
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +180,38 @@ def server_credentials(tls_cert: str, tls_key: str) -> grpc.ServerCredentials | 
     return grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
 
 
+class ServedElsewhere(grpc.GenericRpcHandler):
+    """Registered after every service, so it answers only methods this server does not serve: UNIMPLEMENTED
+    naming where the method is served (a CallTool sent to the orchestrator names the toolgateway), rather
+    than gRPC's bare "Method not found!".
+
+    Args:
+        plane: this server's name, as the message calls it ("the orchestrator").
+        own: the services this server serves (full names).
+        elsewhere: full service name -> where it is served, e.g. "the toolgateway (127.0.0.1:50052)".
+    """
+
+    def __init__(self, plane: str, own: Sequence[str], elsewhere: Mapping[str, str]) -> None:
+        self.plane = plane
+        self.own = list(own)
+        self.elsewhere = dict(elsewhere)
+
+    def message(self, method: str) -> str:
+        service, _, name = method.strip("/").partition("/")
+        if service in self.elsewhere:
+            return f"{service}/{name} is served by {self.elsewhere[service]}, not by {self.plane} at this address"
+        return f"{method} is not a method of {self.plane}, which serves {', '.join(self.own)}"
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        text = self.message(str(handler_call_details.method))
+
+        # unary, as every rlgate method is (the interceptors refuse streaming handlers); the request stays bytes
+        async def refuse(_request: bytes, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, text)
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
 async def start_server(
     listen: str,
     register: Callable[[grpc.aio.Server], Sequence[str]],
@@ -189,15 +221,19 @@ async def start_server(
     tls_key: str = "",
     options: Sequence[tuple[str, int | str]] = (),
     serving: bool = True,
+    plane: str = "this server",
+    elsewhere: Mapping[str, str] | None = None,
 ) -> RunningServer:
     """Create, register and start a server. `register` adds servicers and returns their full names.
-    `serving=False` starts with health NOT_SERVING (the service flips it once it is ready)."""
+    `serving=False` starts with health NOT_SERVING (the service flips it once it is ready). A method it does
+    not serve is UNIMPLEMENTED naming `plane` and, for a service in `elsewhere`, where that one is served."""
     limits = [*DEFAULT_OPTIONS, ("grpc.max_allowed_incoming_connections", max_connections())]
     server = grpc.aio.server(interceptors=list(interceptors), options=[*limits, *options])
     names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_server_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name], server)
+    server.add_generic_rpc_handlers((ServedElsewhere(plane, names, elsewhere or {}),))  # last: only what is left
     creds = server_credentials(tls_cert, tls_key)
     port = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
     if port == 0:

@@ -1,7 +1,9 @@
 """The child side of `child_process.run_child`: set the sandbox's limits on this process, then run the target.
 
 Started by path (`python -I -u sandbox.py LIMITS_JSON TARGET...`, TARGET being `-m module args...` or
-`script.py args...`), standard library only, so the limits hold before the target imports anything. The
+`script.py args...`), standard library only, so the limits hold before the target imports anything.
+LIMITS_JSON of `{"parent_pid": N}` alone sets no limits, only death with the parent: how `rlgate up` starts
+its services, so a `kill -9` of it leaves none running. The
 child limits itself rather than the parent setting them in a pre-exec hook: a fork of a process running
 gRPC's threads may abort in the child, so the orchestrator could not use one.
 """
@@ -30,7 +32,13 @@ def apply(limits: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
     resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if sys.platform.startswith("linux"):  # a sleeping child uses no CPU time: only this ends it with its parent
+    die_with_parent(int(limits["parent_pid"]))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILLed when the parent dies (Linux: a sleeping child uses no CPU time, so only this ends it with
+    its parent), and gone at once if the parent died before this took effect."""
+    if sys.platform.startswith("linux"):
         import ctypes
         import ctypes.util
 
@@ -39,12 +47,16 @@ def apply(limits: dict[str, Any]) -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         except OSError:
             pass
-    if os.getppid() != limits["parent_pid"]:  # the parent died before the line above took effect
+    if os.getppid() != parent_pid:
         os._exit(1)
 
 
 def main() -> None:
-    apply(json.loads(sys.argv[1]))
+    limits = json.loads(sys.argv[1])
+    if set(limits) == {"parent_pid"}:  # `rlgate up`'s services: death with the parent, no resource limits
+        die_with_parent(int(limits["parent_pid"]))
+    else:
+        apply(limits)
     target = sys.argv[2:]
     if target[0] == "-m":
         sys.argv = target[1:]

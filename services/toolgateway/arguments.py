@@ -46,6 +46,8 @@ WORKERS = 2  # worker threads (a check that never ends keeps one)
 STOP_RETRY_S, STOP_RETRIES = 0.1, 50  # a stopped check still running is interrupted again this often, this long
 INLINE_ARGUMENT_BYTES = 512  # arguments checked on the loop at most this long, as JSON text
 INLINE_SCHEMA_VALUES = 512  # JSON values (objects, arrays, scalars) of a schema checked on the loop
+DESCRIBE_DEPTH = 3  # nested unions described in "Expected {...}" (deeper: "any")
+DESCRIBE_BRANCHES = 10  # alternatives of one union described
 INLINE_BRANCHES = 4  # alternatives (anyOf/oneOf/allOf) along any path of a schema checked on the loop
 # Keywords whose cost is not bounded by the schema's and the value's sizes: references (cycles, fan-out),
 # regular expressions (backtracking), uniqueItems (quadratic), and keywords that re-check subschemas.
@@ -162,14 +164,26 @@ def _problem(tool: str, arguments: Mapping[str, Any], compiled: _Compiled) -> Ve
     )
 
 
-def _describe(schema: Any) -> str:
+def _describe(schema: Any, depth: int = 0) -> str:
+    """A property's schema as the model reads it in "Expected {...}": its type or types, its values, or the
+    union of its alternatives (`anyOf`/`oneOf`, as pydantic writes an Optional), "any" when it says none."""
     if not isinstance(schema, Mapping):
         return "any"
     if "enum" in schema and isinstance(schema["enum"], list):
         return clip("one of " + "|".join(map(repr, schema["enum"])), 200)
+    if "const" in schema:
+        return clip(repr(schema["const"]), 200)
     t = schema.get("type")
-    types = {t} if isinstance(t, str) else {x for x in t if isinstance(x, str)} if isinstance(t, list) else set()
-    return "|".join(sorted(types)) if types else "any"
+    types = [t] if isinstance(t, str) else [x for x in t if isinstance(x, str)] if isinstance(t, list) else []
+    if types:
+        return "|".join(dict.fromkeys(types))
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches and depth < DESCRIBE_DEPTH:
+            parts = dict.fromkeys(_describe(b, depth + 1) for b in branches[:DESCRIBE_BRANCHES])
+            if "any" not in parts:
+                return clip("|".join(parts), 200)
+    return "any"
 
 
 def arguments_problem(tool: str, arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> str:

