@@ -9,8 +9,6 @@ difference fails the replay naming the call, since the branch's state is then no
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import logging
 from collections.abc import Sequence
@@ -19,7 +17,7 @@ from typing import Any
 import mcp_types as mt
 from mcp import Client, MCPError
 
-from rlgate.core.convert import json_text
+from rlgate.mcpclient import results
 from rlgate.mcpclient.connect import list_tools_forwarding, open_client
 from rlgate.mcpclient.errors import CallRejected, CallTimedOut, EndpointNotFound, UpstreamUnavailable
 from rlgate.mcpclient.transport import HttpSettings
@@ -28,7 +26,9 @@ from rlgate.store import ToolCallEntry
 log = logging.getLogger(__name__)
 
 _CALL_FAILURES = (CallRejected, CallTimedOut, EndpointNotFound, UpstreamUnavailable, MCPError, OSError, TimeoutError)
-SUMMARY_LIMIT = 500  # what the gateway keeps of a result (rlgate.toolgateway.results.summary)
+# A replayed result is converted without the gateway's output bound: the summary reads only its first
+# characters, which a result cut to the gateway's bound keeps too.
+REPLAY_OUTPUT_BYTES = 1 << 24
 
 
 class ReplayMismatch(Exception):
@@ -42,33 +42,10 @@ class ReplayMismatch(Exception):
         self.entry = entry
 
 
-def result_summary(result: mt.CallToolResult, limit: int = SUMMARY_LIMIT) -> str:
-    """The log's summary of an MCP result, as the gateway writes it for the result it passed on (text
-    blocks, binary blocks as a note, else the structured content), whitespace collapsed, cut to `limit`."""
-    parts: list[str] = []
-    used = 0
-    for block in result.content:
-        if isinstance(block, mt.TextContent):
-            parts.append(block.text[:limit])
-        elif isinstance(block, mt.ImageContent | mt.AudioContent):
-            kind = "image" if isinstance(block, mt.ImageContent) else "audio"
-            parts.append(f"[{kind}: {block.mime_type}, {len(_decoded(block.data))} bytes]")
-        else:
-            continue
-        used += len(parts[-1]) + 1
-        if used > limit:
-            break
-    text = " ".join(" ".join(parts).split())
-    if not text and result.structured_content is not None:
-        text = " ".join(json_text(result.structured_content)[:limit].split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _decoded(data: str) -> bytes:
-    try:
-        return base64.b64decode(data, validate=False)
-    except (binascii.Error, ValueError):
-        return data.encode()
+def result_summary(result: mt.CallToolResult) -> str:
+    """The log's summary of an MCP result: the gateway's own conversion and summary (`rlgate.mcpclient.results`),
+    so a faithful replay summarizes exactly as the logged call did."""
+    return results.summary(results.truncate(results.tool_result(result, REPLAY_OUTPUT_BYTES), REPLAY_OUTPUT_BYTES))
 
 
 def replayable(entries: Sequence[ToolCallEntry]) -> list[tuple[int, ToolCallEntry]]:

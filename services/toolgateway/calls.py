@@ -30,7 +30,7 @@ from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime.deadline import Deadline
 from rlgate.store import RequestRecord, Session, SessionStore, StoreError, call_scope
-from rlgate.toolgateway import results
+from rlgate.mcpclient import results
 from rlgate.toolgateway.arguments import check_arguments
 from rlgate.toolgateway.auth import Authenticator, store_down
 from rlgate.toolgateway.catalog import Catalogs

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rlgate.ledger import Claim
 from rlgate.runtime import metrics
 from rlgate.store import Session, SessionStore, StoreError, ToolCallEntry
-from rlgate.toolgateway import results
+from rlgate.mcpclient import results
 from rlgate.v1 import common_pb2, toolgateway_pb2
 
 if TYPE_CHECKING:

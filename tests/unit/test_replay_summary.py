@@ -1,5 +1,5 @@
 """Fork by replay compares a replayed result with the log's summary of the logged one: its summary must be
-the gateway's (`rlgate.toolgateway.results.summary` of the result the gateway passed on) for every kind of
+the gateway's (`rlgate.mcpclient.results.summary` of the result the gateway passed on, which both planes import) for every kind of
 result, or a faithful replay would be reported as a mismatch."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import base64
 import mcp_types as mt
 import pytest
 
+from rlgate.mcpclient import results
 from rlgate.orchestrator.replay import result_summary
-from rlgate.toolgateway import results
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 100).decode()
 
