@@ -104,6 +104,12 @@ def instance_info(session: Session) -> orchestrator_pb2.InstanceInfo:
     )
 
 
+def infra_faults(session: Session) -> common_pb2.InfraFaults:
+    """The episode's infrastructure faults on the wire, with their total."""
+    counts = {kind: session.infra_faults.get(kind, 0) for kind in INFRA_FAULT_KINDS}
+    return common_pb2.InfraFaults(total=sum(counts.values()), **counts)
+
+
 def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) -> orchestrator_pb2.SessionInfo:
     info = orchestrator_pb2.SessionInfo(
         session_id=session.session_id,
@@ -123,6 +129,7 @@ def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) ->
         tool_call_count=tool_calls,
         parent_session_id=session.parent_session_id,
         branch_index=session.branch_index,
+        infra_faults=infra_faults(session),
     )
     if session.reward is not None:
         info.reward = session.reward
@@ -153,6 +160,7 @@ def step_response(session: Session) -> orchestrator_pb2.StepResponse:
         done_reason=DONE_REASON[session.done_reason],
         verification=verification(session.verification),
         status=SESSION_STATUS[session.status],
+        infra_faults=infra_faults(session),
     )
     if session.reward is not None:
         response.reward = session.reward

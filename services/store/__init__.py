@@ -12,6 +12,7 @@ probes for them.
 from rlgate.store.base import SessionStore, open_store
 from rlgate.store.memory import MemoryStore
 from rlgate.store.models import (
+    INFRA_FAULT_KINDS,
     OPEN_STATUSES,
     ConflictError,
     DoneReason,
@@ -29,6 +30,7 @@ from rlgate.store.models import (
     Verification,
     VerificationStatus,
     Writes,
+    add_infra_fault,
     call_scope,
 )
 from rlgate.store.protocols import (
@@ -42,6 +44,7 @@ from rlgate.store.protocols import (
 )
 
 __all__ = [
+    "INFRA_FAULT_KINDS",
     "OPEN_STATUSES",
     "ConflictError",
     "DoneReason",
@@ -68,6 +71,7 @@ __all__ = [
     "Verification",
     "VerificationStatus",
     "Writes",
+    "add_infra_fault",
     "call_scope",
     "open_store",
 ]
