@@ -7,7 +7,15 @@ from google.protobuf import timestamp_pb2
 from rlgate.core.convert import json_text
 from rlgate.core.errors import InvalidArgument
 from rlgate.orchestrator.providers.base import TaskDef
-from rlgate.store import DoneReason, Session, SessionStatus, ToolCallEntry, Verification, VerificationStatus
+from rlgate.store import (
+    INFRA_FAULT_KINDS,
+    DoneReason,
+    Session,
+    SessionStatus,
+    ToolCallEntry,
+    Verification,
+    VerificationStatus,
+)
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 # The domain's enums on the wire: one explicit table per enum (a member missing from one is a KeyError in the
@@ -149,6 +157,7 @@ def tool_call_entry(entry: ToolCallEntry) -> orchestrator_pb2.ToolCallLogEntry:
         duration_ms=entry.duration_ms,
         finished_at=timestamp(entry.finished_at),
         arguments_json=json_text(entry.arguments),
+        infra_fault=entry.infra_fault,
     )
 
 

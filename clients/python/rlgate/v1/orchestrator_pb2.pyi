@@ -213,7 +213,7 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ..., parent_session_id: _Optional[str] = ..., branch_index: _Optional[int] = ..., infra_faults: _Optional[_Union[_common_pb2.InfraFaults, _Mapping]] = ...) -> None: ...
 
 class ToolCallLogEntry(_message.Message):
-    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided")
+    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided", "infra_fault")
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,7 @@ class ToolCallLogEntry(_message.Message):
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_ELIDED_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FAULT_FIELD_NUMBER: _ClassVar[int]
     episode: int
     request_id: str
     tool: str
@@ -236,7 +237,8 @@ class ToolCallLogEntry(_message.Message):
     duration_ms: float
     finished_at: _timestamp_pb2.Timestamp
     arguments_elided: bool
-    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., arguments_elided: _Optional[bool] = ...) -> None: ...
+    infra_fault: str
+    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., arguments_elided: _Optional[bool] = ..., infra_fault: _Optional[str] = ...) -> None: ...
 
 class StateResponse(_message.Message):
     __slots__ = ("session", "tool_calls", "next_tool_calls_page_token")
