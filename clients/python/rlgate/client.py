@@ -57,6 +57,17 @@ C = TypeVar("C")
 R = TypeVar("R")
 
 
+MAX_CLIENT_RETRIES = 1000  # StepRequest.client_retries' bound (the proto's)
+MAX_RETRIED_SESSIONS = 10_000
+
+
+def _session_of_token(token: str) -> str:
+    """The session id an agent token names ("rlg1.<session_id>.<secret>"), "" for another form."""
+    _, _, rest = token.partition(".")
+    session_id, dot, _ = rest.rpartition(".")
+    return session_id if dot else ""
+
+
 class _Core(Generic[C]):
     """State and logic shared by Client and AsyncClient: every public call is built here as a `Call`.
 
@@ -69,6 +80,25 @@ class _Core(Generic[C]):
         self.orchestrator: Pool[C] = Pool(split_addresses(addresses), self._make_channel)
         self._gateways: dict[tuple[str, ...], Pool[C]] = {}
         self._lock = threading.Lock()
+        # Session id -> calls of it retried after UNAVAILABLE since its last Step was built (an infrastructure
+        # fault its next Step reports: StepRequest.client_retries). Bounded: the oldest sessions drop out.
+        self._retried: dict[str, int] = {}
+
+    def note_retry(self, call: Call[C, Any], err: grpc.RpcError) -> None:
+        """A call is about to be retried after `err`: an UNAVAILABLE is counted for its session."""
+        code = err.code() if isinstance(err, grpc.Call) else None
+        if not call.session_id or code is not grpc.StatusCode.UNAVAILABLE:
+            return
+        with self._lock:
+            self._retried[call.session_id] = self._retried.pop(call.session_id, 0) + 1
+            if len(self._retried) > MAX_RETRIED_SESSIONS:
+                del self._retried[next(iter(self._retried))]
+
+    def take_retries(self, session_id: str) -> int:
+        """The retries counted for `session_id` since the last call, reported once (capped at the proto's
+        bound)."""
+        with self._lock:
+            return min(self._retried.pop(session_id, 0), MAX_CLIENT_RETRIES)
 
     def _make_channel(self, address: str) -> C:
         return self._factory(address, self.settings.credentials(), self.settings.channel_options())
@@ -181,8 +211,11 @@ class _Core(Generic[C]):
             tool_calls=tool_calls,
             final_answer=final_answer,  # None leaves it unset: no answer, the episode goes on
             done=done,
+            client_retries=self.take_retries(session_id) if isinstance(session_id, str) else 0,
         )
-        return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step")
+        return replace(
+            self._orchestrator_call("step", "Step", request, trace_id, timeout, "step"), session_id=session_id
+        )
 
     def state(
         self,
@@ -201,7 +234,7 @@ class _Core(Generic[C]):
             tool_calls_page_size=page_size,
             tool_calls_page_token=page_token,
         )
-        return self._orchestrator_call("state", "State", request, trace_id, timeout)
+        return replace(self._orchestrator_call("state", "State", request, trace_id, timeout), session_id=session_id)
 
     def close(
         self, session_id: str, trace_id: str | None, timeout: float | None
@@ -271,7 +304,13 @@ class _Core(Generic[C]):
         optional_text(call, "trace_id", trace_id)
         metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
         return Call(
-            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
+            self.gateway(gateway),
+            toolgateway_pb2_grpc.ToolGatewayServiceStub,
+            method,
+            request,
+            metadata,
+            timeout,
+            session_id=_session_of_token(agent_token),
         )
 
     def list_tools(
@@ -396,6 +435,7 @@ class Client:
                 return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
+                self._core.note_retry(call, err)
             time.sleep(delay)
 
     def _pages(self, call: Call[grpc.Channel, Any], field: str) -> list[Any]:
@@ -773,6 +813,7 @@ class AsyncClient:
                 return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
+                self._core.note_retry(call, err)
             await asyncio.sleep(delay)
 
     async def _pages(self, call: Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
