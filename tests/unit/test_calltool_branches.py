@@ -273,8 +273,8 @@ async def test_owner_died_on_a_read_only_tool_runs_it_again_once_and_counts_the_
 
 
 async def test_owner_died_on_another_tool_stays_outcome_unknown_and_counts_the_fault(gw: Gateway) -> None:
-    gw.upstream.tools["*"] = [mt.Tool(name="echo", input_schema={"type": "object"},
-                                      annotations=mt.ToolAnnotations(read_only_hint=False, destructive_hint=True))]  # fmt: skip
+    writes = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True)
+    gw.upstream.tools["*"] = [mt.Tool(name="echo", input_schema={"type": "object"}, annotations=writes)]
     await gw.store.heartbeat_owner("gw-dead", 0)
     await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
     response = await gw.call()
