@@ -255,10 +255,16 @@ async def test_owner_died_is_logged_and_recorded_with_what_the_retry_sent(gw: Ga
     assert (await gw.call(arguments='{"x": 2}')).replayed and await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
 
 
-@pytest.mark.parametrize("hint", ["read_only_hint", "idempotent_hint"])
-async def test_owner_died_on_a_read_only_tool_runs_it_again_once_and_counts_the_fault(gw: Gateway, hint: str) -> None:
+@pytest.mark.parametrize(
+    "hint",
+    [mt.ToolAnnotations(read_only_hint=True), mt.ToolAnnotations(idempotent_hint=True)],
+    ids=["read-only", "idempotent"],
+)
+async def test_owner_died_on_a_read_only_tool_runs_it_again_once_and_counts_the_fault(
+    gw: Gateway, hint: mt.ToolAnnotations
+) -> None:
     gw.upstream.tools["*"] = [echo_tool(), mt.Tool(name="peek", input_schema={"type": "object"},
-                                                   annotations=mt.ToolAnnotations(**{hint: True}))]  # fmt: skip
+                                                   annotations=hint)]  # fmt: skip
     await gw.store.heartbeat_owner("gw-dead", 0)
     await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
     response = await gw.call(name="peek")
