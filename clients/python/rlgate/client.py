@@ -86,7 +86,7 @@ class _Core(Generic[C]):
 
     def note_retry(self, call: Call[C, Any], err: grpc.RpcError) -> None:
         """A call is about to be retried after `err`: an UNAVAILABLE is counted for its session."""
-        code = err.code() if isinstance(err, grpc.Call) else None
+        code = err.code() if callable(getattr(err, "code", None)) else None  # grpc.Call and AioRpcError
         if not call.session_id or code is not grpc.StatusCode.UNAVAILABLE:
             return
         with self._lock:

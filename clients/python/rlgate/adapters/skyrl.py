@@ -196,7 +196,7 @@ class RlgateTextEnv(BaseTextEnv):
         self._last = result
         self.turns = result.turn
         self._counts["tool_calls"] += len(result.tool_calls)
-        self._counts["tool_errors"] += sum(r.is_error for r in result.tool_calls)
+        self._counts["tool_errors"] += sum(r.is_error and not r.infra_fault for r in result.tool_calls)
         self._counts["parse_errors"] += len(result.parsed.errors)
         self._infra = result.step.infra_faults  # the episode's so far: not the model's, apart from tool_errors
         if result.done:

@@ -261,7 +261,7 @@ class RlgateMessageEnv(MessageEnv):
     def _metrics(result: TurnResult) -> dict[str, float]:
         metrics: dict[str, float] = {
             "tool_calls": float(len(result.tool_calls)),
-            "tool_errors": float(sum(r.is_error for r in result.tool_calls)),
+            "tool_errors": float(sum(r.is_error and not r.infra_fault for r in result.tool_calls)),
             # the episode's so far, apart from the model's tool_errors
             "infra_faults": float(result.step.infra_faults.total),
         }
