@@ -515,6 +515,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row(*row("all", summary), style="bold")
     console = Console()
     console.print(table)
+    if summary.get("infra_faults"):  # not the policy's doing: said apart from its errors
+        console.print(
+            f"infrastructure faults: {summary['infra_faults']} in {summary['episodes_with_infra_faults']} "
+            "episode(s) (see infra_faults in the trajectories)"
+        )
     left = summary["sessions_left_open"]
     console.print(
         f"{summary['episodes']} episodes in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f}/s); "
