@@ -91,3 +91,51 @@ async def test_a_writing_call_cut_by_a_dead_gateway_stays_unknown_and_is_marked(
     assert state.session.infra_faults == faults
     [entry] = state.tool_calls
     assert (entry.infra_fault, entry.error_kind) == ("outcome_unknown", common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN)
+
+
+async def test_a_rollout_through_a_gateway_sigkill_marks_every_cut_episode(
+    stack_factory: Callable[..., LocalStack], tmp_path: Path
+) -> None:
+    """A rollout whose gateway is SIGKILLed and restarted mid-run: every episode ends scored; no read-only
+    call reaches the policy as OUTCOME_UNKNOWN; and each episode's infra_faults (from its last Step) agree
+    with the gateway's log of its calls, kind by kind, with at least one episode cut."""
+    from rlgate.rollout import RolloutConfig, run_rollout
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"environments": {"*": {"tool_latency_s": 1.0}}}))
+    stack = await asyncio.to_thread(
+        stack_factory, env={"RLGATE_LOCALFLEET_FAULTS": str(faults), "RLGATE_OWNER_TTL_S": "2"}
+    )
+    async with rlgate.AsyncClient(stack.orchestrator_address) as client:
+        listed = await client.list_tasks()
+    keys = [t.key for t in listed if t.env_id in ("mailbox", "booking")][:8]
+    config = RolloutConfig(orchestrator=stack.orchestrator_address, tasks=",".join(keys), concurrency=8,
+                           progress=False, out=tmp_path / "traj.jsonl")  # fmt: skip
+    rollout = asyncio.create_task(run_rollout(config))
+
+    async def calling_tools() -> bool:
+        return await _tool_calls(stack) >= config.concurrency
+
+    await wait_until(calling_tools, 120, "the rollout's tool calls under way")
+    await asyncio.to_thread(stack.restart, "toolgateway")
+    summary, records = await rollout
+    assert summary["errors"] == 0, [r.error for r in records if r.error]
+    assert all(r.done and r.reward is not None for r in records)
+
+    read_only = {
+        *("list_folders", "list_messages", "search_messages", "read_message", "lookup_contact"),  # mailbox
+        *("search_flights", "search_hotels", "get_offer", "list_bookings", "get_profile", "get_loyalty"),  # booking
+    }
+    cut = 0
+    async with rlgate.AsyncClient(stack.orchestrator_address) as client:
+        for record in records:
+            for call in record.tool_calls:
+                if call["name"] in read_only:
+                    assert call["error_kind"] != "TOOL_ERROR_KIND_OUTCOME_UNKNOWN", call
+            state = await client.state(record.session_id, include_tool_calls=True)
+            logged = [e.infra_fault for e in state.tool_calls if e.infra_fault]
+            for kind in ("outcome_unknown", "tool_reruns"):
+                assert record.infra_faults.get(kind, 0) == logged.count(kind), (record.session_id, logged)
+            cut += bool(logged)
+    assert cut >= 1, "no episode had a call in flight when the gateway died"
+    assert summary["infra_faults"] >= cut and summary["episodes_with_infra_faults"] >= cut
