@@ -158,7 +158,8 @@ def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
         "tool_calls": calls,
         "final_answer": request.final_answer if request.HasField("final_answer") else None,
         "done": request.done,
-        "client_retries": request.client_retries,
+        # not client_retries: a report about the calls before this Step, not part of the turn. A caller that
+        # repeats a Step may have counted more retries meanwhile; the repeat still gets the recorded answer.
     }
 
 

@@ -519,8 +519,14 @@ async def test_infra_faults_count_client_retries_and_a_step_taken_over(orch: Run
     it; answered by Step and State, emptied by the next episode."""
     reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
     sid = reset.session_id
-    first = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, client_retries=2), timeout=60)
+    first = await orch.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=sid, request_id="turn-1", client_retries=2), timeout=60
+    )
     assert (first.infra_faults.client_retries, first.infra_faults.total) == (2, 2)
+    repeated = await orch.stub.Step(  # a repeat that counted more retries meanwhile: the recorded answer
+        orchestrator_pb2.StepRequest(session_id=sid, request_id="turn-1", client_retries=5), timeout=60
+    )
+    assert repeated == first
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, client_retries=1001), timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "client_retries" in (err.value.details() or "")

@@ -99,7 +99,6 @@ async def test_a_turn_is_one_store_call(parts: Any) -> None:
         "tool_calls",
         "final_answer",
         "done",
-        "client_retries",
     }
 
 
