@@ -94,6 +94,14 @@ class _Core(Generic[C]):
             if len(self._retried) > MAX_RETRIED_SESSIONS:
                 del self._retried[next(iter(self._retried))]
 
+    def give_back(self, call: Call[C, Any]) -> None:
+        """A Step that failed: the retries it would have reported are counted for the next one (a Step that
+        applied although its answer was lost makes them counted twice: more faults, never fewer)."""
+        reported = call.request.client_retries
+        if call.session_id and reported:
+            with self._lock:
+                self._retried[call.session_id] = self._retried.get(call.session_id, 0) + reported
+
     def take_retries(self, session_id: str) -> int:
         """The retries counted for `session_id` since the last call, reported once (capped at the proto's
         bound)."""
@@ -524,18 +532,21 @@ class Client:
         Returns:
             The StepResponse: whether the episode is over and, then, its reward and verification.
         """
-        return self._run(
-            self._core.step(
-                session_id,
-                trace_id,
-                timeout,
-                assistant_text=assistant_text,
-                tool_calls=tool_calls,
-                final_answer=final_answer,
-                done=done,
-                request_id=request_id,
-            )
+        call = self._core.step(
+            session_id,
+            trace_id,
+            timeout,
+            assistant_text=assistant_text,
+            tool_calls=tool_calls,
+            final_answer=final_answer,
+            done=done,
+            request_id=request_id,
         )
+        try:
+            return self._run(call)
+        except BaseException:
+            self._core.give_back(call)  # the retries it reported go with the next Step instead
+            raise
 
     def state(
         self,
@@ -892,18 +903,21 @@ class AsyncClient:
             trace_id: see `Client.step`.
             timeout: see `Client.step`.
         """
-        return await self._run(
-            self._core.step(
-                session_id,
-                trace_id,
-                timeout,
-                assistant_text=assistant_text,
-                tool_calls=tool_calls,
-                final_answer=final_answer,
-                done=done,
-                request_id=request_id,
-            )
+        call = self._core.step(
+            session_id,
+            trace_id,
+            timeout,
+            assistant_text=assistant_text,
+            tool_calls=tool_calls,
+            final_answer=final_answer,
+            done=done,
+            request_id=request_id,
         )
+        try:
+            return await self._run(call)
+        except BaseException:
+            self._core.give_back(call)  # the retries it reported go with the next Step instead
+            raise
 
     async def state(
         self,
