@@ -16,6 +16,7 @@ from typing import Any
 
 from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
+from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.endings import Endings
 from rlgate.orchestrator.sessions import Sessions, unknown_session
@@ -26,8 +27,6 @@ from rlgate.store import DoneReason, Session, SessionStatus, add_infra_fault
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
-
-MAX_CLIENT_RETRIES = 1000  # StepRequest.client_retries' bound (the proto's)
 
 
 class Steps:

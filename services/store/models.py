@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Self, TypeVar
 
+from rlgate.core.faults import INFRA_FAULT_KINDS
 from rlgate.runtime import jsoncodec
 
 
@@ -241,9 +242,6 @@ class Session(_Json):
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_STATUSES
-
-
-INFRA_FAULT_KINDS = ("outcome_unknown", "tool_reruns", "client_retries", "verifier_errors", "orchestrator_restarts")
 
 
 def add_infra_fault(session: Session, kind: str, count: int = 1) -> None:

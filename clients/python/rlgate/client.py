@@ -32,6 +32,7 @@ from rlgate._tracing import new_trace_id as new_trace_id
 from rlgate._tracing import trace_metadata
 from rlgate.channels import Pool, aio_channel, sync_channel
 from rlgate.core.convert import InvalidJsonValue, json_text
+from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.errors import InvalidArgument
 from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.protocol import DEFAULT_INSTRUCTIONS
@@ -57,8 +58,7 @@ C = TypeVar("C")
 R = TypeVar("R")
 
 
-MAX_CLIENT_RETRIES = 1000  # StepRequest.client_retries' bound (the proto's)
-MAX_RETRIED_SESSIONS = 10_000
+MAX_RETRIED_SESSIONS = 10_000  # sessions whose retries the client counts at once (the oldest drop out)
 
 
 def _session_of_token(token: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from rlgate.core.faults import INFRA_FAULT_KINDS
 from rlgate.messages import Message, Role
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
@@ -91,9 +92,6 @@ class InfraFaults:
             faults: the protobuf message.
         """
         return cls(**{k: getattr(faults, k) for k in INFRA_FAULT_KINDS})
-
-
-INFRA_FAULT_KINDS = ("outcome_unknown", "tool_reruns", "client_retries", "verifier_errors", "orchestrator_restarts")
 
 
 @dataclass(frozen=True)
