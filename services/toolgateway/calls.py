@@ -2,7 +2,9 @@
 arguments validated, the upstream called, and the result (or why there is none) answered and recorded.
 
 Every caller-visible failure is an `RlgateError`; every model mistake is an `is_error` result. A tool never
-runs twice for one request_id: once it may have run, a failure leaves the record as OUTCOME_UNKNOWN.
+runs twice for one request_id: once it may have run, a failure leaves the record as OUTCOME_UNKNOWN. The one
+exception is a read-only or idempotent tool whose first attempt's gateway died (`_orphaned`). Either way the
+log entry names the infrastructure fault, and the episode counts it.
 """
 
 from __future__ import annotations
