@@ -526,6 +526,7 @@ async def test_gateway_sigkill_mid_call(
         await wait_until(lapsed, 3 * GATEWAY_OWNER_TTL_S, "the dead gateway's owner lease lapsed")
     finally:
         await store.close()
+    assert run.reset is not None
     spec = next(t for t in run.reset.tools if t.name == name)
     hints = parse_json_object(spec.annotations_json, "annotations_json") if spec.annotations_json else {}
     rerun = hints.get("readOnlyHint") is True or hints.get("idempotentHint") is True
