@@ -28,7 +28,8 @@ crashes, through the session store's request records (so every replica sees the 
   and run again by the repeat, whose work is told which record it took over (`Claim.prior`) so it converges
   instead of repeating (a dead attempt never recorded its parameters' fingerprint in the store, so the work
   checks what it finds against its own parameters). `orphan=` is run instead of the work then (the gateway:
-  a tool never runs twice, so it records OUTCOME_UNKNOWN). A held record is completed only while this
+  a tool never runs twice, so it records OUTCOME_UNKNOWN; a tool annotated read-only or idempotent it runs
+  again, once, marking the log entry). A held record is completed only while this
   attempt still holds it (`commit(held_by=)`): if another process took it over meanwhile (this one was
   deemed dead), that answer stands, and this attempt answers with it as a repeat would.
 - **Waits are bounded.** Every wait on an earlier attempt, its store reads included, ends by the caller's

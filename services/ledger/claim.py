@@ -107,10 +107,16 @@ class Claim:
         self.recorded, self.unwritten = payload, None
         return written
 
-    async def change(self, session_id: str, change: Callable[[Session], Message | None]) -> tuple[Session | None, bool]:
+    async def change(
+        self,
+        session_id: str,
+        change: Callable[[Session], Message | None],
+        *,
+        tool_call: ToolCallEntry | None = None,
+    ) -> tuple[Session | None, bool]:
         """`SessionStore.change_session` whose write records the response `change` returns (None: nothing
-        written), as `commit` would: read, change and record in one step where the store can. `change` may
-        run on the store's thread (see `change_session`)."""
+        written), and logs `tool_call` with it, as `commit` would: read, change and record in one step where
+        the store can. `change` may run on the store's thread (see `change_session`)."""
         payloads: list[str] = []
 
         def staged(session: Session) -> Writes | None:
@@ -118,9 +124,9 @@ class Claim:
             if response is None:
                 return None
             if not self.request_id:
-                return Writes()
+                return Writes(tool_call=tool_call)
             payloads.append(self.payload(response))
-            return self._writes(payloads[-1], None)
+            return self._writes(payloads[-1], tool_call)
 
         try:
             session, written = await self._store.change_session(session_id, staged)

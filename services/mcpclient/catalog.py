@@ -102,6 +102,13 @@ class CatalogTool:
     def spec(self) -> common_pb2.ToolSpec:
         return self.wire if self.wire is not None else tool_spec(self.tool, self.endpoint)
 
+    @property
+    def may_run_again(self) -> bool:
+        """Whether its upstream says running it twice does no harm: annotated `readOnlyHint: true` or
+        `idempotentHint: true` (hints the upstream vouches for; rlgate has nothing better to go on)."""
+        hints = self.tool.annotations
+        return hints is not None and (hints.read_only_hint is True or hints.idempotent_hint is True)
+
 
 @dataclass(frozen=True)
 class ToolCatalog:

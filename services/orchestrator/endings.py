@@ -16,7 +16,7 @@ from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.verifier import Outcome, Verifier
 from rlgate.orchestrator.views import step_response
-from rlgate.store import Session, ToolCallEntry, ToolCallLog, VerificationStatus
+from rlgate.store import Session, ToolCallEntry, ToolCallLog, VerificationStatus, add_infra_fault
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,8 @@ class Endings:
                 return False
             s.verification = outcome.verification()
             s.reward = outcome.score if outcome.status == VerificationStatus.OK else None
+            if outcome.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT):
+                add_infra_fault(s, "verifier_errors")  # no reward for a reason that is not the model's
             return True
 
         updated, _ = await self._sessions.mutate(session.session_id, record, start=session)

@@ -313,6 +313,7 @@ class Resets:
             s.done_reason = DoneReason.NONE
             s.reward = None
             s.verification = None
+            s.infra_faults = {}
             s.instance_id = new_handle.instance_id
             s.intent_id = new_intent.intent_id if new_intent else ""
             s.instance = new_handle.to_record()

@@ -16,13 +16,14 @@ from typing import Any
 
 from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
+from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.ledger import Claim, RequestLedger, scope
 from rlgate.orchestrator.endings import Endings
 from rlgate.orchestrator.sessions import Sessions, unknown_session
 from rlgate.orchestrator.views import step_response
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.logs import session_id_var
-from rlgate.store import DoneReason, Session, SessionStatus
+from rlgate.store import DoneReason, Session, SessionStatus, add_infra_fault
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class Steps:
             if s.status != SessionStatus.ACTIVE:
                 raise FailedPrecondition(f"session {s.session_id} is {s.status}", reason="SESSION_NOT_ACTIVE")
             _count_turn(s, request)
+            if claim.prior is not None:  # the orchestrator that ran this Step first died under it
+                add_infra_fault(s, "orchestrator_restarts")
             return True
 
         responses: list[orchestrator_pb2.StepResponse] = []
@@ -129,6 +132,8 @@ class Steps:
 def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
     """What a Step's request_id is bound to. INVALID_ARGUMENT for tool-call arguments that are not a JSON
     object (the ledger compares them as JSON, whichever form they came in)."""
+    if not 0 <= request.client_retries <= MAX_CLIENT_RETRIES:
+        raise InvalidArgument("client_retries", f"{request.client_retries}; must be 0..{MAX_CLIENT_RETRIES}")
     calls = []
     for i, call in enumerate(request.tool_calls):
         if not call.name:
@@ -152,6 +157,8 @@ def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
         "tool_calls": calls,
         "final_answer": request.final_answer if request.HasField("final_answer") else None,
         "done": request.done,
+        # not client_retries: a report about the calls before this Step, not part of the turn. A caller that
+        # repeats a Step may have counted more retries meanwhile; the repeat still gets the recorded answer.
     }
 
 
@@ -159,6 +166,7 @@ def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None
     """Apply one Step to an active session: the turn, and the episode's end if this turn ends it."""
     session.turn += 1
     session.last_active_at = time.time()
+    add_infra_fault(session, "client_retries", request.client_retries)
     if request.HasField("final_answer"):
         session.done_reason = DoneReason.FINAL_ANSWER
     elif request.done:

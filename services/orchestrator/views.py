@@ -7,7 +7,15 @@ from google.protobuf import timestamp_pb2
 from rlgate.core.convert import json_text
 from rlgate.core.errors import InvalidArgument
 from rlgate.orchestrator.providers.base import TaskDef
-from rlgate.store import DoneReason, Session, SessionStatus, ToolCallEntry, Verification, VerificationStatus
+from rlgate.store import (
+    INFRA_FAULT_KINDS,
+    DoneReason,
+    Session,
+    SessionStatus,
+    ToolCallEntry,
+    Verification,
+    VerificationStatus,
+)
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 # The domain's enums on the wire: one explicit table per enum (a member missing from one is a KeyError in the
@@ -104,6 +112,12 @@ def instance_info(session: Session) -> orchestrator_pb2.InstanceInfo:
     )
 
 
+def infra_faults(session: Session) -> common_pb2.InfraFaults:
+    """The episode's infrastructure faults on the wire, with their total."""
+    counts = {kind: session.infra_faults.get(kind, 0) for kind in INFRA_FAULT_KINDS}
+    return common_pb2.InfraFaults(total=sum(counts.values()), **counts)
+
+
 def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) -> orchestrator_pb2.SessionInfo:
     info = orchestrator_pb2.SessionInfo(
         session_id=session.session_id,
@@ -123,6 +137,7 @@ def session_info(session: Session, task: TaskDef | None, tool_calls: int = 0) ->
         tool_call_count=tool_calls,
         parent_session_id=session.parent_session_id,
         branch_index=session.branch_index,
+        infra_faults=infra_faults(session),
     )
     if session.reward is not None:
         info.reward = session.reward
@@ -142,6 +157,7 @@ def tool_call_entry(entry: ToolCallEntry) -> orchestrator_pb2.ToolCallLogEntry:
         duration_ms=entry.duration_ms,
         finished_at=timestamp(entry.finished_at),
         arguments_json=json_text(entry.arguments),
+        infra_fault=entry.infra_fault,
     )
 
 
@@ -153,6 +169,7 @@ def step_response(session: Session) -> orchestrator_pb2.StepResponse:
         done_reason=DONE_REASON[session.done_reason],
         verification=verification(session.verification),
         status=SESSION_STATUS[session.status],
+        infra_faults=infra_faults(session),
     )
     if session.reward is not None:
         response.reward = session.reward

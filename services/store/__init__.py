@@ -13,6 +13,7 @@ from rlgate.store.admission import CreateGrant, CreateLimits
 from rlgate.store.base import SessionStore, open_store
 from rlgate.store.memory import MemoryStore
 from rlgate.store.models import (
+    INFRA_FAULT_KINDS,
     OPEN_STATUSES,
     ConflictError,
     DoneReason,
@@ -30,6 +31,7 @@ from rlgate.store.models import (
     Verification,
     VerificationStatus,
     Writes,
+    add_infra_fault,
     call_scope,
 )
 from rlgate.store.protocols import (
@@ -44,6 +46,7 @@ from rlgate.store.protocols import (
 )
 
 __all__ = [
+    "INFRA_FAULT_KINDS",
     "OPEN_STATUSES",
     "ConflictError",
     "CreateAdmission",
@@ -73,6 +76,7 @@ __all__ = [
     "Verification",
     "VerificationStatus",
     "Writes",
+    "add_infra_fault",
     "call_scope",
     "open_store",
 ]

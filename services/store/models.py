@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Self, TypeVar
 
+from rlgate.core.faults import INFRA_FAULT_KINDS
 from rlgate.runtime import jsoncodec
 
 
@@ -233,11 +234,23 @@ class Session(_Json):
     closed_at: float = 0.0
     parent_session_id: str = ""  # the session this one was forked from ("" when not a branch)
     branch_index: int = 0  # its index among that Fork's branches (0-based; with parent_session_id)
+    # The infrastructure faults the current episode met: InfraFaults' field name -> count (absent = 0).
+    # Emptied when an episode starts; changed only through `add_infra_fault`.
+    infra_faults: dict[str, int] = field(default_factory=dict)
     version: int = 0  # bumped by every update_session (compare-and-set)
 
     @property
     def is_open(self) -> bool:
         return self.status in OPEN_STATUSES
+
+
+def add_infra_fault(session: Session, kind: str, count: int = 1) -> None:
+    """Count `count` faults of `kind` (one of INFRA_FAULT_KINDS) into the session's current episode. A new
+    dict, never an edit in place: `Session.copy` shares containers, and a copy taken before must stay as read."""
+    if kind not in INFRA_FAULT_KINDS:
+        raise ValueError(f"unknown infrastructure fault kind {kind!r}")
+    if count > 0:
+        session.infra_faults = {**session.infra_faults, kind: session.infra_faults.get(kind, 0) + count}
 
 
 @dataclass
@@ -255,6 +268,9 @@ class ToolCallEntry(_Json):
     endpoint: str = ""
     duration_ms: float = 0.0
     finished_at: float = field(default_factory=time.time)
+    # The infrastructure fault this call met, as an InfraFaults field name ("outcome_unknown", "tool_reruns");
+    # "" for none. Counted into the session's `infra_faults` by the same write that logs the entry.
+    infra_fault: str = ""
 
 
 @dataclass

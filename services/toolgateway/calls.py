@@ -2,7 +2,9 @@
 arguments validated, the upstream called, and the result (or why there is none) answered and recorded.
 
 Every caller-visible failure is an `RlgateError`; every model mistake is an `is_error` result. A tool never
-runs twice for one request_id: once it may have run, a failure leaves the record as OUTCOME_UNKNOWN.
+runs twice for one request_id: once it may have run, a failure leaves the record as OUTCOME_UNKNOWN. The one
+exception is a read-only or idempotent tool whose first attempt's gateway died (`_orphaned`). Either way the
+log entry names the infrastructure fault, and the episode counts it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.core.errors import DeadlineExceeded, InvalidArgument, RlgateError, Unavailable, clip
 from rlgate.ledger import Claim, RequestLedger
+from rlgate.mcpclient import results
 from rlgate.mcpclient.catalog import TOOL_NAME
 from rlgate.mcpclient.errors import (
     CallLost,
@@ -30,7 +33,6 @@ from rlgate.mcpclient.pool import UpstreamPool
 from rlgate.mcpclient.session import SessionCatalog
 from rlgate.runtime.deadline import Deadline
 from rlgate.store import RequestRecord, Session, SessionStore, StoreError, call_scope
-from rlgate.mcpclient import results
 from rlgate.toolgateway.arguments import check_arguments
 from rlgate.toolgateway.auth import Authenticator, store_down
 from rlgate.toolgateway.catalog import Catalogs
@@ -151,7 +153,7 @@ class Calls:
                 functools.partial(self._run, session, call, deadline),
                 claim=claim,
                 replay=_replayed,
-                orphan=functools.partial(self._orphaned, session, call),
+                orphan=functools.partial(self._orphaned, session, call, deadline),
             )
         except StoreError as exc:
             raise store_down(exc) from exc
@@ -171,11 +173,12 @@ class Calls:
             raise
 
     async def _run(
-        self, session: Session, call: ToolCall, deadline: Deadline, claim: Claim
+        self, session: Session, call: ToolCall, deadline: Deadline, claim: Claim, *, rerun: bool = False
     ) -> toolgateway_pb2.CallToolResponse:
-        """The call as its request_id's first attempt. A failure raised before the tool could have run lets
-        the ledger release the request_id; once it may have run, the record is kept (`claim.keep`) and
-        completed here as OUTCOME_UNKNOWN, so a retry never runs the tool again."""
+        """The call as its request_id's first attempt (`rerun`: its second, see `_orphaned`). A failure raised
+        before the tool could have run lets the ledger release the request_id; once it may have run, the
+        record is kept (`claim.keep`) and completed here as OUTCOME_UNKNOWN, so a retry never runs the tool
+        again."""
         started = time.monotonic()
         state = _CallState()
         recorder = self._recorder
@@ -227,7 +230,8 @@ class Calls:
         # The log entry, the session touch and the DONE record in one store round trip, before the reply. The
         # tool ran: from here the record is never released, whatever happens to this task.
         claim.keep()
-        await recorder.shielded(recorder.record(claim, session, call, endpoint, response, started))
+        fault = "tool_reruns" if rerun else ""
+        await recorder.shielded(recorder.record(claim, session, call, endpoint, response, started, fault))
         return response
 
     async def _execute(
@@ -275,14 +279,22 @@ class Calls:
             self._recorder.observe(name, tool.endpoint, time.perf_counter() - start)
         return results.truncate(result, self._max_output_bytes), tool.endpoint
 
-    async def _orphaned(self, session: Session, call: ToolCall, claim: Claim) -> toolgateway_pb2.CallToolResponse:
+    async def _orphaned(
+        self, session: Session, call: ToolCall, deadline: Deadline, claim: Claim
+    ) -> toolgateway_pb2.CallToolResponse:
         """A repeat that took over the record of a first attempt whose gateway died mid-call (`claim.prior`):
-        the tool may have run, and never runs twice. The call is logged OUTCOME_UNKNOWN and the record
+        the tool may have run. A tool its upstream annotates read-only or idempotent (`may_run_again`) is run
+        again, once, under the same request_id, and its entry is marked as a rerun (an infrastructure fault
+        of the episode). Any other tool never runs twice: the call is logged OUTCOME_UNKNOWN and the record
         completed with that answer, once: the takeover's claim decides which repeat writes them. The dead
         attempt's record holds no name or arguments, so the entry has this repeat's (which the request_id
         binds from now on), and says so."""
         prior = claim.prior
         assert prior is not None
+        if await self._may_run_again(session, call, deadline):
+            log.info("request %s: first attempt's owner %s died mid-call; %s is read-only or idempotent, run again",
+                     clip(call.request_id), prior.owner, call.name)  # fmt: skip
+            return await self._run(session, call, deadline, claim, rerun=True)
         claim.keep()  # whatever the store does now, the answer is OUTCOME_UNKNOWN
         self._recorder.outcome_unknown()
         log.info("request %s: first attempt's owner %s died mid-call", clip(call.request_id), prior.owner)
@@ -296,8 +308,19 @@ class Calls:
         )
         entry = self._recorder.entry(session, call, "", time.monotonic(), response.result)
         entry.result_summary = f"{ORPHAN_NOTE} {entry.result_summary}"
+        entry.infra_fault = "outcome_unknown"
         await self._recorder.shielded(self._recorder.commit(claim, entry, response))
         return response
+
+    async def _may_run_again(self, session: Session, call: ToolCall, deadline: Deadline) -> bool:
+        """Whether the orphaned call's tool may run a second time (see `CatalogTool.may_run_again`). A
+        catalog that cannot be read says no: the call then stays at most once."""
+        try:
+            tool, _ = await self._catalogs.lookup(session, call.name, deadline)
+        except (UpstreamUnavailable, RlgateError) as exc:
+            log.info("request %s: tool list unavailable (%s); not run again", clip(call.request_id), exc)
+            return False
+        return tool is not None and tool.may_run_again
 
 
 def _unknown_tool(cat: SessionCatalog, name: str) -> common_pb2.ToolResult:

@@ -16,9 +16,9 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from rlgate.ledger import Claim
-from rlgate.runtime import metrics
-from rlgate.store import Session, SessionStore, StoreError, ToolCallEntry
 from rlgate.mcpclient import results
+from rlgate.runtime import metrics
+from rlgate.store import RequestExists, Session, SessionStore, StoreError, ToolCallEntry, add_infra_fault
 from rlgate.v1 import common_pb2, toolgateway_pb2
 
 if TYPE_CHECKING:
@@ -95,22 +95,51 @@ class Recorder:
         endpoint: str,
         response: toolgateway_pb2.CallToolResponse,
         started: float,
+        infra_fault: str = "",
     ) -> None:
-        """A call that ran: counted, its error kind logged, its entry and response committed."""
+        """A call that ran: counted, its error kind logged, its entry (with the infrastructure fault it met,
+        if any: `ToolCallEntry.infra_fault`) and response committed."""
         result = response.result
         kind = kind_name(result.error_kind)
         self.count(call.name, endpoint, "error" if result.is_error else "ok")
         if kind:
             _errors.labels(kind).inc()
             log.info("tool %s -> %s: %s", call.name, kind, result.error_message[:200])
-        await self.commit(claim, self.entry(session, call, endpoint, started, result), response)
+        entry = self.entry(session, call, endpoint, started, result)
+        entry.infra_fault = infra_fault
+        await self.commit(claim, entry, response)
 
     async def commit(self, claim: Claim, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
         """Append the log entry, touch the session and (with a request_id) record the response as DONE: one
         atomic store write, so a retry never finds a DONE record whose call is missing from the log. If it
         fails, the ledger writes both again (the entry is logged once per request_id): at once when the work
         returns, then in the background until the store takes them."""
-        await self.store_quietly(claim.commit(response=response, tool_call=entry))
+        if entry.infra_fault:
+            await self.store_quietly(self._commit_fault(claim, entry, response))
+        else:
+            await self.store_quietly(claim.commit(response=response, tool_call=entry))
+
+    @staticmethod
+    async def _commit_fault(claim: Claim, entry: ToolCallEntry, response: toolgateway_pb2.CallToolResponse) -> None:
+        """`commit` of a call that met an infrastructure fault: the same writes, plus the fault counted into
+        its episode on the session (`Session.infra_faults`, which Step and State answer with), atomically. A
+        session that is gone, or a store that refuses the session write, still gets the entry and the record
+        (the ledger's `commit` keeps those until they land); the count is then the log's alone."""
+
+        def counted(session: Session) -> toolgateway_pb2.CallToolResponse:
+            if session.episode == entry.episode:  # a later episode does not inherit the fault
+                add_infra_fault(session, entry.infra_fault)
+            return response
+
+        try:
+            session, _ = await claim.change(entry.session_id, counted, tool_call=entry)
+        except RequestExists:
+            return  # another attempt took the record over: its answer stands (the ledger replays it)
+        except StoreError:
+            log.warning("could not count an infrastructure fault of session %s", entry.session_id, exc_info=True)
+            session = None
+        if session is None:
+            await claim.commit(response=response, tool_call=entry)
 
     def finish_unknown(
         self, claim: Claim, session: Session, call: ToolCall, endpoint: str, started: float, message: str
@@ -123,6 +152,7 @@ class Recorder:
             result=results.error_result(Kind.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, message)
         )
         entry = self.entry(session, call, endpoint, started, response.result)
+        entry.infra_fault = "outcome_unknown"
         return self.in_background(self.commit(claim, entry, response))
 
     async def release(self, scope: str, request_id: str) -> None:

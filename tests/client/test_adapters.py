@@ -8,11 +8,12 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import pytest
 
 import rlgate
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
-from tests.client.scripted import ScriptedServer
+from tests.client.scripted import ScriptedServer, default_responses
 from tests.client.tinker_support import ScriptedPolicy, renderer
 
 if TYPE_CHECKING:
@@ -102,7 +103,68 @@ def test_skyrl_verifier_error_zero_mode(skyrl_env: Callable[..., Any], server: S
     assert env.get_metrics()["verifier_failed"] == 1.0
 
 
+def _faulted_step(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+    """The orchestrator's answer to a turn whose tool call a dead gateway cut, as the client reported it."""
+    faults = common_pb2.InfraFaults(outcome_unknown=1, client_retries=req.client_retries)
+    faults.total = faults.outcome_unknown + faults.client_retries
+    return orchestrator_pb2.StepResponse(turn=1, infra_faults=faults)
+
+
+def _push_cut_tool_call(server: ScriptedServer) -> None:
+    """A Reset whose agent token names its session (as the orchestrator mints them), a CallTool that fails
+    UNAVAILABLE then answers OUTCOME_UNKNOWN on the retry, and the Step that counts both."""
+    reset = default_responses(server.address)["Reset"](orchestrator_pb2.ResetRequest(task_key="t1", max_turns=4))
+    reset.agent_token = "rlg1.s-1.secret"
+    unknown = common_pb2.ToolResult(
+        is_error=True, error_kind=common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, error_message="outcome unknown"
+    )
+    server.script.push("Reset", reset)
+    server.script.push("CallTool", grpc.StatusCode.UNAVAILABLE, toolgateway_pb2.CallToolResponse(result=unknown))
+    server.script.push("Step", _faulted_step)
+
+
+def test_skyrl_infra_faults_are_apart_from_tool_errors(skyrl_env: Callable[..., Any], server: ScriptedServer) -> None:
+    _push_cut_tool_call(server)
+    env = skyrl_env()
+    env.init([])
+    out = env.step('<tool_call>{"name": "echo", "arguments": {"x": 1}}</tool_call>')
+    assert server.script.seen["Step"][0].request.client_retries == 1  # the client reported its retry
+    assert out["metadata"]["infra_faults"] == {
+        "outcome_unknown": 1, "tool_reruns": 0, "client_retries": 1, "verifier_errors": 0,
+        "orchestrator_restarts": 0, "total": 2,
+    }  # fmt: skip
+    metrics = env.get_metrics()
+    assert metrics["tool_calls"] == 1 and metrics["tool_errors"] == 0  # not the model's mistake
+    assert metrics["infra_faults"] == 2 and metrics["infra_faults/outcome_unknown"] == 1
+    env.close()
+
+
 # ----------------------------------------------------------------------------------------------- Tinker
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_tinker_infra_faults_in_metrics_or_failing_the_rollout(server: ScriptedServer, fail: bool) -> None:
+    from tinker_cookbook.rl.rollout_strategy import RetryOnFailure
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    from rlgate.adapters.tinker import InfraFaultError
+
+    _push_cut_tool_call(server)
+
+    def script(prompt: str, turn: int) -> str:
+        return '<tool_call>\n{"name": "echo", "arguments": {"x": 1}}\n</tool_call>' if turn == 0 else "<done/>"
+
+    builder = _builder(server, fail_on_infra_fault=fail)
+    group = await do_group_rollout(builder, ScriptedPolicy(script), strategy=RetryOnFailure(max_retries=1))
+    (trajectory,) = group.trajectories_G
+    first = trajectory.transitions[0].metrics
+    if fail:  # the faulted trajectory was replaced by a fresh one
+        assert [e.error_type for e in group.rollout_errors] == [InfraFaultError.__name__]
+        assert server.script.count("Reset") == 2 and first["infra_faults"] == 0.0
+    else:
+        assert not group.rollout_errors and server.script.count("Reset") == 1
+        assert first["infra_faults"] == 2.0 and first["tool_errors"] == 0.0
+    await builder.cleanup()
 
 
 def _builder(server: ScriptedServer, **kwargs: object) -> RlgateEnvGroupBuilder:

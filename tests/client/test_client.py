@@ -52,6 +52,27 @@ async def test_async_step_retries_unavailable_with_one_request_id(server: Script
     assert "authorization" not in seen[0].metadata  # no API key configured
 
 
+def test_retries_after_unavailable_are_reported_on_the_sessions_next_step(server: ScriptedServer) -> None:
+    """The client counts its retries after UNAVAILABLE per session (CallTool: the session its agent token names;
+    Step and State: their session_id) and reports them once, on the next Step; a Step that fails hands its
+    count on to the next one. Another session's count is its own."""
+    token = "rlg1.s-1.secret"
+    server.script.push("CallTool", U, U)
+    server.script.push("State", U)
+    server.script.push("Step", U, grpc.StatusCode.INTERNAL)
+    with Client(server.address, retry=FAST, gateway_addresses=server.address) as client:
+        client.call_tool(token, "echo", {"x": 1})  # 2 retries
+        client.call_tool("rlg1.s-2.secret", "echo", {})  # answered at once: nothing for s-2
+        client.state("s-1")  # 1 retry
+        with pytest.raises(rlgate.Internal):
+            client.step("s-1")  # carries 3, retried once (1 more), then fails: 4 go to the next Step
+        client.step("s-1")
+        client.step("s-1")
+        client.step("s-2")
+    reported = [(s.request.session_id, s.request.client_retries) for s in server.script.seen["Step"]]
+    assert reported == [("s-1", 3), ("s-1", 3), ("s-1", 4), ("s-1", 0), ("s-2", 0)]
+
+
 @pytest.mark.parametrize(
     ("code", "error"),
     [

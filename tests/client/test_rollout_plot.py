@@ -135,3 +135,17 @@ def test_an_unknown_left_open_count_is_said(capsys: pytest.CaptureFixture[str]) 
     summary.update(run_id="r", sessions_left_open=None)
     rollout.print_summary(summary)
     assert capsys.readouterr().out.splitlines()[-1].endswith("sessions left open: unknown")
+
+
+def test_infrastructure_faults_are_summed_apart_from_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    faulted = {"outcome_unknown": 1, "client_retries": 2, "total": 3}
+    records = [
+        EpisodeRecord(task_key="t", env_key="mailbox:v1", episode_index=0, reward=1.0, infra_faults=faulted),
+        EpisodeRecord(task_key="t", env_key="mailbox:v1", episode_index=1, reward=1.0),
+    ]
+    summary = summarize(records, wall_s=1.0)
+    assert (summary["infra_faults"], summary["episodes_with_infra_faults"], summary["errors"]) == (3, 1, 0)
+    assert summary["per_env"]["mailbox:v1"]["infra_faults"] == 3
+    summary.update(run_id="r", sessions_left_open=0)
+    rollout.print_summary(summary)
+    assert "infrastructure faults: 3 in 1 episode(s)" in capsys.readouterr().out

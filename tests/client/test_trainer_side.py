@@ -145,7 +145,7 @@ def test_skyrl_a_hung_tool_is_an_error_observation_after_the_tool_timeout(
     assert out["metadata"]["tool_call"][0]["error_kind"] == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN"
     (summary,) = server.script.seen["Step"][0].request.tool_calls
     assert summary.is_error and summary.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
-    assert env.get_metrics()["tool_errors"] == 1
+    assert env.get_metrics()["tool_errors"] == 0  # a hung tool is the environment's fault, not the model's
     assert env.step("<final_answer>42</final_answer>")["reward"] == 1.0
     wait_until_sync(lambda: server.script.count("Close") == 1, 10, "the close after done")
 

@@ -8,7 +8,17 @@ from collections.abc import Callable
 
 import pytest
 
-from rlgate import AsyncClient, Client, EpisodeSpec, Message, ResetResult, RetryPolicy, StepResult, Verification
+from rlgate import (
+    AsyncClient,
+    Client,
+    EpisodeSpec,
+    InfraFaults,
+    Message,
+    ResetResult,
+    RetryPolicy,
+    StepResult,
+    Verification,
+)
 from rlgate.results import Instance
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.client.scripted import ScriptedServer
@@ -151,3 +161,16 @@ def test_a_next_episode_resets_the_same_session_with_the_spec_kept(server: Scrip
     assert (first.task_key, first.session_id) == ("t", "")
     assert (second.task_key, second.session_id, second.max_turns) == ("", "s-1", 3)
     assert second.labels["team"] == "rl" and first.request_id != second.request_id
+
+
+def test_step_result_carries_the_episodes_infra_faults() -> None:
+    response = orchestrator_pb2.StepResponse(
+        turn=2, infra_faults=common_pb2.InfraFaults(total=3, tool_reruns=1, client_retries=2)
+    )
+    faults = StepResult.from_proto(response).infra_faults
+    assert faults == InfraFaults(tool_reruns=1, client_retries=2) and faults.total == 3
+    assert faults.as_dict() == {
+        "outcome_unknown": 0, "tool_reruns": 1, "client_retries": 2, "verifier_errors": 0,
+        "orchestrator_restarts": 0, "total": 3,
+    }  # fmt: skip
+    assert StepResult.from_proto(orchestrator_pb2.StepResponse()).infra_faults.total == 0

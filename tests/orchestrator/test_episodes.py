@@ -176,6 +176,8 @@ async def test_verifier_failures_are_never_reward_zero(
     assert not hung.HasField("reward")
     assert hung_s < 3.0 + 5.0  # rlgate's timeout bounds it, not the SDK's 30 s or localfleet's
     assert none.verification.status == common_pb2.VERIFICATION_STATUS_ERROR and not none.HasField("reward")
+    for step in (raised, hung, none):  # no reward for a reason that is not the model's: the episode says so
+        assert (step.infra_faults.verifier_errors, step.infra_faults.total) == (1, 1)
 
 
 async def test_env_only_session_is_skipped(orch: Running) -> None:
@@ -510,6 +512,33 @@ async def test_retries_taken_over_from_a_dead_owner_converge(orch: Running, stor
     assert started.episode == 2
     again = await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid, request_id="next-1"), timeout=60)
     assert again.episode == 2 and again.agent_token != started.agent_token  # same episode, fresh token
+
+
+async def test_infra_faults_count_client_retries_and_a_step_taken_over(orch: Running, store: SessionStore) -> None:
+    """The episode's infrastructure faults: the retries a client reports, a Step whose orchestrator died under
+    it; answered by Step and State, emptied by the next episode."""
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key="mailbox-count-unread-from-kenji"), timeout=60)
+    sid = reset.session_id
+    first = await orch.stub.Step(
+        orchestrator_pb2.StepRequest(session_id=sid, request_id="turn-1", client_retries=2), timeout=60
+    )
+    assert (first.infra_faults.client_retries, first.infra_faults.total) == (2, 2)
+    repeated = await orch.stub.Step(  # a repeat that counted more retries meanwhile: the recorded answer
+        orchestrator_pb2.StepRequest(session_id=sid, request_id="turn-1", client_retries=5), timeout=60
+    )
+    assert repeated == first
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, client_retries=1001), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "client_retries" in (err.value.details() or "")
+    await store.claim_request(scope("step", ""), "turn-2", "dead-replica")  # claimed, then its owner died
+    taken = await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, request_id="turn-2"), timeout=60)
+    assert (taken.turn, taken.infra_faults.orchestrator_restarts, taken.infra_faults.total) == (2, 1, 3)
+    state = await orch.stub.State(orchestrator_pb2.StateRequest(session_id=sid), timeout=10)
+    assert state.session.infra_faults == taken.infra_faults
+    await orch.stub.Step(orchestrator_pb2.StepRequest(session_id=sid, done=True), timeout=60)
+    await orch.stub.Reset(orchestrator_pb2.ResetRequest(session_id=sid), timeout=60)
+    state = await orch.stub.State(orchestrator_pb2.StateRequest(session_id=sid), timeout=10)
+    assert state.session.episode == 2 and state.session.infra_faults.total == 0
 
 
 async def test_reference_solutions_only_on_request(orch: Running) -> None:

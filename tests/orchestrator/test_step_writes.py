@@ -93,7 +93,13 @@ async def test_a_turn_is_one_store_call(parts: Any) -> None:
     assert record is not None and record.state == RequestState.DONE
     params, response = decode_result(record.result)
     assert orchestrator_pb2.StepResponse.FromString(response) == second
-    assert params is not None and set(params) == {"session_id", "assistant_text", "tool_calls", "final_answer", "done"}
+    assert params is not None and set(params) == {
+        "session_id",
+        "assistant_text",
+        "tool_calls",
+        "final_answer",
+        "done",
+    }
 
 
 async def test_a_repeat_replays_the_recorded_response(parts: Any) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from rlgate import AsyncClient, RetryPolicy, RlgateError
+from rlgate.core.convert import parse_json_object
 from rlgate.store import RequestState, call_scope, open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.reliability.conftest import Figures
@@ -135,6 +136,7 @@ class Run:
         self.stack, self.client, self.era, self.audit = stack, client, era, audit
         self.env_id = ERAS[era]
         self.sent: set[str] = set()  # request ids sent to CallTool
+        self.reruns = 0  # of them, run twice by the gateway as it may (read-only after a dead gateway)
         self.reset: orchestrator_pb2.ResetResponse | None = None
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.final: str | None = None
@@ -184,6 +186,7 @@ class Run:
     async def log_ids_unique(self) -> bool:
         state = await self.client.state(self.session_id, include_tool_calls=True)
         ids = [e.request_id for e in state.tool_calls if e.request_id]
+        self.reruns = sum(e.infra_fault == "tool_reruns" for e in state.tool_calls)
         return len(ids) == len(set(ids))
 
     async def close(self) -> None:
@@ -193,12 +196,14 @@ class Run:
 
 def ran_twice(runs: list[Run]) -> bool:
     """More upstream tool executions (localfleet's counter, per environment, since the first run started)
-    than distinct request ids the runs sent."""
+    than distinct request ids the runs sent, plus the reruns the gateway logged (a read-only or idempotent
+    tool run again after its gateway died: the one second run allowed; `log_ids_unique` counts them)."""
     for env_id in {r.env_id for r in runs}:
         mine = [r for r in runs if r.env_id == env_id]
         before = min(r.tool_calls_before for r in mine)
         sent = set().union(*(r.sent for r in mine))
-        if mine[0].stack.admin.env_counter(env_id, "tool_calls") - before > len(sent):
+        allowed = len(sent) + sum(r.reruns for r in mine)
+        if mine[0].stack.admin.env_counter(env_id, "tool_calls") - before > allowed:
             return True
     return False
 
@@ -210,7 +215,7 @@ async def finish(
     if step is not None:
         outcome.completed = step.done and step.verification.status == common_pb2.VERIFICATION_STATUS_OK
         outcome.reward = step.reward if step.HasField("reward") else None
-    unique = [await r.log_ids_unique() for r in runs if r.reset is not None]
+    unique = [await r.log_ids_unique() for r in runs if r.reset is not None]  # counts each run's reruns too
     outcome.tool_ran_twice = ran_twice(runs) or not all(unique)
     for r in runs:
         await r.close()
@@ -482,7 +487,9 @@ async def test_gateway_sigkill_mid_call(
     stack: AuditedStack, client: AsyncClient, audit: Audit, figures: Figures, era: str
 ) -> None:
     """SIGKILL the gateway while a tool call hangs upstream; restart it: the caller saw UNAVAILABLE, the
-    retry of the same request_id answers OUTCOME_UNKNOWN (the tool is not run again), the episode finishes."""
+    retry of the same request_id answers OUTCOME_UNKNOWN (the tool is not run again) or, for a tool its
+    server annotates read-only or idempotent, runs it again and answers its result; either way the episode
+    counts the fault, and finishes."""
     run = Run(stack, client, era, audit)
     await run.start()
     name, args = run.calls[0]
@@ -519,11 +526,20 @@ async def test_gateway_sigkill_mid_call(
         await wait_until(lapsed, 3 * GATEWAY_OWNER_TTL_S, "the dead gateway's owner lease lapsed")
     finally:
         await store.close()
+    assert run.reset is not None
+    spec = next(t for t in run.reset.tools if t.name == name)
+    hints = parse_json_object(spec.annotations_json, "annotations_json") if spec.annotations_json else {}
+    rerun = hints.get("readOnlyHint") is True or hints.get("idempotentHint") is True
     retry_status, _, replay = await timed(run.call(name, args, first))
     kind = common_pb2.ToolErrorKind.Name(replay.result.error_kind) if retry_status == "OK" else ""
-    outcome.caller_saw.append(f"retry same id: {retry_status} {kind}")
-    assert retry_status == "OK" and replay.result.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, replay
+    outcome.caller_saw.append(f"retry same id: {retry_status} {kind}{' (read-only: run again)' if rerun else ''}")
+    assert retry_status == "OK", retry_status
+    if rerun:
+        assert not replay.result.is_error, replay
+    else:
+        assert replay.result.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN, replay
     step = await run.solve()
+    assert (step.infra_faults.tool_reruns, step.infra_faults.outcome_unknown) == ((1, 0) if rerun else (0, 1))
     outcome.recovered_s = round(time.perf_counter() - started, 3)
     assert_promises(await finish(outcome, [run], stack, figures, step))
 

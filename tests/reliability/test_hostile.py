@@ -36,8 +36,8 @@ import pytest
 
 from rlgate.devtools.stack import free_port
 from rlgate.mcpclient.catalog import MAX_TOOLS
-from rlgate.mcpclient.transport import MAX_PAGE_BYTES
 from rlgate.mcpclient.results import MAX_CONTENT_BLOCKS
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES
 from rlgate.v1 import common_pb2, orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 from tests.reliability.conftest import FULL, Figures
 from tests.reliability.harness import API_KEY, REPO, Audit, AuditedStack, bearer, error_reason, start_stack

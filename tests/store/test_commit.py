@@ -17,6 +17,7 @@ from rlgate.store import (
     SessionStore,
     ToolCallEntry,
     Writes,
+    add_infra_fault,
 )
 from tests.store.conftest import StoreFactory
 
@@ -204,3 +205,25 @@ def test_writes_refuses_combinations_that_are_not_one() -> None:
         Writes(new_request=True)
     with pytest.raises(ValueError):
         Writes(request=("s", "r", "x"), new_request=True, held_by="me")
+
+
+async def test_an_infrastructure_fault_is_counted_with_its_log_entry_in_one_write(store: SessionStore) -> None:
+    """The gateway's write of a call that met a fault: the entry (with its kind), the record DONE and the
+    session's count, in one `change_session`; every backend keeps the count and the entry's kind."""
+    await store.create_session(active("s1"))
+    await store.claim_request("call:s1", "r1", "me")
+    entry = ToolCallEntry(session_id="s1", episode=1, request_id="r1", tool="peek", infra_fault="tool_reruns")
+
+    def counted(s: Session) -> Writes:
+        add_infra_fault(s, "tool_reruns")
+        return Writes(("call:s1", "r1", "response-1"), entry, held_by="me")
+
+    written, changed = await store.change_session("s1", counted)
+    assert changed and written is not None and written.infra_faults == {"tool_reruns": 1}
+    stored = await store.get_session("s1")
+    assert stored is not None and stored.infra_faults == {"tool_reruns": 1}
+    assert [e.infra_fault for e in await store.list_tool_calls("s1")] == ["tool_reruns"]
+    record = await store.get_request("call:s1", "r1")
+    assert record is not None and record.result == "response-1"
+    with pytest.raises(ValueError, match="unknown infrastructure fault"):
+        add_infra_fault(stored, "cosmic_rays")

@@ -98,7 +98,12 @@ def test_a_record_in_the_old_form_loads() -> None:
     assert session.status is SessionStatus.DONE and session.done_reason is DoneReason.MAX_TURNS
     assert session.verification == Verification(VerificationStatus.TIMEOUT, "slow", "", 1, 30000.0)
     # Written back with the later fields at their defaults (old readers drop keys they do not know).
-    assert json.loads(session.to_json()) == {**OLD_FORM, "parent_session_id": "", "branch_index": 0}
+    assert json.loads(session.to_json()) == {
+        **OLD_FORM,
+        "parent_session_id": "",
+        "branch_index": 0,
+        "infra_faults": {},
+    }
 
     running = Session.from_json(json.dumps({**OLD_FORM, "status": "active", "done_reason": "", "verification": {}}))
     assert running.done_reason is DoneReason.NONE and running.verification is None

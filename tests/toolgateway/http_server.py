@@ -177,8 +177,31 @@ BEHAVIOURS: dict[str, Callable[[HostileCall], Awaitable[None]]] = {
 }
 
 
-def mcp_server() -> MCPServer:
+@dataclass
+class SlowCalls:
+    """What the SDK's own handler of the `slow` tool saw: calls started, finished, and cancelled (by a
+    `notifications/cancelled`, or the server seeing the client go)."""
+
+    started: int = 0
+    finished: int = 0
+    cancelled: int = 0
+
+
+def mcp_server(slow_calls: SlowCalls | None = None) -> MCPServer:
     server = MCPServer("hostile")
+    seen = slow_calls if slow_calls is not None else SlowCalls()
+
+    @server.tool()
+    async def slow(seconds: float = 5.0) -> str:
+        """Sleeps `seconds` in the SDK's own handler, recording whether it was cancelled."""
+        seen.started += 1
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            seen.cancelled += 1
+            raise
+        seen.finished += 1
+        return "slept"
 
     @server.tool()
     def add(n: int) -> str:
@@ -204,8 +227,11 @@ class HostileUpstream:
     """The server and its front; `calls` counts every `tools/call` by tool name, `methods` every message by
     method, `hostile` keeps the calls the front answered, in order."""
 
-    def __init__(self, era: str) -> None:
+    def __init__(self, era: str, *, sse: bool = False) -> None:
+        """`sse`: the SDK's own replies are event streams in either era (its default, as FastMCP serves);
+        otherwise the legacy era answers in plain JSON."""
         self.era = era
+        self.slow = SlowCalls()
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
         self.hostile: list[HostileCall] = []
@@ -213,7 +239,7 @@ class HostileUpstream:
         self.gone = False  # set: every request answers 404, as an instance that was deleted does
         self.tracker = ConnectionTracker(Counters())
         self._changed = asyncio.Condition()
-        self._app: ASGIApp = mcp_server().streamable_http_app(json_response=era == "legacy")
+        self._app: ASGIApp = mcp_server(self.slow).streamable_http_app(json_response=era == "legacy" and not sse)
         self.port = free_port()
         self._uvicorn: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -317,8 +343,8 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 @contextlib.asynccontextmanager
-async def hostile_upstream(era: str) -> AsyncIterator[HostileUpstream]:
-    upstream = await HostileUpstream(era).start()
+async def hostile_upstream(era: str, *, sse: bool = False) -> AsyncIterator[HostileUpstream]:
+    upstream = await HostileUpstream(era, sse=sse).start()
     try:
         yield upstream
     finally:

@@ -10,10 +10,10 @@ import time
 import mcp_types as mt
 import pytest
 
-from rlgate.mcpclient.catalog import tool_allowed, tool_spec, union_tools
 from rlgate.mcpclient import results
-from rlgate.toolgateway.arguments import arguments_problem
+from rlgate.mcpclient.catalog import tool_allowed, tool_spec, union_tools
 from rlgate.mcpclient.results import MAX_CONTENT_BLOCKS, summary, tool_result, truncate
+from rlgate.toolgateway.arguments import arguments_problem
 from rlgate.v1 import common_pb2
 
 Kind = common_pb2.ToolErrorKind

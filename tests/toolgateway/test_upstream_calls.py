@@ -44,7 +44,7 @@ from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
 from rlgate.v1 import common_pb2, toolgateway_pb2, toolgateway_pb2_grpc
-from tests.support.wait import wait_until_sync
+from tests.support.wait import wait_until, wait_until_sync
 from tests.toolgateway.conftest import gateway_config
 from tests.toolgateway.http_server import (
     BEHAVIOURS,
@@ -170,6 +170,37 @@ async def test_a_call_timing_out_before_any_reply_closes_its_request(
         await upstream.wait(lambda: upstream.methods["notifications/cancelled"] == 1)
 
 
+@pytest.mark.parametrize("reply", ["json", "sse"])
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_call_that_ends_stops_the_sdk_handler(era: str, reply: str, how: str) -> None:
+    """The SDK's own server (not the front) runs a 5 s tool: a 1 s deadline, or the caller's cancel, stops
+    its handler in both eras and both reply forms (legacy: by `notifications/cancelled`; 2026-07-28: the
+    POST is closed). An SSE reply is the SDK's default, as FastMCP and mcp-proxy serve."""
+    async with hostile_upstream(era, sse=reply == "sse") as upstream:
+        pool, ups = await session_on(upstream)
+        try:
+            started = time.monotonic()
+            call = asyncio.create_task(
+                ups.call(upstream.url, "slow", {"seconds": 5.0}, 1.0 if how == "timeout" else 30.0)
+            )
+            await wait_until(lambda: upstream.slow.started == 1, 10, "the slow tool started", interval=0.02)
+            if how == "cancel":
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+            else:
+                with pytest.raises(CallTimedOut):
+                    await call
+            await wait_until(lambda: upstream.slow.cancelled == 1, 3, "the slow tool cancelled", interval=0.02)
+            assert time.monotonic() - started < 4.0
+            assert upstream.slow.finished == 0
+            if era == "legacy":
+                assert upstream.methods["notifications/cancelled"] == 1
+        finally:
+            await pool.close()
+
+
 # 3. What a failure means: never sent (retryable), lost (outcome unknown)
 
 
@@ -243,6 +274,37 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
     assert f"larger than {MiB} bytes" in result.error_message and "the tool ran" in result.error_message
     assert again.replayed and again.result == result
     assert upstream.calls["flood"] == 1
+
+
+@pytest.mark.parametrize("reply", ["json", "sse"])
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+@pytest.mark.parametrize("era", ERAS)
+async def test_a_gateway_call_that_ends_stops_the_sdk_handler(
+    era: str, reply: str, how: str, store: SessionStore
+) -> None:
+    """Through the gateway: a 5 s tool of the SDK's own server under a 1 s gRPC deadline, or cancelled by its
+    caller, is stopped at the server in both eras and both reply forms."""
+    async with hostile_upstream(era, sse=reply == "sse") as upstream:
+        handle = await start_gateway(gateway_config(), store)
+        token = await open_session(store, upstream)
+        request = toolgateway_pb2.CallToolRequest(name="slow", request_id="slow-1", arguments_json='{"seconds": 5}')
+        try:
+            async with grpc.aio.insecure_channel(handle.address) as channel:
+                stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+                metadata = (("authorization", f"Bearer {token}"),)
+                started = time.monotonic()
+                call = stub.CallTool(request, metadata=metadata, timeout=1.0 if how == "timeout" else 30.0)
+                if how == "cancel":
+                    await wait_until(lambda: upstream.slow.started == 1, 10, "the slow tool started", interval=0.02)
+                    call.cancel()
+                with pytest.raises((grpc.aio.AioRpcError, asyncio.CancelledError)):
+                    await call
+                await wait_until(lambda: upstream.slow.cancelled == 1, 3, "the slow tool cancelled", interval=0.02)
+                assert time.monotonic() - started < 4.0 and upstream.slow.finished == 0
+                if era == "legacy":
+                    assert upstream.methods["notifications/cancelled"] == 1
+        finally:
+            await handle.stop(grace=0)
 
 
 async def test_a_call_after_its_session_was_closed_opens_no_connection(upstream: HostileUpstream) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import mcp_types as mt
 import pytest
 
 from rlgate.core.errors import DeadlineExceeded, Unavailable
@@ -22,7 +23,7 @@ from rlgate.toolgateway.service import ToolGateway
 from rlgate.v1 import common_pb2, toolgateway_pb2
 from tests.fakes import FakeUpstreamPool, Outcome, hang, lost, not_sent, rejected, timed_out, too_large
 from tests.fakes.store import FaultyMemoryStore
-from tests.fakes.upstream import ENDPOINT
+from tests.fakes.upstream import ENDPOINT, echo_tool
 
 Kind = common_pb2.ToolErrorKind
 SID = "s-calls"
@@ -252,6 +253,51 @@ async def test_owner_died_is_logged_and_recorded_with_what_the_retry_sent(gw: Ga
     )
     assert entry.result_summary.startswith(ORPHAN_NOTE) and entry.endpoint == ""  # the retry's, and says so
     assert (await gw.call(arguments='{"x": 2}')).replayed and await gw.logged() == [("r1", "OUTCOME_UNKNOWN")]
+
+
+@pytest.mark.parametrize(
+    "hint",
+    [mt.ToolAnnotations(read_only_hint=True), mt.ToolAnnotations(idempotent_hint=True)],
+    ids=["read-only", "idempotent"],
+)
+async def test_owner_died_on_a_read_only_tool_runs_it_again_once_and_counts_the_fault(
+    gw: Gateway, hint: mt.ToolAnnotations
+) -> None:
+    gw.upstream.tools["*"] = [echo_tool(), mt.Tool(name="peek", input_schema={"type": "object"},
+                                                   annotations=hint)]  # fmt: skip
+    await gw.store.heartbeat_owner("gw-dead", 0)
+    await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
+    response = await gw.call(name="peek")
+    assert not response.result.is_error and response.result.content[0].text.text == "ok"  # the model sees a result
+    assert gw.upstream.runs("peek") == 1
+    (entry,) = await gw.store.list_tool_calls(SID)
+    assert (entry.error_kind, entry.infra_fault) == ("", "tool_reruns")  # the ledger says it ran again
+    session = await gw.store.get_session(SID)
+    assert session is not None and session.infra_faults == {"tool_reruns": 1}
+    again = await gw.call(name="peek")  # once: a repeat replays it
+    assert again.replayed and gw.upstream.runs("peek") == 1
+
+
+async def test_owner_died_on_another_tool_stays_outcome_unknown_and_counts_the_fault(gw: Gateway) -> None:
+    writes = mt.ToolAnnotations(read_only_hint=False, destructive_hint=True)
+    gw.upstream.tools["*"] = [mt.Tool(name="echo", input_schema={"type": "object"}, annotations=writes)]
+    await gw.store.heartbeat_owner("gw-dead", 0)
+    await gw.store.claim_request(call_scope(SID), "r1", "gw-dead")
+    response = await gw.call()
+    assert kind(response) == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN" and gw.upstream.calls == []
+    (entry,) = await gw.store.list_tool_calls(SID)
+    assert entry.infra_fault == "outcome_unknown"
+    session = await gw.store.get_session(SID)
+    assert session is not None and session.infra_faults == {"outcome_unknown": 1}
+
+
+async def test_a_lost_call_counts_an_outcome_unknown_fault(gw: Gateway) -> None:
+    gw.upstream.will("echo", lost())
+    with pytest.raises(Unavailable):
+        await gw.call()
+    await gw.recorded_done()
+    session = await gw.store.get_session(SID)
+    assert session is not None and session.infra_faults == {"outcome_unknown": 1}
 
 
 async def test_retries_racing_for_a_dead_gateways_call_log_and_record_it_once(gw: Gateway) -> None:

@@ -22,7 +22,7 @@ from rlgate.errors import (
 from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.messages import ImagePart, Message, TextPart
 from rlgate.protocol import ParsedTurn, ToolCall, parse_assistant_text, render_system_prompt
-from rlgate.results import Instance, ResetResult, StepResult, Verification
+from rlgate.results import InfraFaults, Instance, ResetResult, StepResult, Verification
 from rlgate.retry import RetryPolicy
 from rlgate.settings import ClientSettings, RunSettings, Timeouts
 
@@ -39,6 +39,7 @@ __all__ = [
     "EpisodeSpec",
     "FailedPrecondition",
     "ImagePart",
+    "InfraFaults",
     "Instance",
     "Internal",
     "InvalidArgument",

@@ -32,6 +32,7 @@ from rlgate._tracing import new_trace_id as new_trace_id
 from rlgate._tracing import trace_metadata
 from rlgate.channels import Pool, aio_channel, sync_channel
 from rlgate.core.convert import InvalidJsonValue, json_text
+from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.errors import InvalidArgument
 from rlgate.inputs import EpisodeSpec, ResetFields
 from rlgate.protocol import DEFAULT_INSTRUCTIONS
@@ -57,6 +58,16 @@ C = TypeVar("C")
 R = TypeVar("R")
 
 
+MAX_RETRIED_SESSIONS = 10_000  # sessions whose retries the client counts at once (the oldest drop out)
+
+
+def _session_of_token(token: str) -> str:
+    """The session id an agent token names ("rlg1.<session_id>.<secret>"), "" for another form."""
+    _, _, rest = token.partition(".")
+    session_id, dot, _ = rest.rpartition(".")
+    return session_id if dot else ""
+
+
 class _Core(Generic[C]):
     """State and logic shared by Client and AsyncClient: every public call is built here as a `Call`.
 
@@ -69,6 +80,33 @@ class _Core(Generic[C]):
         self.orchestrator: Pool[C] = Pool(split_addresses(addresses), self._make_channel)
         self._gateways: dict[tuple[str, ...], Pool[C]] = {}
         self._lock = threading.Lock()
+        # Session id -> calls of it retried after UNAVAILABLE since its last Step was built (an infrastructure
+        # fault its next Step reports: StepRequest.client_retries). Bounded: the oldest sessions drop out.
+        self._retried: dict[str, int] = {}
+
+    def note_retry(self, call: Call[C, Any], err: grpc.RpcError) -> None:
+        """A call is about to be retried after `err`: an UNAVAILABLE is counted for its session."""
+        code = err.code() if callable(getattr(err, "code", None)) else None  # grpc.Call and AioRpcError
+        if not call.session_id or code is not grpc.StatusCode.UNAVAILABLE:
+            return
+        with self._lock:
+            self._retried[call.session_id] = self._retried.pop(call.session_id, 0) + 1
+            if len(self._retried) > MAX_RETRIED_SESSIONS:
+                del self._retried[next(iter(self._retried))]
+
+    def give_back(self, call: Call[C, Any]) -> None:
+        """A Step that failed: the retries it would have reported are counted for the next one (a Step that
+        applied although its answer was lost makes them counted twice: more faults, never fewer)."""
+        reported = call.request.client_retries
+        if call.session_id and reported:
+            with self._lock:
+                self._retried[call.session_id] = self._retried.get(call.session_id, 0) + reported
+
+    def take_retries(self, session_id: str) -> int:
+        """The retries counted for `session_id` since the last call, reported once (capped at the proto's
+        bound)."""
+        with self._lock:
+            return min(self._retried.pop(session_id, 0), MAX_CLIENT_RETRIES)
 
     def _make_channel(self, address: str) -> C:
         return self._factory(address, self.settings.credentials(), self.settings.channel_options())
@@ -181,8 +219,11 @@ class _Core(Generic[C]):
             tool_calls=tool_calls,
             final_answer=final_answer,  # None leaves it unset: no answer, the episode goes on
             done=done,
+            client_retries=self.take_retries(session_id) if isinstance(session_id, str) else 0,
         )
-        return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step")
+        return replace(
+            self._orchestrator_call("step", "Step", request, trace_id, timeout, "step"), session_id=session_id
+        )
 
     def state(
         self,
@@ -201,7 +242,7 @@ class _Core(Generic[C]):
             tool_calls_page_size=page_size,
             tool_calls_page_token=page_token,
         )
-        return self._orchestrator_call("state", "State", request, trace_id, timeout)
+        return replace(self._orchestrator_call("state", "State", request, trace_id, timeout), session_id=session_id)
 
     def close(
         self, session_id: str, trace_id: str | None, timeout: float | None
@@ -271,7 +312,13 @@ class _Core(Generic[C]):
         optional_text(call, "trace_id", trace_id)
         metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
         return Call(
-            self.gateway(gateway), toolgateway_pb2_grpc.ToolGatewayServiceStub, method, request, metadata, timeout
+            self.gateway(gateway),
+            toolgateway_pb2_grpc.ToolGatewayServiceStub,
+            method,
+            request,
+            metadata,
+            timeout,
+            session_id=_session_of_token(agent_token),
         )
 
     def list_tools(
@@ -396,6 +443,7 @@ class Client:
                 return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
+                self._core.note_retry(call, err)
             time.sleep(delay)
 
     def _pages(self, call: Call[grpc.Channel, Any], field: str) -> list[Any]:
@@ -484,18 +532,21 @@ class Client:
         Returns:
             The StepResponse: whether the episode is over and, then, its reward and verification.
         """
-        return self._run(
-            self._core.step(
-                session_id,
-                trace_id,
-                timeout,
-                assistant_text=assistant_text,
-                tool_calls=tool_calls,
-                final_answer=final_answer,
-                done=done,
-                request_id=request_id,
-            )
+        call = self._core.step(
+            session_id,
+            trace_id,
+            timeout,
+            assistant_text=assistant_text,
+            tool_calls=tool_calls,
+            final_answer=final_answer,
+            done=done,
+            request_id=request_id,
         )
+        try:
+            return self._run(call)
+        except BaseException:
+            self._core.give_back(call)  # the retries it reported go with the next Step instead
+            raise
 
     def state(
         self,
@@ -773,6 +824,7 @@ class AsyncClient:
                 return response
             except grpc.RpcError as err:
                 delay = state.on_error(err)
+                self._core.note_retry(call, err)
             await asyncio.sleep(delay)
 
     async def _pages(self, call: Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
@@ -851,18 +903,21 @@ class AsyncClient:
             trace_id: see `Client.step`.
             timeout: see `Client.step`.
         """
-        return await self._run(
-            self._core.step(
-                session_id,
-                trace_id,
-                timeout,
-                assistant_text=assistant_text,
-                tool_calls=tool_calls,
-                final_answer=final_answer,
-                done=done,
-                request_id=request_id,
-            )
+        call = self._core.step(
+            session_id,
+            trace_id,
+            timeout,
+            assistant_text=assistant_text,
+            tool_calls=tool_calls,
+            final_answer=final_answer,
+            done=done,
+            request_id=request_id,
         )
+        try:
+            return await self._run(call)
+        except BaseException:
+            self._core.give_back(call)  # the retries it reported go with the next Step instead
+            raise
 
     async def state(
         self,

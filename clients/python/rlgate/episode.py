@@ -92,6 +92,13 @@ class ToolCallRecord:
         """The result is an error the model sees (unknown tool, bad arguments, a failing tool, ...)."""
         return self.result.is_error
 
+    @property
+    def infra_fault(self) -> bool:
+        """The error is the infrastructure's, not the model's: OUTCOME_UNKNOWN (the call was cut by a lost
+        connection, a deadline or a gateway that died; the tool may or may not have run). Counted in the
+        episode's `InfraFaults`, never among the model's tool errors."""
+        return self.result.error_kind == common_pb2.TOOL_ERROR_KIND_OUTCOME_UNKNOWN
+
     def summary(self) -> orchestrator_pb2.ToolCallSummary:
         """The call as Step reports it (the gateway keeps the authoritative log; this is the agent's view)."""
         return orchestrator_pb2.ToolCallSummary(

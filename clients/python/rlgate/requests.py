@@ -44,6 +44,8 @@ class Call(Generic[C, R]):
         request: the request message.
         metadata: the call's metadata (credentials, trace).
         timeout: the whole call's deadline in seconds, retries included.
+        session_id: the session the call concerns ("" for none): its retries after UNAVAILABLE are reported
+            on that session's next Step (`StepRequest.client_retries`).
     """
 
     pool: Pool[C]
@@ -52,6 +54,7 @@ class Call(Generic[C, R]):
     request: Any
     metadata: list[tuple[str, str]]
     timeout: float
+    session_id: str = ""
 
     def next_page(self, token: str) -> Call[C, R]:
         """The same call for the next page.

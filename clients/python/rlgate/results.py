@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
+from rlgate.core.faults import INFRA_FAULT_KINDS
 from rlgate.messages import Message, Role
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
@@ -47,6 +48,50 @@ def chat_message(message: common_pb2.ChatMessage) -> Message:
     """
     role = cast(Role, message.role if message.role in _ROLES else "user")
     return Message(role, message.content)
+
+
+@dataclass(frozen=True)
+class InfraFaults:
+    """The infrastructure faults an episode met so far: events of rlgate, the network or the environment's
+    hosting, never of the model. A trajectory with `total > 0` may hold a turn the model did not cause;
+    a trainer can drop or down-weight it.
+
+    Args:
+        outcome_unknown: tool calls answered OUTCOME_UNKNOWN (connection lost, cut by a deadline or cancel,
+            or a gateway that died under a call that may not run twice).
+        tool_reruns: read-only or idempotent tool calls run a second time after the gateway running the
+            first attempt died (the model saw the second run's result, after a stall).
+        client_retries: calls the client retried after UNAVAILABLE.
+        verifier_errors: verifications that failed for an infrastructure reason (no reward).
+        orchestrator_restarts: Steps taken over after the orchestrator running them died.
+    """
+
+    outcome_unknown: int = 0
+    tool_reruns: int = 0
+    client_retries: int = 0
+    verifier_errors: int = 0
+    orchestrator_restarts: int = 0
+
+    @property
+    def total(self) -> int:
+        """All of them."""
+        return (
+            self.outcome_unknown + self.tool_reruns + self.client_retries + self.verifier_errors
+            + self.orchestrator_restarts
+        )  # fmt: skip
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by kind, and `total`."""
+        return {**{k: getattr(self, k) for k in INFRA_FAULT_KINDS}, "total": self.total}
+
+    @classmethod
+    def from_proto(cls, faults: common_pb2.InfraFaults) -> InfraFaults:
+        """The typed view of an InfraFaults message.
+
+        Args:
+            faults: the protobuf message.
+        """
+        return cls(**{k: getattr(faults, k) for k in INFRA_FAULT_KINDS})
 
 
 @dataclass(frozen=True)
@@ -199,6 +244,7 @@ class StepResult:
         verification: how the verifier went.
         status: the session's status after the turn ("ACTIVE", "DONE", ...).
         raw: the StepResponse itself.
+        infra_faults: the infrastructure faults the episode met so far (not the model's mistakes).
     """
 
     turn: int
@@ -209,6 +255,7 @@ class StepResult:
     verification: Verification
     status: str
     raw: orchestrator_pb2.StepResponse = field(repr=False)
+    infra_faults: InfraFaults = field(default_factory=InfraFaults)
 
     @property
     def done(self) -> bool:
@@ -234,4 +281,5 @@ class StepResult:
             verification=Verification.from_proto(response.verification),
             status=common_pb2.SessionStatus.Name(response.status).removeprefix("SESSION_STATUS_"),
             raw=response,
+            infra_faults=InfraFaults.from_proto(response.infra_faults),
         )

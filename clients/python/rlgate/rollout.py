@@ -83,6 +83,8 @@ class EpisodeRecord:
         turn_latency_s: each turn's latency.
         messages: the conversation as text, images as placeholders.
         tool_calls: every turn's tool calls and their results, in order.
+        infra_faults: the infrastructure faults the episode met, by kind with their total (`InfraFaults`):
+            not the policy's mistakes.
     """
 
     task_key: str
@@ -106,6 +108,7 @@ class EpisodeRecord:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     parent_session_id: str = ""  # --fork-at: the episode this branch was forked from
     branch_index: int = 0
+    infra_faults: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -286,6 +289,7 @@ async def _play(
         record.messages.extend(to_text_dicts(result.observations))
         record.tool_calls.extend(r.as_dict() for r in result.tool_calls)
         record.turns = result.turn
+        record.infra_faults = result.step.infra_faults.as_dict()
         turn += 1
         if result.done:
             record.done, record.truncated = True, result.truncated
@@ -334,6 +338,9 @@ def summarize(records: Sequence[EpisodeRecord], wall_s: float) -> dict[str, Any]
             "errors": sum(r.error is not None and r.error_type != "verifier" for r in items),
             "verifier_errors": sum(r.error_type == "verifier" for r in items),
             "truncated": sum(r.truncated for r in items),
+            # infrastructure faults, apart from the policy's errors: in all, and the episodes that met any
+            "infra_faults": sum(r.infra_faults.get("total", 0) for r in items),
+            "episodes_with_infra_faults": sum(r.infra_faults.get("total", 0) > 0 for r in items),
             "turns_mean": statistics.fmean([r.turns for r in items]) if items else 0.0,
             "p50_s": _percentile(seconds, 0.5),
             "p99_s": _percentile(seconds, 0.99),
@@ -521,6 +528,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_row(*row("all", summary), style="bold")
     console = Console()
     console.print(table)
+    if summary.get("infra_faults"):  # not the policy's doing: said apart from its errors
+        console.print(
+            f"infrastructure faults: {summary['infra_faults']} in {summary['episodes_with_infra_faults']} "
+            "episode(s) (see infra_faults in the trajectories)"
+        )
     left = summary["sessions_left_open"]
     console.print(
         f"{summary['episodes']} episodes in {summary['wall_s']:.1f}s ({summary['episodes_per_s']:.2f}/s); "

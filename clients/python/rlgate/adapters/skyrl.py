@@ -45,6 +45,7 @@ from rlgate import protocol
 from rlgate.client import ENV_API_KEY, ENV_ORCHESTRATOR, Client, ClientSettings
 from rlgate.episode import Episode, TurnResult, tool_timeout_setting
 from rlgate.messages import to_text_dicts
+from rlgate.results import InfraFaults
 from rlgate.settings import ENV_ON_VERIFIER_ERROR, ENV_RUN_ID, read_env
 
 ENV_ID = "rlgate"
@@ -143,6 +144,7 @@ class RlgateTextEnv(BaseTextEnv):
         self._last: TurnResult | None = None
         self._closing: Future[None] | None = None  # the close after done, under way in `_closer`
         self._counts = {"tool_calls": 0, "tool_errors": 0, "parse_errors": 0}
+        self._infra = InfraFaults()
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Open the session; the chat is the system prompt with tools, then the task. A second call closes
@@ -159,6 +161,7 @@ class RlgateTextEnv(BaseTextEnv):
             self.close()
             self.episode, self._last, self.turns = None, None, 0
             self._counts = dict.fromkeys(self._counts, 0)
+            self._infra = InfraFaults()
         instructions = self.instructions
         for message in prompt or []:
             if message.get("role") == "system" and message.get("content"):
@@ -209,8 +212,9 @@ class RlgateTextEnv(BaseTextEnv):
         self._last = result
         self.turns = result.turn
         self._counts["tool_calls"] += len(result.tool_calls)
-        self._counts["tool_errors"] += sum(r.is_error for r in result.tool_calls)
+        self._counts["tool_errors"] += sum(r.is_error and not r.infra_fault for r in result.tool_calls)
         self._counts["parse_errors"] += len(result.parsed.errors)
+        self._infra = result.step.infra_faults  # the episode's so far: not the model's, apart from tool_errors
         if result.done:
             self._closing = _closer.submit(_close_quietly, self.episode)
             with contextlib.suppress(TimeoutError):  # done here as a rule; a slow Close goes on in the background
@@ -229,6 +233,7 @@ class RlgateTextEnv(BaseTextEnv):
                 "done_reason": result.done_reason if result.done else None,
                 "verification_status": result.verification_status if result.done else None,
                 "truncated": result.truncated,
+                "infra_faults": result.step.infra_faults.as_dict(),
             },
         )
 
@@ -249,6 +254,10 @@ class RlgateTextEnv(BaseTextEnv):
             **self._counts,
             "reward": (last.reward or 0.0) if done and last is not None else 0.0,
             "truncated": float(bool(done and last is not None and last.truncated)),
+            # Infrastructure faults, apart from the model's tool_errors (a tool call cut by a dead gateway is
+            # counted here, not there): a trainer can drop a trajectory with infra_faults > 0.
+            "infra_faults": self._infra.total,
+            **{f"infra_faults/{kind}": count for kind, count in self._infra.as_dict().items() if kind != "total"},
             "verifier_failed": float(
                 bool(done and last is not None and last.verification_status in ("ERROR", "TIMEOUT"))
             ),

@@ -54,6 +54,7 @@ from rlgate import messages, protocol
 from rlgate.adapters.loops import loop_client, orchestrator_address
 from rlgate.client import ENV_API_KEY
 from rlgate.episode import AsyncEpisode, TurnResult, tool_timeout_setting
+from rlgate.results import InfraFaults
 from rlgate.settings import read_env
 
 log = logging.getLogger("rlgate.adapters.tinker")
@@ -215,6 +216,10 @@ class RlgateMessageEnv(MessageEnv):
         except BaseException:
             await asyncio.shield(self._close())
             raise
+        faults = result.step.infra_faults
+        if faults.total and self.builder.fail_on_infra_fault:
+            await asyncio.shield(self._close())
+            raise InfraFaultError(faults)
         if result.done:
             await self._close()
         observed = self._observations(result, message, sees_images(self.renderer))
@@ -256,7 +261,9 @@ class RlgateMessageEnv(MessageEnv):
     def _metrics(result: TurnResult) -> dict[str, float]:
         metrics: dict[str, float] = {
             "tool_calls": float(len(result.tool_calls)),
-            "tool_errors": float(sum(r.is_error for r in result.tool_calls)),
+            "tool_errors": float(sum(r.is_error and not r.infra_fault for r in result.tool_calls)),
+            # the episode's so far, apart from the model's tool_errors
+            "infra_faults": float(result.step.infra_faults.total),
         }
         if result.parsed.errors:
             metrics["parse_error"] = 1.0
@@ -264,6 +271,20 @@ class RlgateMessageEnv(MessageEnv):
             metrics["stop/max_turns" if result.truncated else "stop/completed"] = 1.0
             metrics["verification_ok"] = float(result.verification_status == "OK")
         return metrics
+
+
+class InfraFaultError(RuntimeError):
+    """A trajectory met an infrastructure fault and `fail_on_infra_fault` is set: its rollout fails, so the
+    cookbook's `RetryOnFailure` or `MinViableGroup` strategy replaces it.
+
+    Args:
+        faults: the episode's faults.
+    """
+
+    def __init__(self, faults: InfraFaults) -> None:
+        counts = ", ".join(f"{k}={v}" for k, v in faults.as_dict().items() if v and k != "total")
+        super().__init__(f"the episode met {faults.total} infrastructure fault(s) ({counts}); rollout failed")
+        self.faults = faults
 
 
 @dataclass
@@ -288,6 +309,11 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
         terminate_on_parse_error: whether such a failure ends the episode.
         max_trajectory_tokens: the cookbook's bound on a trajectory's tokens; None for none.
         max_generation_tokens: the cookbook's bound on one generation's tokens; None for none.
+        fail_on_infra_fault: a trajectory whose episode met an infrastructure fault (`InfraFaults`: a tool
+            call cut by a dead gateway, a retried UNAVAILABLE, a verifier error, ...) fails its rollout
+            (`InfraFaultError` out of `step`), so that the cookbook's `RetryOnFailure` or `MinViableGroup`
+            rollout strategy replaces it rather than the group training on it. False: it is kept, and only
+            counted in the metrics (`infra_faults`).
     """
 
     task_key: str
@@ -305,6 +331,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
     terminate_on_parse_error: bool = True
     max_trajectory_tokens: int | None = None
     max_generation_tokens: int | None = None
+    fail_on_infra_fault: bool = False
     _opened: list[AsyncEpisode] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -491,6 +518,7 @@ class _BuilderFactory:
     instructions: str
     tool_timeout_s: float | None
     keep_images: int
+    fail_on_infra_fault: bool = False
 
     def __call__(self, task_key: str) -> RlgateEnvGroupBuilder:
         return RlgateEnvGroupBuilder(
@@ -503,6 +531,7 @@ class _BuilderFactory:
             instructions=self.instructions,
             tool_timeout_s=self.tool_timeout_s,
             keep_images=self.keep_images,
+            fail_on_infra_fault=self.fail_on_infra_fault,
         )
 
 
@@ -523,6 +552,8 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
     instructions: str = protocol.DEFAULT_INSTRUCTIONS
     tool_timeout_s: float | None = None  # None: RLGATE_TOOL_TIMEOUT_S, else the client's call_tool timeout
     keep_images: int = messages.DEFAULT_KEEP_IMAGES  # screens in the context: the last ones
+    # A trajectory that met an infrastructure fault fails its rollout, for RetryOnFailure / MinViableGroup.
+    fail_on_infra_fault: bool = False
     # Screens as images: the renderer gets the model's image processor (a vision renderer such as
     # qwen3_vl_instruct needs it); False: every image a text placeholder.
     images: bool = False
@@ -551,6 +582,7 @@ class RlgateDatasetBuilder(RLDatasetBuilder):
             self.instructions,
             tool_timeout_setting(self.tool_timeout_s),  # a bad value fails here, not in every rollout
             self.keep_images,
+            self.fail_on_infra_fault,
         )
         train = RlgateDataset(keys, self.batch_size, make, epochs=self.epochs)
         test = RlgateDataset(test_keys, len(test_keys), make) if test_keys else None

@@ -164,6 +164,22 @@ class Verification(_message.Message):
     elapsed_ms: float
     def __init__(self, status: _Optional[_Union[VerificationStatus, str]] = ..., message: _Optional[str] = ..., stdout: _Optional[str] = ..., attempts: _Optional[int] = ..., elapsed_ms: _Optional[float] = ...) -> None: ...
 
+class InfraFaults(_message.Message):
+    __slots__ = ("total", "outcome_unknown", "tool_reruns", "client_retries", "verifier_errors", "orchestrator_restarts")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    TOOL_RERUNS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    VERIFIER_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ORCHESTRATOR_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    outcome_unknown: int
+    tool_reruns: int
+    client_retries: int
+    verifier_errors: int
+    orchestrator_restarts: int
+    def __init__(self, total: _Optional[int] = ..., outcome_unknown: _Optional[int] = ..., tool_reruns: _Optional[int] = ..., client_retries: _Optional[int] = ..., verifier_errors: _Optional[int] = ..., orchestrator_restarts: _Optional[int] = ...) -> None: ...
+
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
     ROLE_FIELD_NUMBER: _ClassVar[int]

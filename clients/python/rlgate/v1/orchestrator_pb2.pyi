@@ -100,23 +100,25 @@ class ToolCallSummary(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., arguments_json: _Optional[str] = ..., request_id: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("request_id", "session_id", "assistant_text", "tool_calls", "final_answer", "done")
+    __slots__ = ("request_id", "session_id", "assistant_text", "tool_calls", "final_answer", "done", "client_retries")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ASSISTANT_TEXT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     FINAL_ANSWER_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_RETRIES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     session_id: str
     assistant_text: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallSummary]
     final_answer: str
     done: bool
-    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., assistant_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallSummary, _Mapping]]] = ..., final_answer: _Optional[str] = ..., done: _Optional[bool] = ...) -> None: ...
+    client_retries: int
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., assistant_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallSummary, _Mapping]]] = ..., final_answer: _Optional[str] = ..., done: _Optional[bool] = ..., client_retries: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("turn", "done", "truncated", "done_reason", "reward", "verification", "status")
+    __slots__ = ("turn", "done", "truncated", "done_reason", "reward", "verification", "status", "infra_faults")
     TURN_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,7 @@ class StepResponse(_message.Message):
     REWARD_FIELD_NUMBER: _ClassVar[int]
     VERIFICATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FAULTS_FIELD_NUMBER: _ClassVar[int]
     turn: int
     done: bool
     truncated: bool
@@ -131,7 +134,8 @@ class StepResponse(_message.Message):
     reward: float
     verification: _common_pb2.Verification
     status: _common_pb2.SessionStatus
-    def __init__(self, turn: _Optional[int] = ..., done: _Optional[bool] = ..., truncated: _Optional[bool] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ...) -> None: ...
+    infra_faults: _common_pb2.InfraFaults
+    def __init__(self, turn: _Optional[int] = ..., done: _Optional[bool] = ..., truncated: _Optional[bool] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., infra_faults: _Optional[_Union[_common_pb2.InfraFaults, _Mapping]] = ...) -> None: ...
 
 class StateRequest(_message.Message):
     __slots__ = ("session_id", "include_tool_calls", "tool_calls_page_size", "tool_calls_page_token")
@@ -160,7 +164,7 @@ class InstanceInfo(_message.Message):
     def __init__(self, provider: _Optional[str] = ..., instance_id: _Optional[str] = ..., env_key: _Optional[str] = ..., root_url: _Optional[str] = ..., mcp_endpoints: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "status", "task", "episode", "turn", "max_turns", "done_reason", "reward", "verification", "labels", "run_id", "instance", "created_at", "updated_at", "expires_at", "tool_call_count", "parent_session_id", "branch_index")
+    __slots__ = ("session_id", "status", "task", "episode", "turn", "max_turns", "done_reason", "reward", "verification", "labels", "run_id", "instance", "created_at", "updated_at", "expires_at", "tool_call_count", "parent_session_id", "branch_index", "infra_faults")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +190,7 @@ class SessionInfo(_message.Message):
     TOOL_CALL_COUNT_FIELD_NUMBER: _ClassVar[int]
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BRANCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FAULTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     status: _common_pb2.SessionStatus
     task: _common_pb2.TaskInfo
@@ -204,10 +209,11 @@ class SessionInfo(_message.Message):
     tool_call_count: int
     parent_session_id: str
     branch_index: int
-    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ..., parent_session_id: _Optional[str] = ..., branch_index: _Optional[int] = ...) -> None: ...
+    infra_faults: _common_pb2.InfraFaults
+    def __init__(self, session_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.SessionStatus, str]] = ..., task: _Optional[_Union[_common_pb2.TaskInfo, _Mapping]] = ..., episode: _Optional[int] = ..., turn: _Optional[int] = ..., max_turns: _Optional[int] = ..., done_reason: _Optional[_Union[DoneReason, str]] = ..., reward: _Optional[float] = ..., verification: _Optional[_Union[_common_pb2.Verification, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., run_id: _Optional[str] = ..., instance: _Optional[_Union[InstanceInfo, _Mapping]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool_call_count: _Optional[int] = ..., parent_session_id: _Optional[str] = ..., branch_index: _Optional[int] = ..., infra_faults: _Optional[_Union[_common_pb2.InfraFaults, _Mapping]] = ...) -> None: ...
 
 class ToolCallLogEntry(_message.Message):
-    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided")
+    __slots__ = ("episode", "request_id", "tool", "arguments_json", "is_error", "error_kind", "result_summary", "endpoint", "duration_ms", "finished_at", "arguments_elided", "infra_fault")
     EPISODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +225,7 @@ class ToolCallLogEntry(_message.Message):
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_ELIDED_FIELD_NUMBER: _ClassVar[int]
+    INFRA_FAULT_FIELD_NUMBER: _ClassVar[int]
     episode: int
     request_id: str
     tool: str
@@ -230,7 +237,8 @@ class ToolCallLogEntry(_message.Message):
     duration_ms: float
     finished_at: _timestamp_pb2.Timestamp
     arguments_elided: bool
-    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., arguments_elided: _Optional[bool] = ...) -> None: ...
+    infra_fault: str
+    def __init__(self, episode: _Optional[int] = ..., request_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ..., result_summary: _Optional[str] = ..., endpoint: _Optional[str] = ..., duration_ms: _Optional[float] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., arguments_elided: _Optional[bool] = ..., infra_fault: _Optional[str] = ...) -> None: ...
 
 class StateResponse(_message.Message):
     __slots__ = ("session", "tool_calls", "next_tool_calls_page_token")

@@ -99,7 +99,11 @@ class ToolGatewayServiceServicer:
 
         A tool never runs twice: a request_id is recorded before the upstream call
         and its result after; a retry gets the recorded result, or OUTCOME_UNKNOWN
-        if the first attempt's owner died mid-call. A request_id belongs to the
+        if the first attempt's owner died mid-call. The one exception: a tool its
+        upstream annotates readOnlyHint or idempotentHint, whose first attempt's
+        gateway died mid-call, is run again once under the same request_id (the
+        log marks the entry, ToolCallLogEntry.infra_fault "tool_reruns"). Either
+        way the episode counts the fault (InfraFaults). A request_id belongs to the
         session and is bound to the name and arguments it was first used with.
         The caller's deadline bounds the upstream call, and cancelling the RPC
         cancels it.
