@@ -1,6 +1,6 @@
 """Fork by replay compares a replayed result with the log's summary of the logged one: its summary must be
-the gateway's (`rlgate.mcpclient.results.summary` of the result the gateway passed on, which both planes import) for every kind of
-result, or a faithful replay would be reported as a mismatch."""
+the gateway's (`rlgate.mcpclient.results.summary` of the result the gateway passed on, a module both planes
+import) for every kind of result, or a faithful replay would be reported as a mismatch."""
 
 from __future__ import annotations
 
