@@ -25,7 +25,7 @@ from rlgate.orchestrator.provisioning import INTENT_SEP, new_intent_id
 from rlgate.store import Intent, IntentState, Session, SessionStatus, SessionStore
 from rlgate.v1 import orchestrator_pb2
 from tests.orchestrator.conftest import Running, fast_config, instances_of
-from tests.support.localfleet import LocalfleetProcess
+from tests.support.localfleet import AUTH, LocalfleetProcess
 from tests.support.wait import wait_until
 
 TASK = "mailbox-count-unread-from-kenji"
@@ -72,6 +72,15 @@ def deletions() -> Any:
         logger.setLevel(old)
 
 
+async def plant(lf: LocalfleetProcess, run_id: str, env_variables: dict[str, str]) -> str:
+    """A running mailbox instance of `run_id`, created behind the orchestrators' backs; its id."""
+    body = {"env_key": "mailbox:v1", "run_id": run_id, "ttl_seconds": 300, "env_variables": env_variables}
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"{lf.base_url}/v1/env/instances", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    return str(r.json()["instance_id"])
+
+
 @pytest.mark.parametrize("replicas", [1, 2])
 async def test_reconcile_never_deletes_a_live_sessions_instance(
     lf: LocalfleetProcess,
@@ -89,10 +98,10 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     # one whose intent belongs to a process that is gone (never heartbeated). And a stranger: the same run
     # id but no intent of this store (another deployment's), which must be left alone.
     store_id = orchs[0].handle.orchestrator.provisioner.store_id
-    lost = await fleet.make(
-        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={INTENT_ENV_VAR: new_intent_id("x", store_id)}
-    )
-    stranger = await fleet.make("mailbox:v1", run_id=run_id, ttl_seconds=300)
+    # Planted through the control plane's create, which answers once the instance runs: the SDK's make()
+    # would poll it afterwards and fail if a reconcile pass had already deleted it (as it should).
+    lost = await plant(lf, run_id, {INTENT_ENV_VAR: new_intent_id("x", store_id)})
+    stranger = await plant(lf, run_id, {})
     dead_intent = Intent(
         intent_id=f"orch-gone{INTENT_SEP}0123456789abcdef",
         run_id=run_id,
@@ -100,10 +109,8 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
         state=IntentState.CREATING,
     )
     await store.put_intent(dead_intent)
-    dead = await fleet.make(
-        "mailbox:v1", run_id=run_id, ttl_seconds=300, env_variables={INTENT_ENV_VAR: dead_intent.intent_id}
-    )
-    orphans = {lost.instance_id, dead.instance_id}
+    dead = await plant(lf, run_id, {INTENT_ENV_VAR: dead_intent.intent_id})
+    orphans = {lost, dead}
 
     episodes: list[Episode] = []
     failures: list[str] = []
@@ -153,9 +160,9 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     assert {iid: counts[iid] for iid in orphans} == dict.fromkeys(orphans, 1)  # each real orphan exactly once
     left = {i["instance_id"] for i in instances_of(lf, run_id)}
     assert not left & orphans
-    assert stranger.instance_id in left and stranger.instance_id not in counts  # never judged, never deleted
+    assert stranger in left and stranger not in counts  # never judged, never deleted
     assert await store.get_intent(dead_intent.intent_id) is None
-    await fleet.delete(stranger.instance_id)
+    await fleet.delete(stranger)
 
 
 async def test_orphan_verdicts_use_the_current_records(
