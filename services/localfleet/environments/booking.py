@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import re
 import sqlite3
-from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from rlgate.localfleet.environments._support import (
     row,
     rows,
     scalar,
+    webui_routes,
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
@@ -1033,13 +1033,6 @@ def register_tools(server: Any) -> None:
         return loyalty(instance_db(ctx))
 
 
-def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
-    """The booking web UI's routes (services/localfleet/webui/booking.py), served at each instance's app URL."""
-    from rlgate.localfleet.webui import booking as ui  # the UI builds on this module's operations
-
-    return ui.app_routes(connect)
-
-
 SPEC = EnvironmentSpec(
     env_id="booking",
     version="v1",
@@ -1048,7 +1041,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    app=web_app,
+    app=webui_routes("booking"),
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )
