@@ -26,7 +26,7 @@ from typing import Any
 from rlgate.localfleet.catalog import Catalog
 from rlgate.localfleet.counters import Counters
 from rlgate.localfleet.environments.base import EnvironmentSpec
-from rlgate.localfleet.faults import FaultRegistry
+from rlgate.localfleet.faults import EnvFaults, FaultRegistry
 
 log = logging.getLogger(__name__)
 
@@ -276,35 +276,52 @@ class InstanceRegistry:
         self._creating += 1
         self.counters.peak("creates_in_flight_peak", self._creating)
         try:
-            return await self._create(
-                spec,
-                request_id=request_id,
-                env_variables=env_variables,
+            faults = self._admit(spec, request_id)
+            now = time.time()
+            inst = Instance(
+                instance_id=uuid.uuid4().hex[:16],
+                spec=spec,
+                directory=self.root / "",
+                created_at=now,
+                env_variables={**spec.env_variables, **(env_variables or {})},
                 run_id=run_id,
-                ttl_seconds=ttl_seconds,
-                heartbeat_interval=heartbeat_interval,
+                ttl_seconds=ttl_seconds or None,
+                heartbeat_interval=heartbeat_interval or None,
                 data_key=data_key,
                 data_version=data_version,
                 image_type=image_type,
-                current_from=current_from,
+                updated_at=now,
+                last_heartbeat=now,
             )
+            inst.directory = self.root / inst.instance_id
+            # Bound before the slow part, so a retried POST finds it (409) and a GET shows "pending".
+            self.live[inst.instance_id] = inst
+            if request_id:
+                self._request_ids[request_id] = inst.instance_id
+                while len(self._request_ids) > _REQUEST_IDS:
+                    self._request_ids.pop(next(iter(self._request_ids)))
+            try:
+                if faults.create_delay_s:
+                    await asyncio.sleep(faults.create_delay_s)
+                template = await self.catalog.template(spec)
+                await asyncio.to_thread(self._materialize, inst, template, current_from)
+            except BaseException:
+                self.live.pop(inst.instance_id, None)
+                await asyncio.to_thread(shutil.rmtree, inst.directory, True)
+                raise
+            if inst.instance_id not in self.live:  # deleted while it was being created
+                await asyncio.to_thread(shutil.rmtree, inst.directory, True)
+                raise InstanceGone(f"instance {inst.instance_id} was deleted while being created")
+            inst.status = "running"
+            inst.updated_at = time.time()
+            self.counters.inc("instances_created")
+            return inst
         finally:
             self._creating -= 1
 
-    async def _create(
-        self,
-        spec: EnvironmentSpec,
-        *,
-        request_id: str | None,
-        env_variables: dict[str, Any] | None,
-        run_id: str | None,
-        ttl_seconds: int | None,
-        heartbeat_interval: int | None,
-        data_key: str | None,
-        data_version: str | None,
-        image_type: str | None,
-        current_from: Callable[[Path], None] | None,
-    ) -> Instance:
+    def _admit(self, spec: EnvironmentSpec, request_id: str | None) -> EnvFaults:
+        """The create's refusals (a repeated request id, the instance limits, the in-flight cap, the create rate,
+        a placement failure), raised before anything is made; the faults that apply to `spec` otherwise."""
         if request_id and request_id in self._request_ids:
             raise DuplicateRequest(self._request_ids[request_id])
         faults = self.faults.for_env(spec.env_id, spec.version)
@@ -322,45 +339,7 @@ class InstanceRegistry:
         if self.faults.chance(faults.placement_failure_rate):
             self.counters.inc("creates_placement_failed")
             raise PlacementFailed(f"no capacity to place {spec.env_key} right now")
-        now = time.time()
-        inst = Instance(
-            instance_id=uuid.uuid4().hex[:16],
-            spec=spec,
-            directory=self.root / "",
-            created_at=now,
-            env_variables={**spec.env_variables, **(env_variables or {})},
-            run_id=run_id,
-            ttl_seconds=ttl_seconds or None,
-            heartbeat_interval=heartbeat_interval or None,
-            data_key=data_key,
-            data_version=data_version,
-            image_type=image_type,
-            updated_at=now,
-            last_heartbeat=now,
-        )
-        inst.directory = self.root / inst.instance_id
-        # Bound before the slow part, so a retried POST finds it (409) and a GET shows "pending".
-        self.live[inst.instance_id] = inst
-        if request_id:
-            self._request_ids[request_id] = inst.instance_id
-            while len(self._request_ids) > _REQUEST_IDS:
-                self._request_ids.pop(next(iter(self._request_ids)))
-        try:
-            if faults.create_delay_s:
-                await asyncio.sleep(faults.create_delay_s)
-            template = await self.catalog.template(spec)
-            await asyncio.to_thread(self._materialize, inst, template, current_from)
-        except BaseException:
-            self.live.pop(inst.instance_id, None)
-            await asyncio.to_thread(shutil.rmtree, inst.directory, True)
-            raise
-        if inst.instance_id not in self.live:  # deleted while it was being created
-            await asyncio.to_thread(shutil.rmtree, inst.directory, True)
-            raise InstanceGone(f"instance {inst.instance_id} was deleted while being created")
-        inst.status = "running"
-        inst.updated_at = time.time()
-        self.counters.inc("instances_created")
-        return inst
+        return faults
 
     def _take_create_token(self, env_key: str, rate: float) -> None:
         """The create_rate fault: a token bucket of one second's worth per environment; RateLimited (with the

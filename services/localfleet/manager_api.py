@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,9 @@ from rlgate.localfleet.instances import Instance, InstanceGone, connect, iso
 from rlgate.localfleet.platform import Platform
 
 PREFIX = "/instances/{instance_id}/api/v1/env"
+Endpoint = Callable[[Request], Awaitable[JSONResponse]]
+InstanceHandler = Callable[[Request, Instance], Awaitable[JSONResponse]]
+DatabaseHandler = Callable[[Request, Instance, str], Awaitable[JSONResponse]]
 
 
 def _gone(exc: Exception) -> JSONResponse:
@@ -35,14 +39,32 @@ async def _body(request: Request) -> dict[str, Any]:
 def routes(platform: Platform) -> list[Route]:
     registry = platform.registry
 
-    def instance(request: Request) -> Instance:
-        return registry.running(request.path_params["instance_id"])
+    def per_instance(handler: InstanceHandler) -> Endpoint:
+        """The endpoint: `handler(request, inst)` for the running instance the path names; 404 when it is gone."""
 
-    async def reset(request: Request) -> JSONResponse:
-        try:
-            inst = instance(request)
-        except InstanceGone as exc:
-            return _gone(exc)
+        async def endpoint(request: Request) -> JSONResponse:
+            try:
+                inst = registry.running(request.path_params["instance_id"])
+            except InstanceGone as exc:
+                return _gone(exc)
+            return await handler(request, inst)
+
+        return endpoint
+
+    def per_database(handler: DatabaseHandler) -> Endpoint:
+        """As `per_instance`, with the database the path names (`seed` or `current`); 404 for another name."""
+
+        async def on_instance(request: Request, inst: Instance) -> JSONResponse:
+            name = request.path_params["name"]
+            try:
+                inst.db_path(name)
+            except KeyError:
+                return JSONResponse({"detail": f"No sqlite resource named {name!r}"}, 404)
+            return await handler(request, inst, name)
+
+        return per_instance(on_instance)
+
+    async def reset(request: Request, inst: Instance) -> JSONResponse:
         faults = platform.faults.for_env(inst.spec.env_id, inst.spec.version)
         platform.counters.inc_env(inst.spec.env_id, "resets")
         if faults.reset_hang:
@@ -54,11 +76,7 @@ def routes(platform: Platform) -> list[Route]:
         await registry.reset(inst)
         return JSONResponse({"success": True, "message": f"Reset to seed in {time.monotonic() - started:.3f}s"})
 
-    async def resources(request: Request) -> JSONResponse:
-        try:
-            instance(request)
-        except InstanceGone as exc:
-            return _gone(exc)
+    async def resources(request: Request, inst: Instance) -> JSONResponse:
         return JSONResponse(
             [
                 {"name": "seed", "type": "sqlite", "mode": "ro", "label": "Initial state"},
@@ -66,28 +84,12 @@ def routes(platform: Platform) -> list[Route]:
             ]
         )
 
-    async def health(request: Request) -> JSONResponse:
-        try:
-            instance(request)
-        except InstanceGone as exc:
-            return _gone(exc)
+    async def health(request: Request, inst: Instance) -> JSONResponse:
         return JSONResponse(
             {"status": "healthy", "timestamp": iso(time.time()), "service": "localfleet-instance-manager"}
         )
 
-    def db_of(request: Request) -> tuple[Instance, str]:
-        inst = instance(request)
-        name = request.path_params["name"]
-        inst.db_path(name)  # KeyError for an unknown database
-        return inst, name
-
-    async def describe(request: Request) -> JSONResponse:
-        try:
-            inst, name = db_of(request)
-        except InstanceGone as exc:
-            return _gone(exc)
-        except KeyError:
-            return JSONResponse({"detail": f"No sqlite resource named {request.path_params['name']!r}"}, 404)
+    async def describe(request: Request, inst: Instance, name: str) -> JSONResponse:
         try:
             tables = await asyncio.to_thread(_describe, inst, name)
         except sqlite3.Error as exc:
@@ -101,13 +103,7 @@ def routes(platform: Platform) -> list[Route]:
             )
         return JSONResponse({"success": True, "resource_name": name, "tables": tables, "message": "Schema retrieved"})
 
-    async def query(request: Request) -> JSONResponse:
-        try:
-            inst, name = db_of(request)
-        except InstanceGone as exc:
-            return _gone(exc)
-        except KeyError:
-            return JSONResponse({"detail": f"No sqlite resource named {request.path_params['name']!r}"}, 404)
+    async def query(request: Request, inst: Instance, name: str) -> JSONResponse:
         body = await _body(request)
         sql = body.get("query")
         if not isinstance(sql, str) or not sql.strip():
@@ -120,11 +116,7 @@ def routes(platform: Platform) -> list[Route]:
             return JSONResponse({"success": False, "error": str(exc), "message": f"Query failed: {exc}"})
         return JSONResponse(result)
 
-    async def diff_structured(request: Request) -> JSONResponse:
-        try:
-            inst = instance(request)
-        except InstanceGone as exc:
-            return _gone(exc)
+    async def diff_structured(request: Request, inst: Instance) -> JSONResponse:
         body = await _body(request)
         ignore = body.get("ignore_config") or {}
         from fleet.verifiers.local_executor import diff_dbs
@@ -138,11 +130,7 @@ def routes(platform: Platform) -> list[Route]:
         )
         return JSONResponse(result)
 
-    async def execute_verifier_function(request: Request) -> JSONResponse:
-        try:
-            inst = instance(request)
-        except InstanceGone as exc:
-            return _gone(exc)
+    async def execute_verifier_function(request: Request, inst: Instance) -> JSONResponse:
         body = await _body(request)
         code = body.get("function_code")
         if not isinstance(code, str) or not code.strip():
@@ -151,13 +139,13 @@ def routes(platform: Platform) -> list[Route]:
         return JSONResponse(outcome)
 
     return [
-        Route(f"{PREFIX}/reset", reset, methods=["POST"]),
-        Route(f"{PREFIX}/resources", resources, methods=["GET"]),
-        Route(f"{PREFIX}/health", health, methods=["GET"]),
-        Route(f"{PREFIX}/resources/sqlite/{{name}}/describe", describe, methods=["GET"]),
-        Route(f"{PREFIX}/resources/sqlite/{{name}}/query", query, methods=["POST"]),
-        Route(f"{PREFIX}/diff/structured", diff_structured, methods=["POST"]),
-        Route(f"{PREFIX}/execute_verifier_function", execute_verifier_function, methods=["POST"]),
+        Route(f"{PREFIX}/reset", per_instance(reset), methods=["POST"]),
+        Route(f"{PREFIX}/resources", per_instance(resources), methods=["GET"]),
+        Route(f"{PREFIX}/health", per_instance(health), methods=["GET"]),
+        Route(f"{PREFIX}/resources/sqlite/{{name}}/describe", per_database(describe), methods=["GET"]),
+        Route(f"{PREFIX}/resources/sqlite/{{name}}/query", per_database(query), methods=["POST"]),
+        Route(f"{PREFIX}/diff/structured", per_instance(diff_structured), methods=["POST"]),
+        Route(f"{PREFIX}/execute_verifier_function", per_instance(execute_verifier_function), methods=["POST"]),
     ]
 
 

@@ -9,7 +9,6 @@ offers `env.db("seed")` / `env.db("current")` as the SDK's `DatabaseSnapshot` an
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import inspect
 import json
@@ -22,6 +21,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any
+
+from rlgate.runtime import child_job
 
 _STRIP = (
     (r"@verifier\([^)]*\)\s*\n", 0),
@@ -98,10 +99,7 @@ def _first_function(code: str, env: Any) -> Any:
 
 
 def _call(func: Any, *args: Any, **kwargs: Any) -> Any:
-    result = func(*args, **kwargs)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
-    return result
+    return child_job.settle(func(*args, **kwargs))
 
 
 def run(inp: dict[str, Any], workdir: Path) -> Any:
@@ -122,27 +120,12 @@ def run(inp: dict[str, Any], workdir: Path) -> Any:
     return _call(func, env, *inp.get("args", []), **inp.get("kwargs", {}))
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+def _failure(exc: BaseException) -> dict[str, Any]:
+    return {"error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}}
 
 
 def main() -> None:
-    workdir = Path(sys.argv[1])
-    inp = json.loads((workdir / "input.json").read_text())
-    try:
-        out = {"success": True, "result": _jsonable(run(inp, workdir)), "error": None}
-    except BaseException as exc:
-        out = {
-            "success": False,
-            "result": None,
-            "error": {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()},
-        }
-    sys.stdout.flush()
-    (workdir / "result.json").write_text(json.dumps(out))
+    child_job.main(run, _failure)
 
 
 if __name__ == "__main__":

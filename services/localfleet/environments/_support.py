@@ -6,14 +6,17 @@ into dicts here from `cursor.description`.
 
 from __future__ import annotations
 
+import importlib
 import random
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ToolError
+
+from rlgate.localfleet.environments.base import AppFactory
 
 Params = Sequence[Any]
 
@@ -80,6 +83,18 @@ def app_clock(conn: sqlite3.Connection, latest_sql: str) -> str:
     latest = scalar(conn, latest_sql)
     now = max(start, datetime.fromisoformat(str(latest)) + timedelta(minutes=1)) if latest else start
     return now.strftime("%Y-%m-%dT%H:%M:00")
+
+
+def webui_routes(env_id: str) -> AppFactory:
+    """An environment's `app`: the routes of its web UI (services/localfleet/webui/<env_id>.py), served at each
+    instance's app URL. Imported when first served, as the UI builds on the environment's own module."""
+
+    def app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
+        ui = importlib.import_module(f"rlgate.localfleet.webui.{env_id}")
+        routes: list[Any] = ui.app_routes(connect)
+        return routes
+
+    return app
 
 
 def like_pattern(text: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 import re
 import sqlite3
-from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from rlgate.localfleet.environments._support import (
     row,
     rows,
     scalar,
+    webui_routes,
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
@@ -759,26 +759,18 @@ def flights(
     if when <= _today(conn):
         raise ToolError(f"date must be after today ({_today(conn).isoformat()})")
     for code in (origin, destination):
-        if scalar(conn, "SELECT 1 FROM airports WHERE code = ?", (code.strip().upper(),)) is None:
-            known = ", ".join(r["code"] for r in rows(conn, "SELECT code FROM airports ORDER BY code"))
-            raise ToolError(f"unknown airport '{code}'; airports served: {known}")
-    clauses = ["origin = ?", "destination = ?", "depart_at >= ?", "depart_at < ?"]
-    params: list[Any] = [
-        origin.strip().upper(),
-        destination.strip().upper(),
-        when.isoformat(),
-        (when + timedelta(days=1)).isoformat(),
+        _require_known(
+            conn, "airports", "code = ?", code.strip().upper(), "code", f"unknown airport '{code}'; airports served"
+        )
+    required = [
+        ("origin = ?", origin.strip().upper()),
+        ("destination = ?", destination.strip().upper()),
+        ("depart_at >= ?", when.isoformat()),
+        ("depart_at < ?", (when + timedelta(days=1)).isoformat()),
     ]
-    if cabin:
-        clauses.append("cabin = ?")
-        params.append(cabin)
-    if max_price_usd:
-        clauses.append("price_cents <= ?")
-        params.append(max_price_usd * 100)
+    optional = [("cabin = ?", cabin), ("price_cents <= ?", (max_price_usd or 0) * 100)]
     order = "price_cents, depart_at, id" if sort == "price" else "depart_at, price_cents, id"
-    found = rows(
-        conn, f"SELECT * FROM flights WHERE {' AND '.join(clauses)} ORDER BY {order} LIMIT ?", [*params, limit]
-    )
+    found = _search(conn, "flights", required, optional, order, limit)
     return FlightResults(offers=[_flight_offer(r) for r in found])
 
 
@@ -795,23 +787,34 @@ def hotels(
     """Hotels in a city for a stay, cheapest first; each offer id encodes the dates."""
     ci, co = _parse_day(check_in, "check_in"), _parse_day(check_out, "check_out")
     _stay(ci, co, _today(conn))
-    if scalar(conn, "SELECT 1 FROM hotels WHERE city = ? COLLATE NOCASE", (city.strip(),)) is None:
-        known = ", ".join(r["city"] for r in rows(conn, "SELECT DISTINCT city FROM hotels ORDER BY city"))
-        raise ToolError(f"no hotels in '{city}'; cities: {known}")
-    clauses: list[str] = ["city = ? COLLATE NOCASE"]
-    params: list[Any] = [city.strip()]
-    if min_stars:
-        clauses.append("stars >= ?")
-        params.append(min_stars)
-    if max_nightly_usd:
-        clauses.append("nightly_cents <= ?")
-        params.append(max_nightly_usd * 100)
-    found = rows(
-        conn,
-        f"SELECT * FROM hotels WHERE {' AND '.join(clauses)} ORDER BY nightly_cents, id LIMIT ?",
-        [*params, limit],
-    )
+    _require_known(conn, "hotels", "city = ? COLLATE NOCASE", city.strip(), "city", f"no hotels in '{city}'; cities")
+    required = [("city = ? COLLATE NOCASE", city.strip())]
+    optional = [("stars >= ?", min_stars), ("nightly_cents <= ?", (max_nightly_usd or 0) * 100)]
+    found = _search(conn, "hotels", required, optional, "nightly_cents, id", limit)
     return HotelResults(offers=[_hotel_offer(r, ci, co) for r in found])
+
+
+def _require_known(conn: sqlite3.Connection, table: str, match: str, value: str, column: str, error: str) -> None:
+    """ToolError `error: <every distinct column value>` unless a row of `table` meets `match` for `value`."""
+    if scalar(conn, f"SELECT 1 FROM {table} WHERE {match}", (value,)) is None:
+        known = ", ".join(r[column] for r in rows(conn, f"SELECT DISTINCT {column} FROM {table} ORDER BY {column}"))
+        raise ToolError(f"{error}: {known}")
+
+
+def _search(
+    conn: sqlite3.Connection,
+    table: str,
+    required: list[tuple[str, Any]],
+    optional: list[tuple[str, Any]],
+    order: str,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """Rows of `table` meeting every `required` condition and each `optional` one whose value is set (a falsy
+    value, None or 0, means any), in `order`, at most `limit`."""
+    conditions = [*required, *((clause, value) for clause, value in optional if value)]
+    where = " AND ".join(clause for clause, _ in conditions)
+    params = [value for _, value in conditions]
+    return rows(conn, f"SELECT * FROM {table} WHERE {where} ORDER BY {order} LIMIT ?", [*params, limit])
 
 
 def offer(conn: sqlite3.Connection, offer_id: str) -> Offer:
@@ -1033,13 +1036,6 @@ def register_tools(server: Any) -> None:
         return loyalty(instance_db(ctx))
 
 
-def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
-    """The booking web UI's routes (services/localfleet/webui/booking.py), served at each instance's app URL."""
-    from rlgate.localfleet.webui import booking as ui  # the UI builds on this module's operations
-
-    return ui.app_routes(connect)
-
-
 SPEC = EnvironmentSpec(
     env_id="booking",
     version="v1",
@@ -1048,7 +1044,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    app=web_app,
+    app=webui_routes("booking"),
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -29,6 +28,7 @@ from rlgate.localfleet.environments._support import (
     scalar,
     slug,
     unique_names,
+    webui_routes,
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
@@ -731,13 +731,6 @@ def register_tools(server: Any) -> None:
         return new_folder(instance_db(ctx), name)
 
 
-def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
-    """The mailbox web UI's routes (services/localfleet/webui/mailbox.py), served at each instance's app URL."""
-    from rlgate.localfleet.webui import mailbox as ui  # the UI builds on this module's operations
-
-    return ui.app_routes(connect)
-
-
 SPEC = EnvironmentSpec(
     env_id="mailbox",
     version="v1",
@@ -746,7 +739,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    app=web_app,
+    app=webui_routes("mailbox"),
     env_variables={"LOGGED_IN_USER": USER_EMAIL, "LOGGED_IN_NAME": USER_NAME, "APP_TODAY": TODAY},
     mcp_era="modern",
 )

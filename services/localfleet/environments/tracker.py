@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import sqlite3
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from rlgate.localfleet.environments._support import (
     scalar,
     slug,
     unique_names,
+    webui_routes,
     write,
 )
 from rlgate.localfleet.environments.base import EnvironmentSpec, instance_db
@@ -764,13 +764,6 @@ def register_tools(server: Any) -> None:
         return user_list(instance_db(ctx), query)
 
 
-def web_app(connect: Callable[[], sqlite3.Connection]) -> list[Any]:
-    """The tracker web UI's routes (services/localfleet/webui/tracker.py), served at each instance's app URL."""
-    from rlgate.localfleet.webui import tracker as ui  # the UI builds on this module's operations
-
-    return ui.app_routes(connect)
-
-
 SPEC = EnvironmentSpec(
     env_id="tracker",
     version="v1",
@@ -779,7 +772,7 @@ SPEC = EnvironmentSpec(
     schema_sql=SCHEMA,
     seed=seed,
     register_tools=register_tools,
-    app=web_app,
+    app=webui_routes("tracker"),
     env_variables={"LOGGED_IN_USER": USER_LOGIN, "APP_TODAY": TODAY},
     mcp_era="legacy",
 )

@@ -1,7 +1,8 @@
 """The verifier subprocess of the mcp provider: runs one task's verifier code and writes what it returned.
 
 Run by path (`verifier_child.py WORKDIR`) in the services' one sandbox (`runtime.child_process.run_child`,
-which sets the limits first), standard library only, so a run costs an interpreter start and nothing of
+which sets the limits first), standard library only (with `runtime/child_job.py`, the job's reading and
+writing, shared with localfleet's verifier runner), so a run costs an interpreter start and nothing of
 rlgate. WORKDIR holds input.json; the result goes to WORKDIR/result.json, and whatever the verifier prints
 to this process's stdout, which the parent keeps (its tail) for the verification record.
 
@@ -13,15 +14,21 @@ A coroutine function is awaited.
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
 import inspect
 import json
 import re
-import sys
 import traceback
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same file, as mypy sees it
+    from rlgate.runtime import child_job
+else:  # loaded by path: `import rlgate.runtime...` would import rlgate (grpc, protobuf) on every run
+    _spec = importlib.util.spec_from_file_location("child_job", Path(__file__).parents[2] / "runtime" / "child_job.py")
+    child_job = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(child_job)
 
 
 def _verifier(code: str) -> Any:
@@ -36,7 +43,7 @@ def _verifier(code: str) -> Any:
     return (named or functions)[0]
 
 
-def run(inp: dict[str, Any]) -> Any:
+def run(inp: dict[str, Any], workdir: Path) -> Any:
     func = _verifier(inp["code"])
     env = types.SimpleNamespace(**inp["env"], tool_calls=inp["tool_calls"])
     params = inspect.signature(func).parameters
@@ -44,34 +51,15 @@ def run(inp: dict[str, Any]) -> Any:
     kwargs = {name: inp[name] for name in ("final_answer", "tool_calls") if name in params or any_keyword}
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     args = [env] if positional and positional[0].name not in kwargs else []
-    result = func(*args, **kwargs)
-    if inspect.iscoroutine(result):
-        result = asyncio.run(result)
-    return result
+    return child_job.settle(func(*args, **kwargs))
 
 
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
+def _failure(exc: BaseException) -> dict[str, Any]:
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
 
 
 def main() -> None:
-    workdir = Path(sys.argv[1])
-    inp = json.loads((workdir / "input.json").read_text(encoding="utf-8"))
-    try:
-        out = {"success": True, "result": _jsonable(run(inp)), "error": None}
-    except BaseException as exc:  # the verifier's failure is the answer, reported as such
-        out = {
-            "success": False,
-            "result": None,
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    sys.stdout.flush()
-    (workdir / "result.json").write_text(json.dumps(out), encoding="utf-8")
+    child_job.main(run, _failure)
 
 
 if __name__ == "__main__":
