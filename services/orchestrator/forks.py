@@ -13,9 +13,10 @@ PROVISIONING and made ACTIVE together once all are registered, so a process kill
 that reconciliation fails (releasing their instances) rather than part of a group in use. The request ledger
 makes a retried Fork return the same branches (fresh tokens), as for Reset.
 
-Tool calls in flight are not waited for: the fork point is the source's log as Fork first reads it; if the
-log grew (or the source took a turn) by the time the branches are ready, the Fork is refused
-(FAILED_PRECONDITION) and everything it made is undone.
+Tool calls in flight are not waited for: a call of the source in flight when Fork starts, or when the
+branches are ready, or one that finished meanwhile (the log grew), or a turn taken meanwhile, makes the Fork
+refuse (FAILED_PRECONDITION), undoing everything it made. "In flight" is a PENDING ledger record in the
+session's call scope, which every CallTool holds from its claim until its result is recorded.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from rlgate.orchestrator.tools import ToolCache
 from rlgate.orchestrator.views import instance_info
 from rlgate.runtime.auth import mint_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
-from rlgate.store import Intent, Session, SessionStatus, ToolCallEntry
+from rlgate.store import Intent, Session, SessionStatus, ToolCallEntry, call_scope
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class Forks:
         _check_forkable(source)
         task = self._sessions.task_of(source)
         handle = InstanceHandle.from_record(source.instance)
+        await self._check_idle(source)
         calls = await self._sessions.store.list_tool_calls(source.session_id, source.episode)
         made: list[_Made] = []
         async with contextlib.AsyncExitStack() as places:
@@ -252,8 +254,23 @@ class Forks:
         await _all([replayed(i) for i in range(params.count)])
         return REPLAY
 
+    async def _check_idle(self, source: Session) -> None:
+        """No tool call of the source is in flight: none holds a PENDING ledger record (every CallTool has one,
+        the gateway minting a request_id for a call sent without). A call whose gateway died mid-call holds
+        its record until a retry settles it; it counts as in flight too, since its effect on the instance is
+        unknown and REPLAY could not reproduce it."""
+        pending = await self._sessions.store.pending_requests(call_scope(source.session_id), 1)
+        if pending:
+            raise FailedPrecondition(
+                f"tool call {clip(pending[0].request_id)!r} of session {source.session_id} is in flight (or its "
+                "gateway died mid-call and no retry has settled it); fork between turns, when none is in flight",
+                reason="TOOL_CALL_IN_FLIGHT",
+                metadata={"request_id": pending[0].request_id},
+            )
+
     async def _check_unchanged(self, source: Session, logged: int) -> None:
-        """The fork point still holds: no call of the source finished and no turn was taken meanwhile."""
+        """The fork point still holds: no call of the source started or finished and no turn was taken
+        meanwhile."""
         now = await self._sessions.get(source.session_id)
         if (now.episode, now.turn, now.status) != (source.episode, source.turn, source.status):
             raise FailedPrecondition(
@@ -267,6 +284,7 @@ class Forks:
                 "when none is in flight",
                 reason="TOOL_CALL_IN_FLIGHT",
             )
+        await self._check_idle(source)
 
     async def _register(self, source: Session, m: _Made, calls: list[ToolCallEntry]) -> orchestrator_pb2.ForkBranch:
         """The branch's session (PROVISIONING until `_activate`): the source's episode on the branch's

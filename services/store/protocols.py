@@ -140,6 +140,12 @@ class RequestRecords(Protocol):
         """The record, or None."""
 
     @abc.abstractmethod
+    async def pending_requests(self, scope: str, limit: int) -> list[RequestRecord]:
+        """Up to `limit` PENDING records of `scope`, in no particular order: the requests of one caller whose
+        outcome is not recorded yet (in flight, or their owner died mid-request). Fork reads a session's
+        (`call_scope`) to see that none of its tool calls is in flight."""
+
+    @abc.abstractmethod
     async def commit(
         self,
         *,

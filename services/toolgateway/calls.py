@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,9 @@ def parse_call(request: toolgateway_pb2.CallToolRequest, max_arguments_bytes: in
         arguments = arguments_of(request)
     except InvalidJsonValue as exc:
         raise InvalidArgument(form, str(exc)) from exc
-    return ToolCall(name, request.request_id, arguments, size)
+    # A call without a request_id gets one here, so every call has its ledger record: PENDING while it runs
+    # (what Fork looks for: `pending_requests`), and the log's request_id for it is a real key to retry with.
+    return ToolCall(name, request.request_id or f"gw-{uuid.uuid4().hex}", arguments, size)
 
 
 @dataclass

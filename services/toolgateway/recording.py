@@ -11,7 +11,6 @@ import asyncio
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -76,8 +75,7 @@ class Recorder:
         return ToolCallEntry(
             session_id=session.session_id,
             episode=session.episode,
-            # the log names every call; a caller without a request_id gets one made up here
-            request_id=call.request_id or f"gw-{uuid.uuid4().hex}",
+            request_id=call.request_id,
             tool=call.name,
             arguments=call.arguments,
             is_error=result.is_error,

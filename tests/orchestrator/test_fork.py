@@ -294,3 +294,33 @@ async def test_a_call_finishing_during_the_fork_refuses_it_and_undoes_it(
     for sid in (reset.session_id, forked.branches[0].session_id):
         await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=sid), timeout=30)
     assert instances_of(lf, orch.config.run_id) == []
+
+
+@pytest.mark.parametrize("started", ["before", "during"])
+async def test_a_call_still_running_when_the_fork_ends_refuses_it(
+    lf: LocalfleetProcess, gateway: GatewayHandle, orchestrator_factory: Callable[..., Any], started: str
+) -> None:
+    """A call that outlives the Fork is seen in flight (its PENDING ledger record; the call carries no
+    request_id, so the gateway's own one is what Fork sees): started before Fork, it is refused at once;
+    started while the branches are made, it is refused once they are ready, and they are deleted."""
+    orch: Running = await orchestrator_factory(fast_config(lf, gateway_address=gateway.address))
+    reset = await orch.stub.Reset(orchestrator_pb2.ResetRequest(task_key=TASK), timeout=60)
+    lf.set_faults({"environments": {"mailbox": {"tool_latency_s": 4.0, "create_delay_s": 1.5}}})
+    fork = orch.stub.Fork(orchestrator_pb2.ForkRequest(session_id=reset.session_id, count=2), timeout=60)
+    if started == "before":
+        slow = asyncio.ensure_future(call_tool(gateway.address, reset.agent_token, *CREATE))
+        await asyncio.sleep(0.3)  # the call is running upstream
+        forking = asyncio.ensure_future(fork)
+    else:
+        forking = asyncio.ensure_future(fork)
+        await asyncio.sleep(0.3)  # the branches' instances are being created
+        slow = asyncio.ensure_future(call_tool(gateway.address, reset.agent_token, *CREATE))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await forking
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(err.value) == "TOOL_CALL_IN_FLIGHT"
+    assert not slow.done()  # refused while the call still ran, not after it finished
+    assert not (await slow).is_error
+    lf.set_faults({})
+    assert [i["instance_id"] for i in instances_of(lf, orch.config.run_id)] == [reset.instance.instance_id]
+    await orch.stub.Close(orchestrator_pb2.CloseRequest(session_id=reset.session_id), timeout=30)

@@ -73,6 +73,7 @@ async def rpc_workload(store: SqliteStore) -> None:
     _, after = await store.tool_calls("s0", limit=1)  # the State RPC's pages of the log
     await store.tool_calls("s0", episode=session.episode, after=after or 0, limit=10)
     await store.get_request(call_scope("s0"), "call-1")
+    await store.pending_requests(call_scope("s0"), 1)  # Fork's check that no call is in flight
     # Step: read, count and record in one step; a repeat's claim; a release; a takeover.
     await store.change_session("s0", lambda s: None)
     await store.claim_request("step", "r1", "orch")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rlgate.store import RequestState, SessionStore
+from rlgate.store import RequestState, Session, SessionStatus, SessionStore, call_scope
 from tests.store.conftest import StoreFactory
 
 
@@ -52,6 +52,41 @@ async def test_request_lifecycle(store: SessionStore) -> None:
     assert created
     _, created = await store.claim_request("step:a:b", "c", "x")
     assert created
+
+
+async def test_pending_requests_lists_a_scopes_unsettled_records(store: SessionStore) -> None:
+    """PENDING records of one scope, claimed directly or by `authorize_call`, until completed or released;
+    a takeover keeps its record PENDING. Other scopes, including look-alikes, are apart."""
+    scope = call_scope("s1")
+
+    async def pending() -> set[str]:
+        return {r.request_id for r in await store.pending_requests(scope, 100)}
+
+    assert await pending() == set()
+    for rid in ("a", "b", "c"):
+        await store.claim_request(scope, rid, "gw")
+    await store.claim_request(call_scope("s1x"), "d", "gw")
+    await store.claim_request("call:s", "1:e", "gw")
+    listed = await store.pending_requests(scope, 100)
+    assert {r.request_id for r in listed} == {"a", "b", "c"}
+    assert all(r.scope == scope and r.state == RequestState.PENDING and r.owner == "gw" for r in listed)
+    assert len(await store.pending_requests(scope, 2)) == 2  # bounded by the limit
+    await store.complete_request(scope, "a", "done")
+    await store.release_request(scope, "b")
+    assert await pending() == {"c"}
+    _, taken = await store.take_over_request(scope, "c", "gw", "gw-2")
+    assert taken
+    assert [r.owner for r in await store.pending_requests(scope, 100)] == ["gw-2"]
+    await store.commit(request=(scope, "c", "{}"), held_by="gw-2")
+    assert await pending() == set()
+    # a CallTool's claim, made with its token lookup
+    await store.create_session(Session(session_id="s1", env_key="e:v1", status=SessionStatus.ACTIVE, token_hash="h1"))
+    session, _, created = await store.authorize_call("h1", "f", "gw")
+    assert session is not None and created
+    assert await pending() == {"f"}
+    # a record created DONE by a commit was never pending
+    await store.commit(request=(scope, "g", "{}"), new_request=True)
+    assert await pending() == {"f"}
 
 
 async def test_take_over_hands_a_dead_owners_record_to_exactly_one_repeat(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from rlgate.store import _common
@@ -104,3 +105,11 @@ class MemoryRequests(MemoryBase):
             return record.copy() if record is not None else None
 
         return await self._call("get_request", get)
+
+    async def pending_requests(self, scope: str, limit: int) -> list[RequestRecord]:
+        def pending() -> list[RequestRecord]:
+            # A scan: the in-memory store serves tests and single-process runs, and Fork is its only reader.
+            found = (r for (s, _), r in self.data.requests.items() if s == scope and r.state == RequestState.PENDING)
+            return [r.copy() for r in itertools.islice(found, limit)]
+
+        return await self._call("pending_requests", pending)

@@ -151,6 +151,10 @@ class RedisRequests(RedisBase):
             return None, False
         return request_from_reply(scope, request_id, reply[1:]), reply[0] == 1
 
+    async def pending_requests(self, scope: str, limit: int) -> list[RequestRecord]:
+        flat = await self._script("pending_requests", "pending_requests", scope, str(limit))
+        return [request_from_reply(scope, flat[i], flat[i + 1 : i + 6]) for i in range(0, len(flat), 6)]
+
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         key = self._key("req:" + request_key(scope, request_id))
         fields: dict[str, str] = await self._call("get_request", lambda: self._client.hgetall(key))

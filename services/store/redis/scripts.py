@@ -23,6 +23,7 @@ NAMES = (
     "authorize_call",
     "complete_request",
     "release_request",
+    "pending_requests",
     "take_over_request",
     "commit",
     "put_intent",

@@ -180,3 +180,13 @@ class SqliteRequests(SqliteBase):
 
     async def get_request(self, scope: str, request_id: str) -> RequestRecord | None:
         return await self._run(request_row, scope, request_id)
+
+    async def pending_requests(self, scope: str, limit: int) -> list[RequestRecord]:
+        def pending(conn: apsw.Connection) -> list[RequestRecord]:
+            rows = conn.execute(
+                f"SELECT {REQUEST_COLUMNS} FROM requests WHERE scope = ? AND state = 'pending' LIMIT ?",
+                (scope, limit),
+            )
+            return [request_from_row(row) for row in rows]
+
+        return await self._run(pending)

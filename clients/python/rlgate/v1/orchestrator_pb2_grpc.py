@@ -244,11 +244,14 @@ class OrchestratorServiceServicer:
         in the log and its request_id). Replayed calls are not logged again and
         do not count as turns.
 
-        Tool calls in flight: Fork does not wait for them. The fork point is the
-        source's tool-call log as Fork reads it; if the log grows before the
-        branches are ready (a call of the source finished meanwhile) the Fork is
-        refused with FAILED_PRECONDITION (TOOL_CALL_IN_FLIGHT), if the source took
-        a turn meanwhile with FAILED_PRECONDITION (SESSION_NOT_FORKABLE), and
+        Tool calls in flight: Fork does not wait for them; it refuses with
+        FAILED_PRECONDITION (TOOL_CALL_IN_FLIGHT, ErrorInfo metadata
+        "request_id") when a CallTool of the source (with or without a
+        request_id) is running as Fork starts or when the branches are ready,
+        when one finished meanwhile (the log grew), or when a call's gateway
+        died mid-call and no retry of its request_id has settled it yet (its
+        effect is unknown). It refuses with FAILED_PRECONDITION
+        (SESSION_NOT_FORKABLE) if the source took a turn meanwhile. Either way
         everything it made is closed. Fork between turns: after Step, before the
         next call.
 

@@ -24,4 +24,5 @@ local function complete(p, key, scope, request_id, result, now, nonce)
   end
   redis.call('hset', k, 'state', 'done', 'result', result, 'finished_at', now)
   redis.call('zadd', p .. 'idx:reqdone', now, key)
+  redis.call('srem', p .. 'pend:' .. scope, request_id)
 end

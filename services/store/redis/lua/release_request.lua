@@ -1,4 +1,8 @@
 -- ARGV: prefix, key
 local k = ARGV[1] .. 'req:' .. ARGV[2]
-if redis.call('hget', k, 'state') == 'pending' then redis.call('del', k) end
+local r = redis.call('hmget', k, 'state', 'scope', 'request_id')
+if r[1] == 'pending' then
+  redis.call('del', k)
+  redis.call('srem', ARGV[1] .. 'pend:' .. r[2], r[3])
+end
 return 0

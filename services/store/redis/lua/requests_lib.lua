@@ -16,6 +16,7 @@ local function claim(p, key, scope, request_id, owner, now, nonce)
   end
   redis.call('hset', p .. 'req:' .. key, 'scope', scope, 'request_id', request_id, 'state', 'pending',
     'owner', owner, 'result', '', 'created_at', now, 'finished_at', '0', 'nonce', nonce)
+  redis.call('sadd', p .. 'pend:' .. scope, request_id)  -- the scope's PENDING index (pending_requests)
   return {1, 'pending', owner, '', now, '0'}
 end
 
