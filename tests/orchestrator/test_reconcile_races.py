@@ -72,11 +72,15 @@ def deletions() -> Any:
         logger.setLevel(old)
 
 
-async def plant(lf: LocalfleetProcess, run_id: str, env_variables: dict[str, str]) -> str:
-    """A running mailbox instance of `run_id`, created behind the orchestrators' backs; its id."""
+async def plant(lf: LocalfleetProcess, run_id: str, env_variables: dict[str, str], *, orphan: bool = False) -> str:
+    """A running mailbox instance of `run_id`, created behind the orchestrators' backs; its id. An `orphan`
+    may be deleted by a reconcile pass before its create answers (409 naming it): that is its id too."""
     body = {"env_key": "mailbox:v1", "run_id": run_id, "ttl_seconds": 300, "env_variables": env_variables}
     async with httpx.AsyncClient() as http:
         r = await http.post(f"{lf.base_url}/v1/env/instances", json=body, headers=AUTH, timeout=30)
+    gone = re.search(r"instance (\w+) was deleted while being created", r.text) if r.status_code == 409 else None
+    if orphan and gone is not None:
+        return gone.group(1)
     assert r.status_code == 200, r.text
     return str(r.json()["instance_id"])
 
@@ -100,7 +104,7 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
     store_id = orchs[0].handle.orchestrator.provisioner.store_id
     # Planted through the control plane's create, which answers once the instance runs: the SDK's make()
     # would poll it afterwards and fail if a reconcile pass had already deleted it (as it should).
-    lost = await plant(lf, run_id, {INTENT_ENV_VAR: new_intent_id("x", store_id)})
+    lost = await plant(lf, run_id, {INTENT_ENV_VAR: new_intent_id("x", store_id)}, orphan=True)
     stranger = await plant(lf, run_id, {})
     dead_intent = Intent(
         intent_id=f"orch-gone{INTENT_SEP}0123456789abcdef",
@@ -109,7 +113,7 @@ async def test_reconcile_never_deletes_a_live_sessions_instance(
         state=IntentState.CREATING,
     )
     await store.put_intent(dead_intent)
-    dead = await plant(lf, run_id, {INTENT_ENV_VAR: dead_intent.intent_id})
+    dead = await plant(lf, run_id, {INTENT_ENV_VAR: dead_intent.intent_id}, orphan=True)
     orphans = {lost, dead}
 
     episodes: list[Episode] = []

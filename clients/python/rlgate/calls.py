@@ -21,7 +21,7 @@ from rlgate.core.convert import InvalidJsonValue, json_text
 from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.errors import InvalidArgument
 from rlgate.inputs import EpisodeSpec
-from rlgate.requests import PAGE_SIZE, Call, build, new_request_id, optional_text
+from rlgate.requests import PAGE_SIZE, Call, Paging, build, new_request_id, optional_text
 from rlgate.retry import RetryState
 from rlgate.settings import ENV_API_KEY as ENV_API_KEY  # re-exported, as the `X as X` below: older imports
 from rlgate.settings import ENV_GATEWAY, shown, split_addresses
@@ -226,6 +226,13 @@ class Core(Generic[C]):
         )
         return replace(self._orchestrator_call("state", "State", request, trace_id, timeout), session_id=session_id)
 
+    def tool_calls(
+        self, session_id: str, page_size: int, trace_id: str | None, timeout: float | None
+    ) -> Call[C, orchestrator_pb2.StateResponse]:
+        """State read page by page for the current episode's tool-call log."""
+        first = self.state(session_id, True, trace_id, timeout, page_size=page_size)
+        return replace(first, paging=Paging("tool_calls", "tool_calls_page_token", "next_tool_calls_page_token"))
+
     def close(
         self, session_id: str, trace_id: str | None, timeout: float | None
     ) -> Call[C, orchestrator_pb2.CloseResponse]:
@@ -253,7 +260,9 @@ class Core(Generic[C]):
             page_size=PAGE_SIZE,
             include_reference_solution=include_reference_solution,
         )
-        return self._orchestrator_call("list_tasks", "ListTasks", request, trace_id, timeout)
+        return replace(
+            self._orchestrator_call("list_tasks", "ListTasks", request, trace_id, timeout), paging=Paging("tasks")
+        )
 
     def list_sessions(
         self,
@@ -271,7 +280,10 @@ class Core(Generic[C]):
             run_id=run_id,
             page_size=PAGE_SIZE,
         )
-        return self._orchestrator_call("list_sessions", "ListSessions", request, trace_id, timeout)
+        return replace(
+            self._orchestrator_call("list_sessions", "ListSessions", request, trace_id, timeout),
+            paging=Paging("sessions"),
+        )
 
     # -- gateway calls (agent token as Bearer)
     def _gateway_call(

@@ -135,14 +135,14 @@ class Client:
                 self._core.note_retry(call, err)
             time.sleep(delay)
 
-    def _pages(self, call: Call[grpc.Channel, Any], field: str) -> list[Any]:
+    def _pages(self, call: Call[grpc.Channel, Any]) -> list[Any]:
         items: list[Any] = []
-        while True:
-            page = self._run(call)
-            items.extend(getattr(page, field))
-            if not page.next_page_token:
-                return items
-            call = call.next_page(page.next_page_token)
+        page_call: Call[grpc.Channel, Any] | None = call
+        while page_call is not None:
+            page = self._run(page_call)
+            items.extend(page_call.items(page))
+            page_call = page_call.next_page(page)
+        return items
 
     # -- orchestrator
     def reset(
@@ -280,21 +280,7 @@ class Client:
             trace_id: Trace id carried into the server's logs.
             timeout: Deadline in seconds of each State call (the client's default when None).
         """
-        entries: list[orchestrator_pb2.ToolCallLogEntry] = []
-        token = ""
-        while True:
-            page = self.state(
-                session_id,
-                include_tool_calls=True,
-                tool_calls_page_size=page_size,
-                tool_calls_page_token=token,
-                trace_id=trace_id,
-                timeout=timeout,
-            )
-            entries.extend(page.tool_calls)
-            token = page.next_tool_calls_page_token
-            if not token:
-                return entries
+        return self._pages(self._core.tool_calls(session_id, page_size, trace_id, timeout))
 
     def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
@@ -348,7 +334,7 @@ class Client:
             trace_id: the calls' trace id (a new one when None).
             timeout: each page's deadline in seconds (None: `Timeouts.other`).
         """
-        return self._pages(self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout), "tasks")
+        return self._pages(self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout))
 
     def list_sessions(
         self,
@@ -368,7 +354,7 @@ class Client:
             trace_id: the calls' trace id (a new one when None).
             timeout: each page's deadline in seconds (None: `Timeouts.other`).
         """
-        return self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
+        return self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout))
 
     # -- gateway
     def list_tools(
@@ -516,14 +502,14 @@ class AsyncClient:
                 self._core.note_retry(call, err)
             await asyncio.sleep(delay)
 
-    async def _pages(self, call: Call[grpc.aio.Channel, Any], field: str) -> list[Any]:
+    async def _pages(self, call: Call[grpc.aio.Channel, Any]) -> list[Any]:
         items: list[Any] = []
-        while True:
-            page = await self._run(call)
-            items.extend(getattr(page, field))
-            if not page.next_page_token:
-                return items
-            call = call.next_page(page.next_page_token)
+        page_call: Call[grpc.aio.Channel, Any] | None = call
+        while page_call is not None:
+            page = await self._run(page_call)
+            items.extend(page_call.items(page))
+            page_call = page_call.next_page(page)
+        return items
 
     async def reset(
         self,
@@ -649,21 +635,7 @@ class AsyncClient:
             trace_id: Trace id carried into the server's logs.
             timeout: Deadline in seconds of each State call (the client's default when None).
         """
-        entries: list[orchestrator_pb2.ToolCallLogEntry] = []
-        token = ""
-        while True:
-            page = await self.state(
-                session_id,
-                include_tool_calls=True,
-                tool_calls_page_size=page_size,
-                tool_calls_page_token=token,
-                trace_id=trace_id,
-                timeout=timeout,
-            )
-            entries.extend(page.tool_calls)
-            token = page.next_tool_calls_page_token
-            if not token:
-                return entries
+        return await self._pages(self._core.tool_calls(session_id, page_size, trace_id, timeout))
 
     async def close_session(
         self, session_id: str, *, trace_id: str | None = None, timeout: float | None = None
@@ -712,7 +684,7 @@ class AsyncClient:
             timeout: see `Client.list_tasks`.
         """
         call = self._core.list_tasks(env_key, include_reference_solution, trace_id, timeout)
-        return await self._pages(call, "tasks")
+        return await self._pages(call)
 
     async def list_sessions(
         self,
@@ -732,7 +704,7 @@ class AsyncClient:
             trace_id: see `Client.list_sessions`.
             timeout: see `Client.list_sessions`.
         """
-        return await self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout), "sessions")
+        return await self._pages(self._core.list_sessions(status, labels, run_id, trace_id, timeout))
 
     async def list_tools(
         self,

@@ -33,6 +33,22 @@ def new_request_id() -> str:
 
 
 @dataclass(frozen=True)
+class Paging:
+    """How a paged call's replies chain: the repeated field each page carries, the request's token field,
+    and the reply's field naming the next page ("" on the last).
+
+    Args:
+        items: the reply's repeated field.
+        request_token: the request's page-token field.
+        next_token: the reply's next-page-token field.
+    """
+
+    items: str
+    request_token: str = "page_token"
+    next_token: str = "next_page_token"
+
+
+@dataclass(frozen=True)
 class Call(Generic[C, R]):
     """One logical RPC, fully built: where it goes, what it sends, how long it may take. `R` is its response
     message (for the type checker: `_run` returns an `R`).
@@ -46,6 +62,7 @@ class Call(Generic[C, R]):
         timeout: the whole call's deadline in seconds, retries included.
         session_id: the session the call concerns ("" for none): its retries after UNAVAILABLE are reported
             on that session's next Step (`StepRequest.client_retries`).
+        paging: for a call read page by page, how its pages chain (`next_page`).
     """
 
     pool: Pool[C]
@@ -55,17 +72,27 @@ class Call(Generic[C, R]):
     metadata: list[tuple[str, str]]
     timeout: float
     session_id: str = ""
+    paging: Paging | None = None
 
-    def next_page(self, token: str) -> Call[C, R]:
-        """The same call for the next page.
+    def next_page(self, reply: Any) -> Call[C, R] | None:
+        """The same call for the page after `reply`, or None when `reply` was the last.
 
         Args:
-            token: the `next_page_token` a list call answered.
+            reply: a page this call (or the one it was made from) answered.
         """
+        assert self.paging is not None, "next_page of a call that is not paged"
+        token = getattr(reply, self.paging.next_token)
+        if not token:
+            return None
         request = type(self.request)()
         request.CopyFrom(self.request)
-        request.page_token = token
+        setattr(request, self.paging.request_token, token)
         return replace(self, request=request)
+
+    def items(self, reply: Any) -> Any:
+        """The entries a page carries."""
+        assert self.paging is not None, "items of a call that is not paged"
+        return getattr(reply, self.paging.items)
 
 
 _PYTHON_TYPES = {
