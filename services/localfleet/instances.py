@@ -305,9 +305,11 @@ class InstanceRegistry:
                     await asyncio.sleep(faults.create_delay_s)
                 template = await self.catalog.template(spec)
                 await asyncio.to_thread(self._materialize, inst, template, current_from)
-            except BaseException:
-                self.live.pop(inst.instance_id, None)
+            except BaseException as exc:
+                deleted = self.live.pop(inst.instance_id, None) is None
                 await asyncio.to_thread(shutil.rmtree, inst.directory, True)
+                if deleted and isinstance(exc, Exception):  # its files were removed from under the copy
+                    raise InstanceGone(f"instance {inst.instance_id} was deleted while being created") from exc
                 raise
             if inst.instance_id not in self.live:  # deleted while it was being created
                 await asyncio.to_thread(shutil.rmtree, inst.directory, True)

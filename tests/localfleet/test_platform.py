@@ -6,6 +6,7 @@ Runs a real `python -m rlgate.localfleet` with the tiny test environments (tests
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -215,6 +216,39 @@ async def test_app_factory_in_process(tmp_path: Any) -> None:
         reaper = app.platform.registry._reaper
         assert reaper is not None and not reaper.done()
     assert reaper.done()  # cancelled on shutdown
+
+
+async def test_a_delete_during_the_copy_answers_the_create_409(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An instance deleted while its files are written (a reconciler judging it an orphan) fails its create
+    with 409 naming it, never a 500 from the copy that lost its directory."""
+    from rlgate.localfleet.config import LocalfleetConfig
+    from rlgate.localfleet.instances import InstanceRegistry
+    from rlgate.localfleet.server import create_app
+    from tests.support.localfleet import TINY_TASKS, tiny_environments
+
+    copying, go_on = threading.Event(), threading.Event()
+    materialize = InstanceRegistry._materialize
+
+    def held(self: InstanceRegistry, inst: Any, *args: Any) -> None:
+        copying.set()
+        assert go_on.wait(30)
+        materialize(self, inst, *args)  # its directory is gone by now
+
+    monkeypatch.setattr(InstanceRegistry, "_materialize", held)
+    config = LocalfleetConfig(listen="127.0.0.1:9", data_dir=str(tmp_path))
+    app = create_app(config, specs=tiny_environments(), tasks=TINY_TASKS)
+    async with app.platform.running():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9", headers=AUTH) as http:
+            create = asyncio.ensure_future(http.post("/v1/env/instances", json={"env_key": "notes"}))
+            assert await asyncio.to_thread(copying.wait, 30)
+            (pending,) = app.platform.registry.live
+            assert (await http.delete(f"/v1/env/instances/{pending}")).status_code == 200
+            go_on.set()
+            r = await create
+            assert r.status_code == 409, r.text
+            assert f"instance {pending} was deleted while being created" in r.text
+            assert (await http.get("/v1/env/instances")).json() == []
 
 
 def test_cli_help_documents_the_flags() -> None:
