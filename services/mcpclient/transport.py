@@ -21,7 +21,11 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
 - replies are asked for uncompressed and a compressed one is refused, so the bytes counted are the bytes
   the SDK parses (a small compressed reply could otherwise expand without bound);
 - the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
-  nothing consumes server pushes, and it would hold a connection, a task and buffers per client.
+  nothing consumes server pushes, and it would hold a connection, a task and buffers per client;
+- a notification's POST (the legacy era's `notifications/cancelled` among them) waits at most
+  `notification_wait_s` for its answer (202, no body). The SDK's writer sends notifications one at a time in
+  its own task, and every later message of the client, requests included, waits behind it (mcp 2.3.0): a
+  server that never answered one would stall the session's calls for good.
 
 The SDK runs each request in a copy of the caller's context (it propagates contextvars for tracing), so the
 transport finds the call's `Exchange` in `current_exchange`, and the call's trace context, which it sends as
@@ -52,6 +56,11 @@ MAX_REPLY_BYTES = 8 * 2**20
 # this many hold MAX_TOOLS tools of ~200 bytes (catalog), and a server listing more pages its listing.
 MAX_PAGE_BYTES = 2 * 2**20
 KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
+# A notification's answer is a bare 202; every later message of its client waits for it (module docstring).
+NOTIFICATION_WAIT_S = 2.0
+# A POST body this small may be a notification; the SDK's client sends no larger one, and a larger body is
+# taken for a request.
+_NOTIFICATION_MAX_BYTES = 4096
 
 # Failures that prove the request never reached the server: no connection was made, or the request could
 # not even be formed for the wire.
@@ -88,21 +97,29 @@ class Exchange:
         ends, and is how that era cancels)."""
         self.ended = True
         for scope, request in list(self._waiting.items()):
-            if _expects_reply(request):
+            if not _is_notification(request):
                 scope.cancel()
         for stream in list(self._reading):
             stream.abandon()
 
 
-def _expects_reply(request: httpx2.Request) -> bool:
-    """A JSON-RPC request (it carries an id), not a notification. Parsed only when a call ends early."""
+def _is_notification(request: httpx2.Request) -> bool:
+    """A POSTed JSON-RPC notification (no id), which expects no reply; anything else expects one."""
     if request.method != "POST":
-        return True
+        return False
     try:
-        message = json.loads(request.content)
-    except (ValueError, httpx2.RequestNotRead):
-        return True
-    return not isinstance(message, dict) or "id" in message
+        content = request.content
+    except httpx2.RequestNotRead:
+        return False
+    # Every request carries an "id" key, so a request's body is not parsed here (a notification whose params
+    # hold one is taken for a request: unbounded, as before).
+    if len(content) > _NOTIFICATION_MAX_BYTES or b'"id"' in content:
+        return False
+    try:
+        message = json.loads(content)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and "method" in message and "id" not in message
 
 
 current_exchange: ContextVar[Exchange | None] = ContextVar("rlgate_mcp_exchange", default=None)
@@ -273,10 +290,17 @@ def _standalone_stream(request: httpx2.Request) -> bool:
 class UpstreamTransport(httpx2.AsyncBaseTransport):
     """The transport under every upstream MCP client (see the module docstring)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int, max_page_bytes: int) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        max_reply_bytes: int,
+        max_page_bytes: int,
+        notification_wait_s: float = NOTIFICATION_WAIT_S,
+    ) -> None:
         self._inner = inner
         self._limit = max_reply_bytes
         self._page_limit = min(max_page_bytes, max_reply_bytes)
+        self._notification_wait = notification_wait_s
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if _standalone_stream(request):
@@ -284,8 +308,12 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
         tracing.inject_headers(request.headers)  # the call's trace, as `_meta` carries it in the body
         ex = current_exchange.get()
         url = str(request.url)
-        # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task.
+        # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task; a
+        # notification's wait is bounded (module docstring), and it is never cut short by its call's end.
+        notification = _is_notification(request)
         waiting = anyio.CancelScope()
+        if notification:
+            waiting.deadline = anyio.current_time() + self._notification_wait
         limit = self._limit
         if ex is not None:
             ex.started += 1
@@ -293,7 +321,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             ex._waiting[waiting] = request
             if ex.listing:
                 limit = self._page_limit
-            if ex.ended and _expects_reply(request):
+            if ex.ended and not notification:
                 waiting.cancel()
         try:
             with waiting:
@@ -313,6 +341,10 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             if ex is not None:
                 del ex._waiting[waiting]
         if waiting.cancelled_caught:
+            if notification:
+                # The SDK drops an error answer to a notification; the message is for its debug log.
+                wait = self._notification_wait
+                return _failure(request, 504, f"{url}: no answer to a notification within {wait:g}s; not awaited")
             return _failure(request, 503, f"{url}: the call ended before the reply came; no longer awaited")
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
@@ -349,6 +381,7 @@ class HttpSettings:
     max_reply_bytes: int = MAX_REPLY_BYTES
     max_page_bytes: int = MAX_PAGE_BYTES
     trust_env: bool = False
+    notification_wait_s: float = NOTIFICATION_WAIT_S
 
     _shared: ClassVar[HttpSettings | None] = None
 
@@ -389,7 +422,9 @@ class HttpSettings:
     def client(self) -> httpx2.AsyncClient:
         pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
         return httpx2.AsyncClient(
-            transport=UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes),
+            transport=UpstreamTransport(
+                pooled, self.max_reply_bytes, self.max_page_bytes, notification_wait_s=self.notification_wait_s
+            ),
             timeout=self.timeout,
             trust_env=self.trust_env,
             headers={"accept-encoding": "identity"},

@@ -227,10 +227,12 @@ class HostileUpstream:
     """The server and its front; `calls` counts every `tools/call` by tool name, `methods` every message by
     method, `hostile` keeps the calls the front answered, in order."""
 
-    def __init__(self, era: str, *, sse: bool = False) -> None:
+    def __init__(self, era: str, *, sse: bool = False, hang_cancels: bool = False) -> None:
         """`sse`: the SDK's own replies are event streams in either era (its default, as FastMCP serves);
-        otherwise the legacy era answers in plain JSON."""
+        otherwise the legacy era answers in plain JSON. `hang_cancels`: the front takes each
+        `notifications/cancelled` and never answers its POST (kept in `hostile`), until the client leaves."""
         self.era = era
+        self.hang_cancels = hang_cancels
         self.slow = SlowCalls()
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
@@ -281,14 +283,17 @@ class HostileUpstream:
             self.calls[name] += 1
             self.requests.append((dict(scope["headers"]), request))
         await self.note()
-        if name not in BEHAVIOURS:
+        behaviour = BEHAVIOURS.get(name) if name is not None else None
+        if self.hang_cancels and request.get("method") == "notifications/cancelled":
+            behaviour = hang
+        if behaviour is None:
             await self._app(scope, replay(body, receive), send)
             return
         call = HostileCall(request, scope, send, self)
         self.hostile.append(call)
         watcher = asyncio.create_task(self._watch(call, receive))
         try:
-            await BEHAVIOURS[name](call)
+            await behaviour(call)
         finally:
             watcher.cancel()
             await self.note()
@@ -343,8 +348,10 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 @contextlib.asynccontextmanager
-async def hostile_upstream(era: str, *, sse: bool = False) -> AsyncIterator[HostileUpstream]:
-    upstream = await HostileUpstream(era, sse=sse).start()
+async def hostile_upstream(
+    era: str, *, sse: bool = False, hang_cancels: bool = False
+) -> AsyncIterator[HostileUpstream]:
+    upstream = await HostileUpstream(era, sse=sse, hang_cancels=hang_cancels).start()
     try:
         yield upstream
     finally:

@@ -39,7 +39,7 @@ from rlgate.mcpclient.errors import (
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.session import SessionUpstreams
 from rlgate.mcpclient.stateless import StatelessCalls
-from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, HttpSettings
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, NOTIFICATION_WAIT_S, HttpSettings
 from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
@@ -197,6 +197,28 @@ async def test_a_call_that_ends_stops_the_sdk_handler(era: str, reply: str, how:
             assert upstream.slow.finished == 0
             if era == "legacy":
                 assert upstream.methods["notifications/cancelled"] == 1
+        finally:
+            await pool.close()
+
+
+@pytest.mark.parametrize("reply", ["json", "sse"])
+async def test_a_cancel_left_unanswered_does_not_stall_the_session(reply: str) -> None:
+    """A legacy server takes a timed-out call's `notifications/cancelled` and never answers its POST. The SDK
+    sends a client's notifications one at a time and every later message waits behind them, so without a bound
+    the session's next call would never be sent. The wait is bounded (`notification_wait_s`): the next call
+    runs, and the unanswered POST's connection is closed."""
+    async with hostile_upstream("legacy", sse=reply == "sse", hang_cancels=True) as upstream:
+        pool, ups = await session_on(upstream)
+        try:
+            with pytest.raises(CallTimedOut):
+                await ups.call(upstream.url, "slow", {"seconds": 5.0}, 1.0)
+            await upstream.wait(lambda: upstream.methods["notifications/cancelled"] == 1)
+            [cancel] = upstream.hostile
+            started = time.monotonic()
+            result = await asyncio.wait_for(ups.call(upstream.url, "add", {"n": 1}, 10.0), NOTIFICATION_WAIT_S + 5)
+            assert result.content[0].text == "2"  # type: ignore[union-attr]
+            assert time.monotonic() - started < NOTIFICATION_WAIT_S + 3
+            await upstream.wait(cancel.disconnected.is_set)
         finally:
             await pool.close()
 
