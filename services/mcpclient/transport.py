@@ -22,10 +22,14 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
   the SDK parses (a small compressed reply could otherwise expand without bound);
 - the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
   nothing consumes server pushes, and it would hold a connection, a task and buffers per client;
-- a notification's POST (the legacy era's `notifications/cancelled` among them) waits at most
-  `notification_wait_s` for its answer (202, no body). The SDK's writer sends notifications one at a time in
-  its own task, and every later message of the client, requests included, waits behind it (mcp 2.3.0): a
-  server that never answered one would stall the session's calls for good.
+- the SDK's writer sends a client's notifications one at a time, and every later message of that client,
+  requests and the courtesy cancels of other calls included, waits for each one's answer (mcp 2.3.0). So the
+  legacy era's `notifications/cancelled` is answered 202 to the SDK at once and POSTed by a task the
+  transport owns: several calls of a session ending together (a caller's parallel tool calls under one
+  deadline) each get their cancel out, where behind a remote server's round trips the later ones were cut
+  off by the caller's deadline and their tools ran on. Any notification's answer is awaited
+  `notification_wait_s` at most (a server that never answered one would stall the client for good), and
+  closing the transport waits that long for cancels still going out.
 
 The SDK runs each request in a copy of the caller's context (it propagates contextvars for tracing), so the
 transport finds the call's `Exchange` in `current_exchange`, and the call's trace context, which it sends as
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -51,6 +56,8 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
 from rlgate.runtime import tracing
 
+log = logging.getLogger(__name__)
+
 MAX_REPLY_BYTES = 8 * 2**20
 # One tools/list reply (a page). The SDK's parse of a page holds the event loop in proportion to its bytes;
 # this many hold MAX_TOOLS tools of ~200 bytes (catalog), and a server listing more pages its listing.
@@ -58,6 +65,7 @@ MAX_PAGE_BYTES = 2 * 2**20
 KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
 # A notification's answer is a bare 202; every later message of its client waits for it (module docstring).
 NOTIFICATION_WAIT_S = 2.0
+CANCELLED = "notifications/cancelled"
 # A POST body this small may be a notification; the SDK's client sends no larger one, and a larger body is
 # taken for a request.
 _NOTIFICATION_MAX_BYTES = 4096
@@ -97,29 +105,32 @@ class Exchange:
         ends, and is how that era cancels)."""
         self.ended = True
         for scope, request in list(self._waiting.items()):
-            if not _is_notification(request):
+            if not _notification(request):
                 scope.cancel()
         for stream in list(self._reading):
             stream.abandon()
 
 
-def _is_notification(request: httpx2.Request) -> bool:
-    """A POSTed JSON-RPC notification (no id), which expects no reply; anything else expects one."""
+def _notification(request: httpx2.Request) -> str:
+    """The method of a POSTed JSON-RPC notification (no id), which expects no reply; "" for anything else,
+    which expects one."""
     if request.method != "POST":
-        return False
+        return ""
     try:
         content = request.content
     except httpx2.RequestNotRead:
-        return False
+        return ""
     # Every request carries an "id" key, so a request's body is not parsed here (a notification whose params
     # hold one is taken for a request: unbounded, as before).
     if len(content) > _NOTIFICATION_MAX_BYTES or b'"id"' in content:
-        return False
+        return ""
     try:
         message = json.loads(content)
     except ValueError:
-        return False
-    return isinstance(message, dict) and "method" in message and "id" not in message
+        return ""
+    if not isinstance(message, dict) or "id" in message or not isinstance(message.get("method"), str):
+        return ""
+    return str(message["method"]) or ""
 
 
 current_exchange: ContextVar[Exchange | None] = ContextVar("rlgate_mcp_exchange", default=None)
@@ -301,16 +312,22 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
         self._limit = max_reply_bytes
         self._page_limit = min(max_page_bytes, max_reply_bytes)
         self._notification_wait = notification_wait_s
+        self._cancels: set[asyncio.Task[None]] = set()  # `notifications/cancelled` POSTs still going out
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if _standalone_stream(request):
             return httpx2.Response(405, request=request)
         tracing.inject_headers(request.headers)  # the call's trace, as `_meta` carries it in the body
+        notification = _notification(request)
+        if notification == CANCELLED:  # sent by a task of ours, so the SDK's writer goes on (module docstring)
+            task = asyncio.create_task(self._notify(request), name=f"mcp cancel {request.url}")
+            self._cancels.add(task)
+            task.add_done_callback(self._cancels.discard)
+            return httpx2.Response(202, request=request)
         ex = current_exchange.get()
         url = str(request.url)
         # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task; a
         # notification's wait is bounded (module docstring), and it is never cut short by its call's end.
-        notification = _is_notification(request)
         waiting = anyio.CancelScope()
         if notification:
             waiting.deadline = anyio.current_time() + self._notification_wait
@@ -367,7 +384,28 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             request=request,
         )
 
+    async def _notify(self, request: httpx2.Request) -> None:
+        """POST a notification, awaiting its answer `notification_wait_s` at most; a failure is only logged (a
+        notification has nobody to tell)."""
+        try:
+            with anyio.move_on_after(self._notification_wait) as waiting:
+                response = await self._inner.handle_async_request(request)
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            if waiting.cancelled_caught:
+                log.debug(
+                    "%s: no answer to a notification within %gs; not awaited", request.url, self._notification_wait
+                )
+        except (httpx2.TransportError, httpx2.StreamError) as exc:
+            log.debug("%s: a notification was not delivered: %s", request.url, _describe(exc))
+
     async def aclose(self) -> None:
+        if self._cancels:  # cancels still going out get their bound (a session closing just after its calls)
+            _, late = await asyncio.wait(set(self._cancels), timeout=self._notification_wait)
+            for task in late:
+                task.cancel()
         await self._inner.aclose()
 
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -227,12 +228,13 @@ class HostileUpstream:
     """The server and its front; `calls` counts every `tools/call` by tool name, `methods` every message by
     method, `hostile` keeps the calls the front answered, in order."""
 
-    def __init__(self, era: str, *, sse: bool = False, hang_cancels: bool = False) -> None:
+    def __init__(self, era: str, *, sse: bool = False, cancel_answer_s: float = 0.0) -> None:
         """`sse`: the SDK's own replies are event streams in either era (its default, as FastMCP serves);
-        otherwise the legacy era answers in plain JSON. `hang_cancels`: the front takes each
-        `notifications/cancelled` and never answers its POST (kept in `hostile`), until the client leaves."""
+        otherwise the legacy era answers in plain JSON. `cancel_answer_s`: each `notifications/cancelled`
+        reaches the server that much later, and its POST is answered then (a server a round trip away); with
+        `math.inf` the front takes it and never answers (kept in `hostile`) until the client leaves."""
         self.era = era
-        self.hang_cancels = hang_cancels
+        self.cancel_answer_s = cancel_answer_s
         self.slow = SlowCalls()
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
@@ -284,8 +286,11 @@ class HostileUpstream:
             self.requests.append((dict(scope["headers"]), request))
         await self.note()
         behaviour = BEHAVIOURS.get(name) if name is not None else None
-        if self.hang_cancels and request.get("method") == "notifications/cancelled":
-            behaviour = hang
+        if self.cancel_answer_s and request.get("method") == "notifications/cancelled":
+            if math.isinf(self.cancel_answer_s):
+                behaviour = hang
+            else:
+                await asyncio.sleep(self.cancel_answer_s)
         if behaviour is None:
             await self._app(scope, replay(body, receive), send)
             return
@@ -349,9 +354,9 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 @contextlib.asynccontextmanager
 async def hostile_upstream(
-    era: str, *, sse: bool = False, hang_cancels: bool = False
+    era: str, *, sse: bool = False, cancel_answer_s: float = 0.0
 ) -> AsyncIterator[HostileUpstream]:
-    upstream = await HostileUpstream(era, sse=sse, hang_cancels=hang_cancels).start()
+    upstream = await HostileUpstream(era, sse=sse, cancel_answer_s=cancel_answer_s).start()
     try:
         yield upstream
     finally:
