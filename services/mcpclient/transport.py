@@ -53,6 +53,7 @@ import anyio
 import httpx2
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
+from rlgate.core.redact import public_url
 from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
 from rlgate.runtime import tracing
 
@@ -128,9 +129,8 @@ def _notification(request: httpx2.Request) -> str:
         message = json.loads(content)
     except ValueError:
         return ""
-    if not isinstance(message, dict) or "id" in message or not isinstance(message.get("method"), str):
-        return ""
-    return str(message["method"]) or ""
+    method = message.get("method") if isinstance(message, dict) and "id" not in message else None
+    return method if isinstance(method, str) else ""
 
 
 current_exchange: ContextVar[Exchange | None] = ContextVar("rlgate_mcp_exchange", default=None)
@@ -320,7 +320,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
         tracing.inject_headers(request.headers)  # the call's trace, as `_meta` carries it in the body
         notification = _notification(request)
         if notification == CANCELLED:  # sent by a task of ours, so the SDK's writer goes on (module docstring)
-            task = asyncio.create_task(self._notify(request), name=f"mcp cancel {request.url}")
+            task = asyncio.create_task(self._notify(request), name="mcp notifications/cancelled")
             self._cancels.add(task)
             task.add_done_callback(self._cancels.discard)
             return httpx2.Response(202, request=request)
@@ -395,11 +395,10 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
                 finally:
                     await response.aclose()
             if waiting.cancelled_caught:
-                log.debug(
-                    "%s: no answer to a notification within %gs; not awaited", request.url, self._notification_wait
-                )
+                wait = self._notification_wait
+                log.debug("%s: no answer to a notification within %gs; not awaited", public_url(str(request.url)), wait)
         except (httpx2.TransportError, httpx2.StreamError) as exc:
-            log.debug("%s: a notification was not delivered: %s", request.url, _describe(exc))
+            log.debug("%s: a notification was not delivered: %s", public_url(str(request.url)), _describe(exc))
 
     async def aclose(self) -> None:
         if self._cancels:  # cancels still going out get their bound (a session closing just after its calls)
