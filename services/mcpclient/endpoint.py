@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The SDK's own timeout of a legacy-era call comes this much after the call's deadline, as a backstop only
+# (`EndpointClient._call_sdk`).
+SDK_BACKSTOP_S = 1.0
+ENDING_WAIT_S = 1.0  # how long `close` lets ended calls' cancellations go out
+
 _rebuilds = metrics.counter(
     "rlgate_toolgateway_upstream_rebuilds_total",
     "Upstream MCP clients rebuilt after a dead connection or forgotten session",
@@ -80,6 +85,7 @@ class EndpointClient:
         self.served = False
         self.calls = 0  # calls in flight on this endpoint
         self.closed = False  # set by `close`: no new link after it (nothing would release one)
+        self._ending: set[asyncio.Task[mt.CallToolResult]] = set()  # legacy calls ended early, cancelling
 
     @property
     def connected(self) -> bool:
@@ -270,7 +276,7 @@ class EndpointClient:
                 return await self._call_stateless(link, name, arguments, remaining)
             with exchange() as ex:  # ended on the way out: a reply still arriving is no longer read
                 try:
-                    return await client.call_tool(name, arguments, read_timeout_seconds=remaining)
+                    return await self._call_sdk(client, name, arguments, remaining)
                 except MCPError as exc:
                     failure = self._failure(link, name, exc, ex, timeout_s, last=attempt == 1)
                     if failure is None:
@@ -285,6 +291,31 @@ class EndpointClient:
                         continue
                     raise CallNotSent(f"{self.url}: connection closed before the call was sent") from exc
         raise CallNotSent(f"{self.url}: could not send {name!r}")
+
+    async def _call_sdk(
+        self, client: Client, name: str, arguments: dict[str, Any], timeout_s: float
+    ) -> mt.CallToolResult:
+        """A legacy-era call through the SDK's session, in a task of its own that only this method cancels,
+        once. The SDK sends the call's `notifications/cancelled` from its cancellation handler, shielded, but
+        a second cancellation while it hands the notification to its writer drops it (the caller's gRPC
+        deadline 50 ms after ours, both due in one turn of a busy loop), and its own timeout's handler is not
+        shielded at all: each dropped the cancel of some calls, whose tools ran on. So the deadline is ours,
+        the SDK's own timeout is a backstop, and a call that ends early (deadline, or the caller's cancel)
+        cancels the task and leaves it to send the notification without the caller waiting."""
+        call = asyncio.ensure_future(client.call_tool(name, arguments, read_timeout_seconds=timeout_s + SDK_BACKSTOP_S))
+        call.add_done_callback(lambda done: done.cancelled() or done.exception())  # an outcome nobody awaits
+        try:
+            async with asyncio.timeout(timeout_s) as deadline:
+                return await asyncio.shield(call)
+        except TimeoutError:
+            if deadline.expired():
+                raise CallTimedOut(f"{name!r} did not finish within {timeout_s:.2f}s", sent=True) from None
+            raise
+        finally:
+            if not call.done():
+                call.cancel()
+                self._ending.add(call)
+                call.add_done_callback(self._ending.discard)
 
     async def _call_stateless(
         self, link: Link, name: str, arguments: dict[str, Any], timeout_s: float
@@ -335,6 +366,8 @@ class EndpointClient:
 
     async def close(self) -> None:
         self.closed = True
+        if self._ending:  # calls that ended just before: their cancellations go out first (bounded by the SDK)
+            await asyncio.wait(set(self._ending), timeout=ENDING_WAIT_S)
         link, self._link = self._link, None
         if link is not None:
             self._pool.release(link)

@@ -21,7 +21,15 @@ public httpx2 transport wrapping the pooled one) is where replies are bounded fo
 - replies are asked for uncompressed and a compressed one is refused, so the bytes counted are the bytes
   the SDK parses (a small compressed reply could otherwise expand without bound);
 - the legacy era's standalone GET stream is declined (HTTP 405, which the spec allows and the SDK accepts):
-  nothing consumes server pushes, and it would hold a connection, a task and buffers per client.
+  nothing consumes server pushes, and it would hold a connection, a task and buffers per client;
+- the SDK's writer sends a client's notifications one at a time, and every later message of that client,
+  requests and the courtesy cancels of other calls included, waits for each one's answer (mcp 2.3.0). So the
+  legacy era's `notifications/cancelled` is answered 202 to the SDK at once and POSTed by a task the
+  transport owns: several calls of a session ending together (a caller's parallel tool calls under one
+  deadline) each get their cancel out, where behind a remote server's round trips the later ones were cut
+  off by the caller's deadline and their tools ran on. Any notification's answer is awaited
+  `notification_wait_s` at most (a server that never answered one would stall the client for good), and
+  closing the transport waits that long for cancels still going out.
 
 The SDK runs each request in a copy of the caller's context (it propagates contextvars for tracing), so the
 transport finds the call's `Exchange` in `current_exchange`, and the call's trace context, which it sends as
@@ -33,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -44,14 +53,23 @@ import anyio
 import httpx2
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
+from rlgate.core.redact import public_url
 from rlgate.mcpclient.errors import CallRejected, ReplyTooLarge
 from rlgate.runtime import tracing
+
+log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 8 * 2**20
 # One tools/list reply (a page). The SDK's parse of a page holds the event loop in proportion to its bytes;
 # this many hold MAX_TOOLS tools of ~200 bytes (catalog), and a server listing more pages its listing.
 MAX_PAGE_BYTES = 2 * 2**20
 KEEPALIVE_S = 4.0  # below common servers' idle timeout (uvicorn: 5 s): a call racing the server's close is lost
+# A notification's answer is a bare 202; every later message of its client waits for it (module docstring).
+NOTIFICATION_WAIT_S = 2.0
+CANCELLED = "notifications/cancelled"
+# A POST body this small may be a notification; the SDK's client sends no larger one, and a larger body is
+# taken for a request.
+_NOTIFICATION_MAX_BYTES = 4096
 
 # Failures that prove the request never reached the server: no connection was made, or the request could
 # not even be formed for the wire.
@@ -88,21 +106,31 @@ class Exchange:
         ends, and is how that era cancels)."""
         self.ended = True
         for scope, request in list(self._waiting.items()):
-            if _expects_reply(request):
+            if not _notification(request):
                 scope.cancel()
         for stream in list(self._reading):
             stream.abandon()
 
 
-def _expects_reply(request: httpx2.Request) -> bool:
-    """A JSON-RPC request (it carries an id), not a notification. Parsed only when a call ends early."""
+def _notification(request: httpx2.Request) -> str:
+    """The method of a POSTed JSON-RPC notification (no id), which expects no reply; "" for anything else,
+    which expects one."""
     if request.method != "POST":
-        return True
+        return ""
     try:
-        message = json.loads(request.content)
-    except (ValueError, httpx2.RequestNotRead):
-        return True
-    return not isinstance(message, dict) or "id" in message
+        content = request.content
+    except httpx2.RequestNotRead:
+        return ""
+    # Every request carries an "id" key, so a request's body is not parsed here (a notification whose params
+    # hold one is taken for a request: unbounded, as before).
+    if len(content) > _NOTIFICATION_MAX_BYTES or b'"id"' in content:
+        return ""
+    try:
+        message = json.loads(content)
+    except ValueError:
+        return ""
+    method = message.get("method") if isinstance(message, dict) and "id" not in message else None
+    return method if isinstance(method, str) else ""
 
 
 current_exchange: ContextVar[Exchange | None] = ContextVar("rlgate_mcp_exchange", default=None)
@@ -273,19 +301,36 @@ def _standalone_stream(request: httpx2.Request) -> bool:
 class UpstreamTransport(httpx2.AsyncBaseTransport):
     """The transport under every upstream MCP client (see the module docstring)."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_reply_bytes: int, max_page_bytes: int) -> None:
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        max_reply_bytes: int,
+        max_page_bytes: int,
+        notification_wait_s: float = NOTIFICATION_WAIT_S,
+    ) -> None:
         self._inner = inner
         self._limit = max_reply_bytes
         self._page_limit = min(max_page_bytes, max_reply_bytes)
+        self._notification_wait = notification_wait_s
+        self._cancels: set[asyncio.Task[None]] = set()  # `notifications/cancelled` POSTs still going out
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if _standalone_stream(request):
             return httpx2.Response(405, request=request)
         tracing.inject_headers(request.headers)  # the call's trace, as `_meta` carries it in the body
+        notification = _notification(request)
+        if notification == CANCELLED:  # sent by a task of ours, so the SDK's writer goes on (module docstring)
+            task = asyncio.create_task(self._notify(request), name="mcp notifications/cancelled")
+            self._cancels.add(task)
+            task.add_done_callback(self._cancels.discard)
+            return httpx2.Response(202, request=request)
         ex = current_exchange.get()
         url = str(request.url)
-        # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task.
+        # The wait for the reply's head can be cut short by `Exchange.end`, from the caller's task; a
+        # notification's wait is bounded (module docstring), and it is never cut short by its call's end.
         waiting = anyio.CancelScope()
+        if notification:
+            waiting.deadline = anyio.current_time() + self._notification_wait
         limit = self._limit
         if ex is not None:
             ex.started += 1
@@ -293,7 +338,7 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             ex._waiting[waiting] = request
             if ex.listing:
                 limit = self._page_limit
-            if ex.ended and _expects_reply(request):
+            if ex.ended and not notification:
                 waiting.cancel()
         try:
             with waiting:
@@ -313,6 +358,10 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             if ex is not None:
                 del ex._waiting[waiting]
         if waiting.cancelled_caught:
+            if notification:
+                # The SDK drops an error answer to a notification; the message is for its debug log.
+                wait = self._notification_wait
+                return _failure(request, 504, f"{url}: no answer to a notification within {wait:g}s; not awaited")
             return _failure(request, 503, f"{url}: the call ended before the reply came; no longer awaited")
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
@@ -335,7 +384,27 @@ class UpstreamTransport(httpx2.AsyncBaseTransport):
             request=request,
         )
 
+    async def _notify(self, request: httpx2.Request) -> None:
+        """POST a notification, awaiting its answer `notification_wait_s` at most; a failure is only logged (a
+        notification has nobody to tell)."""
+        try:
+            with anyio.move_on_after(self._notification_wait) as waiting:
+                response = await self._inner.handle_async_request(request)
+                try:
+                    await response.aread()
+                finally:
+                    await response.aclose()
+            if waiting.cancelled_caught:
+                wait = self._notification_wait
+                log.debug("%s: no answer to a notification within %gs; not awaited", public_url(str(request.url)), wait)
+        except (httpx2.TransportError, httpx2.StreamError) as exc:
+            log.debug("%s: a notification was not delivered: %s", public_url(str(request.url)), _describe(exc))
+
     async def aclose(self) -> None:
+        if self._cancels:  # cancels still going out get their bound (a session closing just after its calls)
+            _, late = await asyncio.wait(set(self._cancels), timeout=self._notification_wait)
+            for task in late:
+                task.cancel()
         await self._inner.aclose()
 
 
@@ -349,6 +418,7 @@ class HttpSettings:
     max_reply_bytes: int = MAX_REPLY_BYTES
     max_page_bytes: int = MAX_PAGE_BYTES
     trust_env: bool = False
+    notification_wait_s: float = NOTIFICATION_WAIT_S
 
     _shared: ClassVar[HttpSettings | None] = None
 
@@ -389,7 +459,9 @@ class HttpSettings:
     def client(self) -> httpx2.AsyncClient:
         pooled = httpx2.AsyncHTTPTransport(verify=self.ssl_context, limits=self.limits, trust_env=self.trust_env)
         return httpx2.AsyncClient(
-            transport=UpstreamTransport(pooled, self.max_reply_bytes, self.max_page_bytes),
+            transport=UpstreamTransport(
+                pooled, self.max_reply_bytes, self.max_page_bytes, notification_wait_s=self.notification_wait_s
+            ),
             timeout=self.timeout,
             trust_env=self.trust_env,
             headers={"accept-encoding": "identity"},

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -227,10 +228,13 @@ class HostileUpstream:
     """The server and its front; `calls` counts every `tools/call` by tool name, `methods` every message by
     method, `hostile` keeps the calls the front answered, in order."""
 
-    def __init__(self, era: str, *, sse: bool = False) -> None:
+    def __init__(self, era: str, *, sse: bool = False, cancel_answer_s: float = 0.0) -> None:
         """`sse`: the SDK's own replies are event streams in either era (its default, as FastMCP serves);
-        otherwise the legacy era answers in plain JSON."""
+        otherwise the legacy era answers in plain JSON. `cancel_answer_s`: each `notifications/cancelled`
+        reaches the server that much later, and its POST is answered then (a server a round trip away); with
+        `math.inf` the front takes it and never answers (kept in `hostile`) until the client leaves."""
         self.era = era
+        self.cancel_answer_s = cancel_answer_s
         self.slow = SlowCalls()
         self.calls: Counter[str] = Counter()
         self.methods: Counter[str] = Counter()  # every JSON-RPC message POSTed, by method
@@ -281,14 +285,20 @@ class HostileUpstream:
             self.calls[name] += 1
             self.requests.append((dict(scope["headers"]), request))
         await self.note()
-        if name not in BEHAVIOURS:
+        behaviour = BEHAVIOURS.get(name) if name is not None else None
+        if self.cancel_answer_s and request.get("method") == "notifications/cancelled":
+            if math.isinf(self.cancel_answer_s):
+                behaviour = hang
+            else:
+                await asyncio.sleep(self.cancel_answer_s)
+        if behaviour is None:
             await self._app(scope, replay(body, receive), send)
             return
         call = HostileCall(request, scope, send, self)
         self.hostile.append(call)
         watcher = asyncio.create_task(self._watch(call, receive))
         try:
-            await BEHAVIOURS[name](call)
+            await behaviour(call)
         finally:
             watcher.cancel()
             await self.note()
@@ -343,8 +353,10 @@ def replay(body: bytes, receive: Receive) -> Receive:
 
 
 @contextlib.asynccontextmanager
-async def hostile_upstream(era: str, *, sse: bool = False) -> AsyncIterator[HostileUpstream]:
-    upstream = await HostileUpstream(era, sse=sse).start()
+async def hostile_upstream(
+    era: str, *, sse: bool = False, cancel_answer_s: float = 0.0
+) -> AsyncIterator[HostileUpstream]:
+    upstream = await HostileUpstream(era, sse=sse, cancel_answer_s=cancel_answer_s).start()
     try:
         yield upstream
     finally:

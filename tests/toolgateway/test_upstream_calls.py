@@ -10,7 +10,9 @@ here; `ListingUpstream` answers `tools/list` itself when told to."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import secrets
 import socket
 import threading
@@ -39,7 +41,7 @@ from rlgate.mcpclient.errors import (
 from rlgate.mcpclient.pool import PoolSettings, UpstreamPool
 from rlgate.mcpclient.session import SessionUpstreams
 from rlgate.mcpclient.stateless import StatelessCalls
-from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, HttpSettings
+from rlgate.mcpclient.transport import MAX_PAGE_BYTES, MAX_REPLY_BYTES, NOTIFICATION_WAIT_S, HttpSettings
 from rlgate.runtime.auth import token_hash
 from rlgate.store import Session, SessionStatus, SessionStore
 from rlgate.toolgateway.server import start_gateway
@@ -201,6 +203,55 @@ async def test_a_call_that_ends_stops_the_sdk_handler(era: str, reply: str, how:
             await pool.close()
 
 
+@pytest.mark.parametrize("reply", ["json", "sse"])
+async def test_a_cancel_left_unanswered_does_not_stall_the_session(reply: str) -> None:
+    """A legacy server takes a timed-out call's `notifications/cancelled` and never answers its POST. The SDK
+    sends a client's notifications one at a time and every later message waits behind them, so unless the
+    transport sends the cancel itself and bounds its wait, the session's next call is never sent. The next
+    call runs, and the unanswered POST's connection is closed."""
+    async with hostile_upstream("legacy", sse=reply == "sse", cancel_answer_s=math.inf) as upstream:
+        pool, ups = await session_on(upstream)
+        try:
+            with pytest.raises(CallTimedOut):
+                await ups.call(upstream.url, "slow", {"seconds": 5.0}, 1.0)
+            await upstream.wait(lambda: upstream.methods["notifications/cancelled"] == 1)
+            [cancel] = upstream.hostile
+            started = time.monotonic()
+            result = await asyncio.wait_for(ups.call(upstream.url, "add", {"n": 1}, 10.0), NOTIFICATION_WAIT_S + 5)
+            assert result.content[0].text == "2"  # type: ignore[union-attr]
+            assert time.monotonic() - started < NOTIFICATION_WAIT_S + 3
+            await upstream.wait(cancel.disconnected.is_set)
+        finally:
+            await pool.close()
+
+
+async def test_calls_whose_caller_gives_up_as_they_time_out_are_each_cancelled() -> None:
+    """The gateway's MCP timeout fires just before the caller's gRPC deadline, which then cancels the waiting
+    task as well; on a busy loop both land together. Parallel legacy calls ending so (their server answering
+    each cancel a round trip later) each get their `notifications/cancelled` to the server: a second
+    cancellation while the SDK hands a notification to its writer no longer drops it. Without that, about
+    one round in two lost a cancel here, and its tool ran on."""
+    n, rounds = 8, 3
+    async with hostile_upstream("legacy", sse=True, cancel_answer_s=0.3) as upstream:
+        pool, ups = await session_on(upstream)
+
+        async def given_up() -> None:
+            with contextlib.suppress(CallTimedOut, TimeoutError):
+                await asyncio.wait_for(ups.call(upstream.url, "slow", {"seconds": 5.0}, 0.95), 0.96)
+
+        def all_cancelled() -> bool:
+            return upstream.slow.cancelled == upstream.slow.started
+
+        try:
+            for _ in range(rounds):
+                await asyncio.gather(*(given_up() for _ in range(n)))
+                await wait_until(all_cancelled, 3, "every slow tool cancelled", interval=0.02)
+            assert upstream.slow.started == rounds * n and upstream.slow.finished == 0
+            assert upstream.methods["notifications/cancelled"] == rounds * n
+        finally:
+            await pool.close()
+
+
 # 3. What a failure means: never sent (retryable), lost (outcome unknown)
 
 
@@ -274,6 +325,44 @@ async def test_gateway_answers_a_reply_past_the_limit_with_tool_failed(
     assert f"larger than {MiB} bytes" in result.error_message and "the tool ran" in result.error_message
     assert again.replayed and again.result == result
     assert upstream.calls["flood"] == 1
+
+
+@pytest.mark.parametrize("reply", ["json", "sse"])
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_gateway_calls_ending_together_are_each_cancelled_upstream(
+    reply: str, how: str, store: SessionStore
+) -> None:
+    """A caller's parallel calls on one legacy session end together (one deadline, or cancelled at once)
+    while the server answers each `notifications/cancelled` a round trip later (0.5 s). Each cancel reaches
+    the server within 3 s and stops its handler: none waits behind the others' answers (the SDK's writer sends
+    notifications one at a time: 8 in a row took 4 s, and with the caller's deadline cutting the waits short,
+    some never went out and their tools ran on). 8 calls: every connection of the session's client."""
+    n = 8
+    async with hostile_upstream("legacy", sse=reply == "sse", cancel_answer_s=0.5) as upstream:
+        handle = await start_gateway(gateway_config(), store)
+        token = await open_session(store, upstream)
+        try:
+            async with grpc.aio.insecure_channel(handle.address) as channel:
+                stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
+                metadata = (("authorization", f"Bearer {token}"),)
+                calls = [
+                    stub.CallTool(
+                        toolgateway_pb2.CallToolRequest(name="slow", request_id=f"slow-{i}", arguments_json="{}"),
+                        metadata=metadata,
+                        timeout=1.0 if how == "timeout" else 30.0,
+                    )
+                    for i in range(n)
+                ]
+                await wait_until(lambda: upstream.slow.started == n, 10, "the slow tools started", interval=0.02)
+                if how == "cancel":
+                    for call in calls:
+                        call.cancel()
+                outcomes = await asyncio.gather(*calls, return_exceptions=True)
+                assert all(isinstance(o, grpc.aio.AioRpcError | asyncio.CancelledError) for o in outcomes), outcomes
+                await wait_until(lambda: upstream.slow.cancelled == n, 3, "every slow tool cancelled", interval=0.02)
+                assert upstream.methods["notifications/cancelled"] == n and upstream.slow.finished == 0
+        finally:
+            await handle.stop(grace=0)
 
 
 @pytest.mark.parametrize("reply", ["json", "sse"])
