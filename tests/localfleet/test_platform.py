@@ -6,6 +6,7 @@ Runs a real `python -m rlgate.localfleet` with the tiny test environments (tests
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -222,19 +223,20 @@ async def test_a_delete_during_the_copy_answers_the_create_409(tmp_path: Any, mo
     """An instance deleted while its files are written (a reconciler judging it an orphan) fails its create
     with 409 naming it, never a 500 from the copy that lost its directory."""
     from rlgate.localfleet.config import LocalfleetConfig
-    from rlgate.localfleet.instances import InstanceRegistry
     from rlgate.localfleet.server import create_app
     from tests.support.localfleet import TINY_TASKS, tiny_environments
 
     copying, go_on = threading.Event(), threading.Event()
-    materialize = InstanceRegistry._materialize
+    copyfile = shutil.copyfile
 
-    def held(self: InstanceRegistry, inst: Any, *args: Any) -> None:
-        copying.set()
-        assert go_on.wait(30)
-        materialize(self, inst, *args)  # its directory is gone by now
+    def held(src: Any, dst: Any) -> Any:
+        """The create's first file copy waits, its directory made, until the test has deleted the instance."""
+        if not copying.is_set():
+            copying.set()
+            assert go_on.wait(30)
+        return copyfile(src, dst)
 
-    monkeypatch.setattr(InstanceRegistry, "_materialize", held)
+    monkeypatch.setattr(shutil, "copyfile", held)
     config = LocalfleetConfig(listen="127.0.0.1:9", data_dir=str(tmp_path))
     app = create_app(config, specs=tiny_environments(), tasks=TINY_TASKS)
     async with app.platform.running():
