@@ -199,7 +199,7 @@ def test_skyrl_threads_ride_through_a_restart(up: Up, service: str) -> None:
     jobs = (tasks * SKYRL_THREADS)[:SKYRL_THREADS]
     admin = f"http://127.0.0.1:{up.ports['LOCALFLEET']}/_admin"
     httpx.put(f"{admin}/faults", json={"environments": {"*": {"tool_latency_s": TOOL_LATENCY_S}}}).raise_for_status()
-    tool_calls_before = httpx.get(f"{admin}/counters").raise_for_status().json()["tool_calls"]
+    tool_calls_before = int(httpx.get(f"{admin}/counters").raise_for_status().json()["tool_calls"])
     traces: list[dict[str, Any]] = [{} for _ in jobs]
     run_id = f"restart-{service}"
     with ThreadPoolExecutor(max_workers=SKYRL_THREADS) as pool:
@@ -209,7 +209,8 @@ def test_skyrl_threads_ride_through_a_restart(up: Up, service: str) -> None:
         ]
 
         def calls_in_flight() -> bool:
-            return httpx.get(f"{admin}/counters").json()["tool_calls"] >= tool_calls_before + SKYRL_THREADS // 2
+            started = int(httpx.get(f"{admin}/counters").json()["tool_calls"])
+            return started >= tool_calls_before + SKYRL_THREADS // 2
 
         wait_until_sync(calls_in_flight, 120, "the threads' tool calls under way")
         assert not all(f.done() for f in futures)
