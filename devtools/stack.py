@@ -245,20 +245,12 @@ class LocalStack:
         return env
 
     def start_service(self, name: str, timeout: float = 60.0) -> None:
-        """Start one service and wait until it is ready. A port we picked that another process took
-        meanwhile (bind failure) is replaced and the start retried."""
-        setting = "gateway_port" if name in self.gateways else f"{name}_port"
-        picked = not getattr(self.settings, setting)
-        for attempt in range(3):
-            try:
-                return self._start_once(name, timeout)
-            except RuntimeError:
-                lost_port = any(m in self.tail(name, 80).lower() for m in ("failed to bind", "address already in use"))
-                if not (picked and lost_port and attempt < 2 and name not in self._started_once):
-                    raise
-                self.ports[name] = free_port()
+        """Start one service and wait until it is ready (`launch`, then `await_ready`)."""
+        self.launch(name)
+        self.await_ready(name, timeout)
 
-    def _start_once(self, name: str, timeout: float) -> None:
+    def launch(self, name: str) -> None:
+        """Start one service's process, without waiting for it."""
         log = self.log_path(name).open("ab")
         try:
             self.procs[name] = subprocess.Popen(
@@ -270,8 +262,23 @@ class LocalStack:
             )
         finally:
             log.close()
-        self.wait_ready(name, timeout)
-        self._started_once.add(name)
+
+    def await_ready(self, name: str, timeout: float = 60.0) -> None:
+        """Wait until a launched service is ready. A port we picked that another process took meanwhile
+        (bind failure) is replaced and the service launched again."""
+        setting = "gateway_port" if name in self.gateways else f"{name}_port"
+        picked = not getattr(self.settings, setting)
+        for attempt in range(3):
+            try:
+                self.wait_ready(name, timeout)
+                self._started_once.add(name)
+                return
+            except RuntimeError:
+                lost_port = any(m in self.tail(name, 80).lower() for m in ("failed to bind", "address already in use"))
+                if not (picked and lost_port and attempt < 2 and name not in self._started_once):
+                    raise
+                self.ports[name] = free_port()
+                self.launch(name)
 
     def ready(self, name: str) -> bool:
         if name == "localfleet":
@@ -298,9 +305,18 @@ class LocalStack:
             return "(no log)"
 
     def start(self, timeout: float = 60.0) -> LocalStack:
+        """Start every service. localfleet boots while the toolgateways do (neither talks to the other); the
+        orchestrator, which loads its task catalog from localfleet, starts once both are ready. Every process
+        is launched from this thread (`die_with_parent` signals a child when the thread that started it ends)."""
         try:
-            for name in self.services:
+            platform = "localfleet" in self.services
+            if platform:
+                self.launch("localfleet")
+            for name in self.gateways:
                 self.start_service(name, timeout)
+            if platform:
+                self.await_ready("localfleet", timeout)
+            self.start_service("orchestrator", timeout)
         except BaseException:
             self.stop()
             raise

@@ -81,8 +81,15 @@ def _open_sessions(address: str, run_id: str) -> list[str]:
         return [s.session_id for s in client.list_sessions(run_id=run_id) if s.status in OPEN]
 
 
-def _skyrl_episode(address: str, task: common_pb2.TaskInfo, run_id: str, rewrite: Callable[[str], str] = str) -> dict:
-    """Drive one env the way SkyRL's generator does: make, init, step until done, get_metrics, close."""
+def _skyrl_episode(
+    address: str,
+    task: common_pb2.TaskInfo,
+    run_id: str,
+    rewrite: Callable[[str], str] = str,
+    trace: dict[str, Any] | None = None,
+) -> dict:
+    """Drive one env the way SkyRL's generator does: make, init, step until done, get_metrics, close; the
+    last step's output. `trace`, when given, gets the session id, every step's output and the metrics."""
     import skyrl_gym
 
     from rlgate.adapters.skyrl import register
@@ -95,14 +102,16 @@ def _skyrl_episode(address: str, task: common_pb2.TaskInfo, run_id: str, rewrite
     )
     chat, meta = env.init([{"role": "user", "content": "(dataset prompt)"}])
     assert chat[0]["role"] == "system" and meta["task_key"] == task.key and meta["tools"]
-    out: dict = {}
+    steps: list[dict] = []
     for text in reference_turns(task, env.max_turns):
-        out = env.step(rewrite(text))
-        if out["done"]:
+        steps.append(dict(env.step(rewrite(text))))
+        if steps[-1]["done"]:
             break
-    env.get_metrics()
+    metrics = env.get_metrics()
     env.close()
-    return dict(out)
+    if trace is not None:
+        trace.update(session_id=meta["session_id"], steps=steps, metrics=metrics)
+    return steps[-1] if steps else {}
 
 
 def messy(text: str) -> str:

