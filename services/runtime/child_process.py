@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import signal
@@ -26,6 +27,8 @@ from typing import Any
 MAX_OUTPUT_BYTES = 1 << 20  # of stdout and of stderr each
 RESULT_FILE = "result.json"  # what the child writes into its working directory
 SANDBOX = Path(__file__).with_name("sandbox.py")
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL})
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,11 @@ class ChildRun:
     stderr: str
     result: dict[str, Any] | None  # RESULT_FILE parsed; None when missing or unreadable
 
+    def crashed(self) -> bool:
+        """Ended by a crash signal (not our kill at its time limit) before writing a result."""
+        code = self.returncode
+        return not self.timed_out and self.result is None and code is not None and -code in CRASH_SIGNALS
+
     def ending(self) -> str:
         """How the process ended, for a message ("signal 9", "exit code 1")."""
         code = self.returncode
@@ -55,7 +63,22 @@ class ChildRun:
 
 async def run_child(args: Sequence[str], workdir: Path, limit_s: float, *, limits: Limits = Limits()) -> ChildRun:
     """Run `python -I -u <args>` (a script path or `-m module`, then its arguments) in `workdir` (also its HOME
-    and TMPDIR) under `limits` for at most `limit_s` seconds, and read the RESULT_FILE it leaves there."""
+    and TMPDIR) under `limits` for at most `limit_s` seconds, and read the RESULT_FILE it leaves there.
+
+    A child that crashes (CRASH_SIGNALS) without leaving a result runs once more in the time left: such a crash
+    has been the process start's, rarely and only under load, in a parent running gRPC's threads, and a
+    verifier's ERROR would stand in for its score. A child that crashes again is reported as it ended."""
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + limit_s
+    run = await _run_once(args, workdir, limit_s, limits)
+    left = ends - loop.time()
+    if run.crashed() and left > 0:
+        log.warning("child %s ended with %s and no result; running it once more", Path(args[0]).name, run.ending())
+        run = await _run_once(args, workdir, left, limits)
+    return run
+
+
+async def _run_once(args: Sequence[str], workdir: Path, limit_s: float, limits: Limits) -> ChildRun:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "TMPDIR": str(workdir)}
     sandbox = {**asdict(limits), "cpu_s": math.ceil(limit_s) + 1, "parent_pid": os.getpid()}
     proc = await asyncio.create_subprocess_exec(

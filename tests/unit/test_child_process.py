@@ -37,6 +37,30 @@ async def test_no_result_says_how_the_process_ended(tmp_path: Path) -> None:
     assert run.result is None and run.ending() == "signal 9"
 
 
+async def test_a_crash_without_a_result_runs_once_more(tmp_path: Path) -> None:
+    """A SIGSEGV before the result (a crashed process start) is retried once; a child that crashes every time
+    is reported as it ended, after two runs."""
+    crash_once = (
+        "import json, os, signal\n"
+        "with open('runs', 'a') as f: f.write('x')\n"
+        "if open('runs').read() == 'x': os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "open('result.json', 'w').write(json.dumps({'success': True}))\n"
+    )
+    run = await run_child(script(tmp_path, crash_once), tmp_path, 30)
+    assert run.result == {"success": True} and run.returncode == 0
+    assert (tmp_path / "runs").read_text() == "xx"
+    always = tmp_path / "always"
+    always.mkdir()
+    code = "with open('runs', 'a') as f: f.write('x')\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
+    run = await run_child(script(always, code), always, 30)
+    assert run.result is None and run.ending() == "signal 11" and (always / "runs").read_text() == "xx"
+    exits = tmp_path / "exits"
+    exits.mkdir()
+    code = "with open('runs', 'a') as f: f.write('x')\nraise SystemExit(1)\n"
+    run = await run_child(script(exits, code), exits, 30)
+    assert run.ending() == "exit code 1" and (exits / "runs").read_text() == "x"  # a verifier's failure: once
+
+
 async def test_a_child_past_its_time_is_killed_with_its_process_group(tmp_path: Path) -> None:
     code = (
         "import subprocess, sys, time\n"
