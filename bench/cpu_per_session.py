@@ -24,6 +24,8 @@ import contextlib
 import os
 import sys
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 import psutil
@@ -50,6 +52,7 @@ ECHO_CALLS_PER_SESSION = 4  # echo calls per round: this many per session of the
 ECHO_CONCURRENCY = 64
 GOAL_MS = 4.2  # the services' CPU per session that puts scale_sessions' N = 1,024 under 3 x wait on 2 cores
 UNIT = "services' CPU ms per session"
+ECHO_PAYLOAD = uuid.uuid4().bytes * 8
 BASELINE = "bare grpc.aio unary echo server: server CPU ms per call (same run)"
 GOALS = (Goal("value", "<=", GOAL_MS),)
 
@@ -58,17 +61,22 @@ def _cpu_s(proc: psutil.Process) -> float:
     return float(sum(proc.cpu_times()[:2]))
 
 
-async def run(ctx: BenchContext) -> list[Entry]:
+@dataclass
+class ScaleStack:
+    """What a scale batch runs on: the stack, its client, the upstream and the echo server."""
+
+    client: AsyncClient
+    echo: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]
+    services: dict[str, int]  # the orchestrator's and every toolgateway's pid
+    pids: dict[str, int]  # the services, this process (the client) and the upstream
+    echo_pid: int
+
+
+@contextlib.asynccontextmanager
+async def scale_stack(ctx: BenchContext, n: int) -> AsyncIterator[ScaleStack]:
+    """The setup of `scale_sessions` for batches of up to `n`, warmed up; everything stopped on exit."""
     raise_nofile()
-    n = ctx.size(SIZES["quick"], SIZES["full"])
-    rounds = ctx.rounds
     logs = ctx.out_dir / "logs"
-    services_cpu = 0.0
-    per_process: dict[str, float] = {}
-    echo_cpu = 0.0
-    echo_calls = 0
-    sessions = 0
-    failures = 0
     async with contextlib.AsyncExitStack() as stack:
         upstream_proc, port = await stack.enter_async_context(
             child_process([sys.executable, str(UPSTREAM)], logs / "cpu-upstream.log")
@@ -90,36 +98,56 @@ async def run(ctx: BenchContext) -> list[Entry]:
         )
         client = await stack.enter_async_context(AsyncClient(rl.orchestrator_address))
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}"))
-        echo: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(METHOD)
-        payload = uuid.uuid4().bytes * 8
         services = {"orchestrator": rl.procs["orchestrator"].pid, **{g: rl.procs[g].pid for g in rl.gateways}}
-        pids = {**services, "client": os.getpid(), "upstream": upstream_proc.pid}
-        echo_server = psutil.Process(echo_proc.pid)
-
-        async def echo_op(_slot: int) -> None:
-            if await echo(payload, timeout=RPC_TIMEOUT_S) != payload:
-                raise BenchError("echo server returned different bytes")
-
+        sut = ScaleStack(
+            client=client,
+            echo=channel.unary_unary(METHOD),
+            services=services,
+            pids={**services, "client": os.getpid(), "upstream": upstream_proc.pid},
+            echo_pid=echo_proc.pid,
+        )
         # First-use costs (channels, upstream connections, imports on first call) before anything is timed.
         warm_up("rlgate", await rlgate_batch(client, 4, 0.0))
         warm_up("rlgate", await rlgate_batch(client, min(n, 64), 0.0))
-        await closed_loop(echo_op, 500, ECHO_CONCURRENCY)
-        every_pid = [*pids.values(), echo_proc.pid]
+        await closed_loop(echo_op(sut), 500, ECHO_CONCURRENCY)
+        yield sut
+
+
+def echo_op(sut: ScaleStack) -> Callable[[int], Awaitable[None]]:
+    async def op(_slot: int) -> None:
+        if await sut.echo(ECHO_PAYLOAD, timeout=RPC_TIMEOUT_S) != ECHO_PAYLOAD:
+            raise BenchError("echo server returned different bytes")
+
+    return op
+
+
+async def run(ctx: BenchContext) -> list[Entry]:
+    n = ctx.size(SIZES["quick"], SIZES["full"])
+    rounds = ctx.rounds
+    services_cpu = 0.0
+    per_process: dict[str, float] = {}
+    echo_cpu = 0.0
+    echo_calls = 0
+    sessions = 0
+    failures = 0
+    async with scale_stack(ctx, n) as sut:
+        echo_server = psutil.Process(sut.echo_pid)
+        every_pid = [*sut.pids.values(), sut.echo_pid]
         for round_ in range(rounds):
             for side in ("batch", "echo") if round_ % 2 == 0 else ("echo", "batch"):
                 await quiesce(every_pid)
                 if side == "batch":
-                    async with Monitor(pids) as monitor:
-                        records, _wall = await rlgate_batch(client, n, WAIT_S)
+                    async with Monitor(sut.pids) as monitor:
+                        records, _wall = await rlgate_batch(sut.client, n, WAIT_S)
                     failures += sum(1 for r in records if not r[0])
                     sessions += n
                     for name, cpu in monitor.cpu_s.items():
                         per_process[name] = per_process.get(name, 0.0) + cpu
-                    services_cpu += sum(monitor.cpu_s[name] for name in services)
+                    services_cpu += sum(monitor.cpu_s[name] for name in sut.services)
                 else:
                     calls = ECHO_CALLS_PER_SESSION * n
                     before = await asyncio.to_thread(_cpu_s, echo_server)
-                    await closed_loop(echo_op, calls, ECHO_CONCURRENCY)
+                    await closed_loop(echo_op(sut), calls, ECHO_CONCURRENCY)
                     echo_cpu += await asyncio.to_thread(_cpu_s, echo_server) - before
                     echo_calls += calls
     if failures:
