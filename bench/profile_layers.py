@@ -71,7 +71,7 @@ DSO_GROUPS = (
     ("CPython interpreter (libpython)", re.compile(r"libpython|^python")),
     ("grpc C core + Cython (cygrpc)", re.compile(r"cygrpc|grpc")),
     ("SQLite (apsw)", re.compile(r"apsw|sqlite|^__init__\.cpython")),
-    ("kernel (syscalls: sockets, epoll, futex, file locks)", re.compile(r"kernel|vdso")),
+    ("kernel (other: sockets, epoll, futex, file I/O and locks)", re.compile(r"kernel|vdso")),
     ("libc, allocator", re.compile(r"libc|libm|ld-linux|libstdc|malloc")),
     ("protobuf upb", re.compile(r"_message|upb|protobuf")),
     ("uvloop / libuv", re.compile(r"uvloop|loop\.cpython")),
@@ -194,10 +194,21 @@ def dso_group(dso: str) -> str:
     return f"other ({dso})"
 
 
+# Symbols that name a cost of their own, whatever their shared object: the cyclic garbage collector, and the
+# kernel switching threads (a thread handing work to another and waiting: the store's worker, the GIL).
+SYMBOL_GROUPS = (
+    (
+        "CPython cyclic GC (in libpython)",
+        re.compile(r"^(gc_collect|visit_|subtract_refs|move_unreachable|update_refs|deduce_unreachable|\w+_?traverse)"),
+    ),
+    ("kernel: thread switches (finish_task_switch)", re.compile(r"^finish_task_switch")),
+)
+
+
 def perf_split(data: Path) -> dict[int, Counter[str]]:
-    """{pid: {DSO group: samples}} (every thread of each process) from `perf script` on a recording."""
+    """{pid: {DSO or symbol group: samples}} (every thread of each process) from `perf script`."""
     text = subprocess.run(
-        ["perf", "script", "-i", str(data), "-F", "pid,ip,dso"],
+        ["perf", "script", "-i", str(data), "-F", "pid,ip,sym,dso"],
         capture_output=True,
         text=True,
         check=True,
@@ -205,9 +216,11 @@ def perf_split(data: Path) -> dict[int, Counter[str]]:
     ).stdout
     out: dict[int, Counter[str]] = {}
     for line in text.splitlines():
-        m = re.match(r"\s*(\d+)\s+\S+\s+\((.*)\)\s*$", line)
-        if m:
-            out.setdefault(int(m.group(1)), Counter())[dso_group(Path(m.group(2)).name)] += 1
+        m = re.match(r"\s*(\d+)\s+\S+\s+(\S*).*\((.*)\)\s*$", line)
+        if not m:
+            continue
+        group = next((name for name, rx in SYMBOL_GROUPS if rx.search(m.group(2))), None)
+        out.setdefault(int(m.group(1)), Counter())[group or dso_group(Path(m.group(3)).name)] += 1
     return out
 
 
@@ -261,6 +274,7 @@ async def profile(n: int, batches: int, rate: int, out: Path) -> None:
             "rate": rate,
             "cpu_ms": cpu_ms,
             "threads_ms": threads_ms,
+            "pids": dict(sut.services),
             "dsos": {name: dict(dsos.get(pid, {})) for name, pid in sut.services.items()},
             "seconds": dict.fromkeys(procs, seconds),
         }
@@ -286,6 +300,9 @@ def main(argv: list[str]) -> int:
         out.mkdir(parents=True, exist_ok=True)
         asyncio.run(profile(args.n, args.batches, args.rate, out))
     meta = json.loads((out / "meta.json").read_text())
+    if args.source is not None and "pids" in meta and (out / "perf.data").exists():  # groups as defined now
+        dsos = perf_split(out / "perf.data")
+        meta["dsos"] = {name: dict(dsos.get(pid, {})) for name, pid in meta["pids"].items()}
     profiles = {name: (out / f"{name}.txt").read_text() for name in meta["cpu_ms"]}
     print(f"{meta['batches']} batches of {meta['n']} sessions, py-spy at {meta['rate']} Hz; raw profiles in {out}\n")
     print(report(meta, profiles))
