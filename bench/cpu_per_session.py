@@ -13,8 +13,11 @@ echo (bench/echo_server.py, on the services' event loop, no interceptors), drive
 from this process. A session is four RPCs and one upstream tool call, so the ratio is a session's cost in
 bare echo calls.
 
-Headline: the services' CPU ms per session (summed over rounds / sessions), goal <= GOAL_MS. Sizes: N = 512
-(full, 6 rounds) or 128 (quick, 2 rounds).
+Headline: the services' CPU ms per session (summed over rounds / sessions) against the echo's CPU ms per call.
+The goal is on their ratio, <= GOAL_RATIO (issue 31's target, about 4.1 ms per session where an echo call
+costs about 0.25 ms): absolute CPU times move with the shared machine's speed by more than the levers
+measured here, and the echo, measured alternately with the batches, moves with it. Sizes: N = 512 (full,
+6 rounds) or 128 (quick, 2 rounds).
 """
 
 from __future__ import annotations
@@ -50,11 +53,11 @@ WAIT_S = 1.0
 SIZES = {"quick": 128, "full": 512}  # sessions per batch
 ECHO_CALLS_PER_SESSION = 4  # echo calls per round: this many per session of the round's batch
 ECHO_CONCURRENCY = 64
-GOAL_MS = 4.2  # the services' CPU per session that puts scale_sessions' N = 1,024 under 3 x wait on 2 cores
+GOAL_RATIO = 16.4  # a session's services' CPU in bare echo calls' (issue 31: 4.1 ms against 0.25 ms)
 UNIT = "services' CPU ms per session"
 ECHO_PAYLOAD = uuid.uuid4().bytes * 8
 BASELINE = "bare grpc.aio unary echo server: server CPU ms per call (same run)"
-GOALS = (Goal("value", "<=", GOAL_MS),)
+GOALS = (Goal("ratio", "<=", GOAL_RATIO),)
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -170,6 +173,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
             baseline_name=BASELINE,
             goals=GOALS,
             extra={
+                "load_avg_1m": round(os.getloadavg()[0], 2),  # the machine is shared: how busy it was
                 "sessions_per_batch": n,
                 "rounds": rounds,
                 "wait_s": WAIT_S,
