@@ -173,7 +173,7 @@ async def record(pid: int, rate: int, out: Path) -> asyncio.subprocess.Process:
 
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds per thread name (Linux's comm; threads of one name summed)."""
-    out: Counter[str] = Counter()
+    out: dict[str, float] = {}
     for thread in psutil.Process(pid).threads():
         try:
             comm = Path(f"/proc/{pid}/task/{thread.id}/comm").read_text().strip()
@@ -183,8 +183,8 @@ def thread_cpu(pid: int) -> dict[str, float]:
             comm = "main (event loop)"
         elif comm == "python":
             comm = "other Python threads (store worker, checkpointer)"
-        out[comm] += thread.user_time + thread.system_time
-    return dict(out)
+        out[comm] = out.get(comm, 0.0) + thread.user_time + thread.system_time
+    return out
 
 
 def dso_group(dso: str) -> str:
