@@ -34,6 +34,7 @@ BENCHMARKS = (
     "episodes_per_s",
     "sessions_10000",
     "scale_sessions",
+    "cpu_per_session",
     "screenshot_vs_direct",
     "computer_use_16",
 )

@@ -275,3 +275,21 @@ async def test_updates_touching_one_indexed_field_keep_every_index_in_step(store
     assert await store.check_invariants() == []
     assert await store.prune(closed_before=2_000.0, requests_before=0) == 1
     assert await store.get_session("s1") is None
+
+
+async def test_concurrent_writes_fail_alone_and_the_rest_are_durable(
+    store: SessionStore, open_another: StoreFactory
+) -> None:
+    # Writes issued together may share a transaction (SQLite's group commit): one that fails must undo only
+    # itself, and every write answered must be visible to another connection at once.
+    await store.create_session(make_session("taken"))
+    results = await asyncio.gather(
+        *(store.create_session(make_session(sid)) for sid in ("a1", "a2", "taken", "a3", "a4")),
+        return_exceptions=True,
+    )
+    assert [type(r).__name__ for r in results] == ["Session", "Session", "ConflictError", "Session", "Session"]
+    other = await open_another()
+    for sid in ("a1", "a2", "a3", "a4"):
+        assert await other.get_session(sid) is not None, sid
+    got = await other.get_session("taken")
+    assert got is not None and got.version == 1

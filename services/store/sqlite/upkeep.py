@@ -103,6 +103,6 @@ class SqliteUpkeep(SqliteBase):
                 conn.execute("DELETE FROM leases WHERE name = ?", (_HEALTH_KEY,))
 
         if not self._corrupt:
-            await self._run(probe)
+            await self._run(probe, grouped=False)  # its own transaction
         if self._corrupt:
             raise corrupt_error(self.path, self._corrupt)
