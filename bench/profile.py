@@ -90,26 +90,18 @@ def hot_spots(collapsed: str, top: int = 15) -> tuple[list[tuple[str, float]], l
     return [(f, n / total) for f, n in own.most_common(top)], ranked[:top]
 
 
-async def record(pid: int, seconds: int, out: Path) -> str:
+def py_spy_record(pid: int, rate: int, out: Path, *, seconds: int | None = None) -> list[str]:
+    """The py-spy command that samples the GIL holder's Python stack of `pid` into `out` (raw format), for
+    `seconds` or until it is stopped."""
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    duration = ["--duration", str(seconds)] if seconds is not None else []
+    return [py_spy, "record", "--pid", str(pid), *duration, "--rate", str(rate), "--format", "raw",
+            "--function", "--gil", "--nonblocking", "--output", str(out)]  # fmt: skip
+
+
+async def record(pid: int, seconds: int, out: Path) -> str:
     proc = await asyncio.create_subprocess_exec(
-        py_spy,
-        "record",
-        "--pid",
-        str(pid),
-        "--duration",
-        str(seconds),
-        "--rate",
-        "200",
-        "--format",
-        "raw",
-        "--function",
-        "--gil",
-        "--nonblocking",
-        "--output",
-        str(out),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
+        *py_spy_record(pid, 200, out, seconds=seconds), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     log, _ = await asyncio.wait_for(proc.communicate(), seconds + 60)
     if proc.returncode != 0:

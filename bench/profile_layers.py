@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -37,6 +36,7 @@ import psutil
 from bench.cpu_per_session import WAIT_S, scale_stack
 from bench.fixtures import BENCH_DIR, BenchContext, BenchError
 from bench.harness import format_table
+from bench.profile import py_spy_record
 from bench.scale_sessions import quiesce, rlgate_batch
 
 # Checked in order; a sample belongs to the first whose pattern matches any frame of its stack.
@@ -151,23 +151,8 @@ def report(meta: dict[str, Any], profiles: dict[str, str]) -> str:
 
 
 async def record(pid: int, rate: int, out: Path) -> asyncio.subprocess.Process:
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     return await asyncio.create_subprocess_exec(
-        py_spy,
-        "record",
-        "--pid",
-        str(pid),
-        "--rate",
-        str(rate),
-        "--format",
-        "raw",
-        "--function",
-        "--gil",
-        "--nonblocking",
-        "--output",
-        str(out),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
+        *py_spy_record(pid, rate, out), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
 
 
