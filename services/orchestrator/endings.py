@@ -55,6 +55,14 @@ async def verifier_log(
         after = next_after
 
 
+def record_outcome(session: Session, outcome: Outcome) -> None:
+    """The verifier's outcome on the session: its verification, and the reward only for an OK score."""
+    session.verification = outcome.verification()
+    session.reward = outcome.score if outcome.status == VerificationStatus.OK else None
+    if outcome.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT):
+        add_infra_fault(session, "verifier_errors")  # no reward for a reason that is not the model's
+
+
 class Endings:
     def __init__(self, sessions: Sessions, provider: Provider, verifier: Verifier) -> None:
         self._sessions = sessions
@@ -92,6 +100,20 @@ class Endings:
             log.warning("shutdown: %d episode ending(s) not scored yet; handed back to other replicas", len(endings))
             await asyncio.gather(*endings, return_exceptions=True)
 
+    def unscored(self, session: Session) -> bool:
+        """For a session whose episode has just ended (not yet written): True, with the SKIPPED outcome
+        recorded on it, when its task has no verifier; the turn's own write then holds the whole ending.
+        False when a verifier must run (`start`, after the write). Pure: may run on the store's thread."""
+        if self.verifier.runs_for(self._sessions.task_of(session)):
+            return False
+        record_outcome(session, Verifier.skipped())
+        return True
+
+    def ended_unscored(self) -> None:
+        """An episode ended with its SKIPPED outcome in the turn's write (`unscored`): counted and logged as
+        every outcome is."""
+        self.verifier.observe(Verifier.skipped())
+
     async def score(self, session: Session, final_answer: str | None) -> Session:
         """Run the verifier for the episode that just ended and record its outcome (once: a concurrent or
         later scoring of the same episode leaves the first outcome)."""
@@ -114,10 +136,7 @@ class Endings:
         def record(s: Session) -> bool:
             if s.episode != episode or s.verification is not None:
                 return False
-            s.verification = outcome.verification()
-            s.reward = outcome.score if outcome.status == VerificationStatus.OK else None
-            if outcome.status in (VerificationStatus.ERROR, VerificationStatus.TIMEOUT):
-                add_infra_fault(s, "verifier_errors")  # no reward for a reason that is not the model's
+            record_outcome(s, outcome)
             return True
 
         updated, _ = await self._sessions.mutate(session.session_id, record, start=session)

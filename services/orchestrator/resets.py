@@ -37,7 +37,7 @@ from rlgate.orchestrator.views import instance_info, task_info
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.logs import session_id_var
-from rlgate.store import DoneReason, Intent, RequestRecord, Session, SessionStatus
+from rlgate.store import ConflictError, DoneReason, Intent, RequestRecord, Session, SessionStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class Resets:
         def work(claim: Claim) -> Awaitable[orchestrator_pb2.ResetResponse]:
             if params.session_id:
                 return self._next_episode(params, deadline, claim.prior)
-            return self._new_session(params, deadline)
+            return self._new_session(params, deadline, claim.prior)
 
         return await self._ledger.run(
             scope("reset", params.caller),
@@ -133,7 +133,9 @@ class Resets:
         return answer
 
     # -- a new session ------------------------------------------------------------------------------------
-    async def _new_session(self, params: ResetParams, deadline: Deadline) -> orchestrator_pb2.ResetResponse:
+    async def _new_session(
+        self, params: ResetParams, deadline: Deadline, prior: RequestRecord | None = None
+    ) -> orchestrator_pb2.ResetResponse:
         task = self._catalog.get(params.task_key) if params.task_key else None
         env_key = task.env_key if task else params.env_key
         session_id = (
@@ -143,10 +145,31 @@ class Resets:
         )
         session_id_var.set(session_id)
         max_turns = self._effective_max_turns(params.max_turns, task)
-        existing = await self._sessions.store.get_session(session_id)
-        if existing is not None:  # a retried Reset whose first owner died after registering the session
-            _check_registered(existing, params, env_key, max_turns)
-            return await self._resume_registered(existing, task)
+        # A retried Reset whose first owner died after registering the session resumes it. It is looked up
+        # first where that can be (a request taken over from a dead owner) or where acquiring an instance
+        # costs a create; else registering finds it (a record released or pruned since) and it is resumed
+        # then, so the common Reset makes no extra read.
+        look_first = prior is not None or self._provider.manages_instances
+        existing = await self._sessions.store.get_session(session_id) if look_first else None
+        if existing is None:
+            try:
+                return await self._start_session(params, deadline, task, env_key, session_id, max_turns)
+            except _Registered as registered:
+                existing = registered.session
+        _check_registered(existing, params, env_key, max_turns)
+        return await self._resume_registered(existing, task)
+
+    async def _start_session(
+        self,
+        params: ResetParams,
+        deadline: Deadline,
+        task: TaskDef | None,
+        env_key: str,
+        session_id: str,
+        max_turns: int,
+    ) -> orchestrator_pb2.ResetResponse:
+        """Admit, acquire and reset an instance, list its tools and register the session; `_Registered` (what
+        was made released) when a session of this id exists already."""
         tool_filter = self._provider.session_filter(env_key, task)  # modality, allow / deny
         modality = tool_filter["modality"]
         async with self._admission.new_session():
@@ -189,7 +212,12 @@ class Resets:
                     last_active_at=now,
                     expires_at=now + self._config.session_ttl_s,
                 )
-                session = await self._sessions.store.create_session(session)
+                try:
+                    session = await self._sessions.store.create_session(session)
+                except ConflictError:
+                    if (existing := await self._sessions.store.get_session(session_id)) is None:
+                        raise  # not the id: the token (see create_session)
+                    raise _Registered(existing) from None
                 if intent is not None:
                     await self._instances.bind(intent, session_id)
             except BaseException:
@@ -368,6 +396,14 @@ def gateway_for(addresses: str, session_id: str) -> str:
     if len(choices) < 2:
         return addresses.strip()
     return choices[zlib.crc32(session_id.encode()) % len(choices)]
+
+
+class _Registered(Exception):
+    """Registering a new session found one of its id (registered by an earlier attempt of its request)."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session.session_id)
+        self.session = session
 
 
 def _check_registered(session: Session, params: ResetParams, env_key: str, max_turns: int) -> None:

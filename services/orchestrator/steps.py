@@ -3,8 +3,10 @@ answer, says done or reaches max_turns (its scoring is then `endings`').
 
 With a request_id the turn goes through the request ledger, lazily claimed: an ordinary turn is one store
 call that reads the session, counts the turn and records its response together, only if the request_id is
-new (`SessionStore.change_session`); a turn that ends the episode claims the request_id before its write,
-since it is scored after it (a repeat waits for the verifier's outcome instead of replaying a turn without it).
+new (`SessionStore.change_session`). So is a turn that ends an episode no verifier scores: its SKIPPED
+outcome is known at once and written with it. A turn that ends an episode a verifier scores claims the
+request_id before its write, since it is scored after it (a repeat waits for the verifier's outcome instead
+of replaying a turn without it).
 """
 
 from __future__ import annotations
@@ -83,25 +85,30 @@ class Steps:
         as_read: list[Session] = []  # the session before a turn that ends the episode: where its write starts
 
         def turn(s: Session) -> orchestrator_pb2.StepResponse | None:
-            """An ordinary turn's response, recorded with the turn; None for a turn that ends the episode."""
+            """The turn's response, recorded with the turn; None for a turn that ends an episode a verifier
+            must score (an episode without one is recorded SKIPPED here, ending and all)."""
             before = s.copy()  # `count` sets fields only: a shallow copy stays as read
             count(s)
-            if s.status == SessionStatus.DONE:
+            if s.status == SessionStatus.DONE and not self._endings.unscored(s):
                 as_read.append(before)
                 return None
             responses.append(step_response(s))  # the write changes no field of it (version, updated_at)
             return responses[-1]
 
-        # An ordinary turn: read, count and record in one store call (one transaction on SQLite's thread).
+        # Read, count and record in one store call (one transaction on SQLite's thread): every turn but one
+        # that ends an episode with a verifier.
         session, written = await claim.change(request.session_id, turn)
         if session is None:
             raise unknown_session(request.session_id)
         if written:
             _log_turn(session, request)
+            if session.status == SessionStatus.DONE:
+                self._endings.ended_unscored()
             return responses[-1]
 
-        # This turn ends the episode: the request_id is held first, since the episode is scored after the
-        # write (a repeat waits for the verifier's outcome instead of replaying a turn without it).
+        # This turn ends an episode a verifier scores: the request_id is held first, since the episode is
+        # scored after the write (a repeat waits for the verifier's outcome instead of replaying a turn
+        # without it).
         async def write(s: Session) -> Session | None:
             if s.status == SessionStatus.DONE:
                 await claim.hold()  # scored after this write: repeats wait for the outcome

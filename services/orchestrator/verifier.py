@@ -54,6 +54,15 @@ class Verifier:
         # `backoff_s` doubling before each retry, unjittered; the ceiling is the last delay a run can reach.
         self.backoff = Backoff(backoff_s, backoff_s * 2.0 ** min(self._retries, 32), jitter=0.0)
 
+    def runs_for(self, task: TaskDef | None) -> bool:
+        """Whether `run` executes anything for `task`: without a verifier the outcome is SKIPPED, known
+        before the episode ends (so the ending turn can record it with its own write)."""
+        return task is not None and self._provider.can_verify(task)
+
+    @staticmethod
+    def skipped() -> Outcome:
+        return Outcome(VerificationStatus.SKIPPED, message="the task defines no verifier")
+
     @tracing.traced("rlgate.verify")
     async def run(
         self,
@@ -64,8 +73,8 @@ class Verifier:
     ) -> Outcome:
         """`tool_calls`: the episode's tool-call log, for providers that score with it."""
         start = time.perf_counter()
-        if task is None or not self._provider.can_verify(task):
-            outcome = Outcome(VerificationStatus.SKIPPED, message="the task defines no verifier")
+        if task is None or not self.runs_for(task):
+            outcome = self.skipped()
         else:
             attempts = [0]
             try:
@@ -80,6 +89,13 @@ class Verifier:
         outcome.elapsed_ms = (time.perf_counter() - start) * 1000
         if outcome.status == VerificationStatus.OK:
             outcome.message = ""
+        self.observe(outcome)
+        return outcome
+
+    @staticmethod
+    def observe(outcome: Outcome) -> None:
+        """Count, log and trace an outcome (every episode's, whether `run` produced it or the ending turn
+        recorded SKIPPED itself)."""
         metrics.VERIFY_OUTCOMES.labels(outcome.status).inc()
         metrics.VERIFY_SECONDS.labels(outcome.status).observe(outcome.elapsed_ms / 1000)
         log.info(
@@ -91,7 +107,6 @@ class Verifier:
             outcome.message,
         )
         _annotate(tracing.current_span(), outcome)
-        return outcome
 
     async def _attempts(
         self,

@@ -17,12 +17,14 @@ from rlgate.core.errors import FailedPrecondition, InvalidArgument
 from rlgate.ledger import decode_result, scope
 from rlgate.orchestrator.config import OrchestratorConfig
 from rlgate.orchestrator.episodes import Episodes
+from rlgate.orchestrator.providers.base import TaskDef
 from rlgate.orchestrator.service import Orchestrator, make_provider
 from rlgate.runtime.deadline import Deadline
 from rlgate.store import RequestState, Session, SessionStatus, SessionStore, open_store
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
-SID = "s-step-writes"
+SID = "s-step-writes"  # its task has an answer key: a verifier scores its episodes after the ending turn
+UNSCORED = "s-step-writes-unscored"  # no task: its episodes end SKIPPED, with no verifier
 STEPS = scope("step", "")  # the anonymous caller's Step records
 
 
@@ -55,25 +57,28 @@ async def parts(tmp_path: Path) -> AsyncIterator[tuple[Episodes, CountingStore, 
     counting = CountingStore(store)
     config = OrchestratorConfig(provider="mcp", mcp_envs="")
     orch = Orchestrator(config, counting, make_provider(config), owns_store=False)  # type: ignore[arg-type]
-    await store.create_session(
-        Session(
-            session_id=SID,
-            env_key="mailbox:v1",
-            status=SessionStatus.ACTIVE,
-            max_turns=5,
-            endpoints=["http://127.0.0.1:1/mcp"],
-            token_hash="ab" * 32,
+    orch.catalog.replace([TaskDef(key="answered", env_id="mailbox", version="v1", prompt="p", expected_answer="42")])
+    for session_id, task_key, token in ((SID, "answered", "ab"), (UNSCORED, "", "cd")):
+        await store.create_session(
+            Session(
+                session_id=session_id,
+                env_key="mailbox:v1",
+                task_key=task_key,
+                status=SessionStatus.ACTIVE,
+                max_turns=5,
+                endpoints=["http://127.0.0.1:1/mcp"],
+                token_hash=token * 32,
+            )
         )
-    )
     try:
         yield orch.episodes, counting, store
     finally:
         await store.close()
 
 
-def step(request_id: str = "", **fields: Any) -> orchestrator_pb2.StepRequest:
+def step(request_id: str = "", session_id: str = SID, **fields: Any) -> orchestrator_pb2.StepRequest:
     return orchestrator_pb2.StepRequest(
-        session_id=SID, request_id=request_id or uuid.uuid4().hex, assistant_text="thinking", **fields
+        session_id=session_id, request_id=request_id or uuid.uuid4().hex, assistant_text="thinking", **fields
     )
 
 
@@ -206,9 +211,31 @@ async def test_an_ending_turn_is_scored_and_recorded_even_if_its_caller_goes_awa
     release.set()
     retry = await asyncio.wait_for(episodes.steps.step(step("held", done=True), deadline()), 10)  # waits, then replays
     assert (retry.turn, retry.done, retry.done_reason) == (1, True, orchestrator_pb2.DONE_REASON_AGENT_DONE)
-    assert retry.verification.status  # scored (SKIPPED: the mcp provider has no verifier for this session)
+    assert retry.verification.status == common_pb2.VERIFICATION_STATUS_OK  # scored: the answer key, no final answer
+    assert retry.HasField("reward") and retry.reward == 0.0
     record = await store.get_request(STEPS, "held")
     assert record is not None and record.state == RequestState.DONE
+
+
+async def test_an_ending_turn_without_a_verifier_is_one_store_call(parts: Any) -> None:
+    # Nothing scores the episode: its SKIPPED outcome is known at once, so the turn, the ending, the outcome
+    # and the request's record are one write, like an ordinary turn.
+    episodes, counting, store = parts
+    await episodes.steps.step(step(session_id=UNSCORED), deadline())
+    counting.calls.clear()
+    last = await episodes.steps.step(step("unscored-end", session_id=UNSCORED, final_answer="42"), deadline())
+    assert counting.calls == ["change_session"]
+    assert (last.turn, last.done, last.done_reason) == (2, True, orchestrator_pb2.DONE_REASON_FINAL_ANSWER)
+    assert last.verification.status == common_pb2.VERIFICATION_STATUS_SKIPPED and not last.HasField("reward")
+    session = await store.get_session(UNSCORED)
+    assert session.status == SessionStatus.DONE and session.verification is not None and session.reward is None
+    record = await store.get_request(STEPS, "unscored-end")
+    assert record is not None and record.state == RequestState.DONE
+    assert orchestrator_pb2.StepResponse.FromString(decode_result(record.result)[1]) == last
+    again = await episodes.steps.step(step("unscored-end", session_id=UNSCORED, final_answer="42"), deadline())
+    assert again == last and (await store.get_session(UNSCORED)).turn == 2  # the repeat replays the record
+    with pytest.raises(FailedPrecondition):
+        await episodes.steps.step(step(session_id=UNSCORED), deadline())
 
 
 async def test_closing_a_session_changes_it_in_one_store_call(parts: Any) -> None:

@@ -6,6 +6,7 @@ DELETING or bound, and a request record a retry can use."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -196,6 +197,40 @@ async def test_store_failing_to_register_the_session_deletes_the_instance(orch: 
     response = await orch.reset()  # the retry provisions again and is admitted (no reservation leaked)
     assert response.session_id == session_id_for_request("", "r1")
     await orch.assert_nothing_leaked()
+
+
+@pytest.mark.parametrize("manages_instances", [True, False], ids=["instances", "static-endpoints"])
+async def test_a_retry_whose_record_is_gone_resumes_the_session_registered(manages_instances: bool) -> None:
+    # The record of a finished Reset was pruned: its retry finds the session registered under its id and
+    # resumes it (fresh token), never a second session. A provider that creates instances looks first (no
+    # instance made for nothing); one with static endpoints finds it when registering, with no extra read.
+    orch = await orch_with()
+    orch.provider.manages_instances = manages_instances
+    orch.provider.endpoints_for = lambda env_key, task: ["http://127.0.0.1:1/mcp"]  # type: ignore[method-assign]
+    try:
+        first = await orch.reset()
+        assert await orch.store.prune(0.0, time.time() + 1) >= 1 and await orch.record_state() is None
+        again = await orch.reset()
+        assert (again.session_id, again.episode) == (first.session_id, 1)
+        assert again.agent_token != first.agent_token  # rotated: only the latest reply's holder acts
+        session = await orch.store.get_session(first.session_id)
+        assert session is not None and session.token_hash == token_hash(again.agent_token)
+        assert orch.provider.created == (["fake-1"] if manages_instances else [])
+        assert await orch.store.count_open_sessions() == 1
+        reads: list[str] = []
+        get_session = orch.store.get_session
+
+        async def counted(session_id: str) -> Any:
+            reads.append(session_id)
+            return await get_session(session_id)
+
+        orch.store.get_session = counted  # type: ignore[method-assign]
+        fresh = await orch.reset("r2")  # a new request: read first only where an instance would be made
+        assert len(reads) == (1 if manages_instances else 0) and fresh.session_id != first.session_id
+        if manages_instances:
+            await orch.assert_nothing_leaked()
+    finally:
+        await orch.store.close()
 
 
 async def test_store_failing_to_record_the_instance_deletes_it(orch: Orch) -> None:
