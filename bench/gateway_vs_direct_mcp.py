@@ -19,7 +19,7 @@ from rlgate import AsyncClient
 NAME = "gateway_vs_direct_mcp"
 CONCURRENT = 16
 BASELINE = "persistent mcp 2.x client calling the localfleet tool directly"
-GOALS = (Goal("ratio", "<=", 1.5), Goal("throughput_ratio_seq", ">=", 0.67), Goal("throughput_ratio_c16", ">=", 0.67))
+GOALS = (Goal("ratio", "<=", 1.3), Goal("throughput_ratio_seq", ">=", 0.67), Goal("throughput_ratio_c16", ">=", 0.67))
 
 
 async def measure_era(ctx: BenchContext, rl: Rlgate, trainer: AsyncClient, era: str) -> dict[str, Stats]:

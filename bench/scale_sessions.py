@@ -73,7 +73,8 @@ SIDE = BENCH_DIR / "openenv_scale_side.py"
 PLOT = BENCH_DIR / "scale_sessions.png"
 SAMPLE_S = 0.5  # RSS sampling period during a batch
 BASELINE = "OpenEnv (openenv-core) WebSocket sessions, MCPEnvironment forwarding to the same upstream tool"
-GOALS = (Goal("ratio", ">=", 4.0), Goal(f"rlgate_n{GOAL_N}_total_p99_s", "<=", HEADLINE_WAIT + 1.0))
+# Issue 31: a max batch of GOAL_N on this machine (total P99 <= 3 x wait there); the ratio is reported as measured.
+GOALS = (Goal("ratio", ">=", 4.0), Goal("rlgate_max_batch", ">=", GOAL_N))
 
 # One session: (ok, connect_s, reset_s, step_s, close_s, total_s, error); phases None where not measured.
 Record = tuple[bool, float | None, float | None, float | None, float | None, float, str]
@@ -529,7 +530,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
         f"OpenEnv in-process {best['openenv_inprocess']} ({cores} cores); ratio "
         f"{'-' if entry.ratio is None else f'{entry.ratio:.2f}'}; rlgate total p99 at N = {GOAL_N}: {_s(rl_p99)}"
     )
-    print(f"goal (ratio >= 4 and rlgate total p99 at N = {GOAL_N} <= {wait + 1:g} s): {'met' if met else 'NOT met'}")
+    print(f"goal (ratio >= 4 and rlgate max batch >= {GOAL_N}): {'met' if met else 'NOT met'}")
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     await asyncio.to_thread(
         plot,

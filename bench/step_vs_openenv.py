@@ -48,7 +48,9 @@ VENV = BENCH_DIR / ".venv-openenv"
 CONSTRAINTS = BENCH_DIR / "openenv-constraints.txt"
 SIDE = BENCH_DIR / "openenv_side.py"
 BASELINE = "OpenEnv MCPEnvironment step(CallToolAction) forwarding to the same localfleet endpoint"
-GOALS = (Goal("ratio", ">=", 1.0), Goal("ratio_c16", ">=", 1.0))
+# At 16 sessions (issue 31). The sequential goal is retired: even a Step that does nothing leaves the
+# two-plane turn below OpenEnv's one-message turn (docs/benchmarks.md); its ratio is still reported.
+GOALS = (Goal("ratio_c16", ">=", 1.5),)
 INSTALL_TIMEOUT_S = 900.0
 
 
