@@ -14,7 +14,7 @@ install works without it: calls then carry only `x-rlgate-trace-id`).
 from __future__ import annotations
 
 import contextlib
-import secrets
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,8 +29,8 @@ TRACE_HEADER = "x-rlgate-trace-id"
 
 def new_trace_id() -> str:
     """A random trace id: 32 hex digits, a valid W3C trace id."""
-    # 128 random bits straight from the OS (a uuid4 also builds an int and a UUID around them, per call).
-    return secrets.token_hex(16)
+    # 128 random bits from the OS as hex; a uuid4 would build an int and a UUID object around them per call.
+    return os.urandom(16).hex()
 
 
 def trace_metadata(trace_id: str | None) -> tuple[str, list[tuple[str, str]]]:

@@ -6,8 +6,8 @@ one logical RPC, fully built (where it goes, what it sends, how long it may take
 
 from __future__ import annotations
 
+import os
 import reprlib
-import secrets
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -29,7 +29,7 @@ M = TypeVar("M", bound=Message)
 
 def new_request_id() -> str:
     """A fresh request id (32 hex digits): every attempt of one call reuses it, so the server runs it once."""
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
