@@ -9,6 +9,7 @@ next RPC and answers it with `terminate`."""
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -169,6 +170,18 @@ def test_a_status_is_its_error_class_with_message_trace_and_details(
     assert type(err) is cls and err.code == code and err.trace_id == "trace-1"
     assert err.message == "Reset: what went wrong"
     assert err.rich_status is not None and err.rich_status.details[0].Unpack(error_details_pb2.ErrorInfo())
+
+
+@pytest.mark.parametrize("method", ["Reset", "Step", "CallTool"])
+def test_minted_ids_are_32_hex_digits_and_the_error_names_the_trace_id_sent(server: FakeServer, method: str) -> None:
+    make, service, _ = CALLS[method]
+    client = server.run(make(server.client(retry=RetryPolicy(max_attempts=1))))
+    rpc = server.take(service, method, client)
+    rpc.fail(grpc.StatusCode.NOT_FOUND, "gone")
+    err = error_of(client)
+    trace_id = rpc.metadata[TRACE_HEADER]
+    assert re.fullmatch("[0-9a-f]{32}", trace_id) and err.trace_id == trace_id
+    assert re.fullmatch("[0-9a-f]{32}", rpc.request.request_id)
 
 
 def test_details_whose_code_is_another_calls_are_ignored(server: FakeServer) -> None:

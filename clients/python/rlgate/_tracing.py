@@ -1,7 +1,7 @@
 """W3C trace context from the client, through OpenTelemetry when `opentelemetry-api` is installed (the base
 install works without it: calls then carry only `x-rlgate-trace-id`).
 
-- `trace_metadata`: one call's trace metadata. When an OpenTelemetry span is current, its W3C `traceparent`
+- `trace_metadata`: one call's trace id and metadata. When an OpenTelemetry span is current, its W3C `traceparent`
   (and `tracestate`) go with the call and its trace id is the call's `x-rlgate-trace-id`, so the services'
   log lines show the trace id of the trace.
 - `EpisodeTrace`: one trace per episode. An `Episode` starts a span "episode" (a child of the caller's
@@ -14,7 +14,7 @@ install works without it: calls then carry only `x-rlgate-trace-id`).
 from __future__ import annotations
 
 import contextlib
-import uuid
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,23 +29,27 @@ TRACE_HEADER = "x-rlgate-trace-id"
 
 def new_trace_id() -> str:
     """A random trace id: 32 hex digits, a valid W3C trace id."""
-    return uuid.uuid4().hex
+    # 128 random bits from the OS as hex; a uuid4 would build an int and a UUID object around them per call.
+    return os.urandom(16).hex()
 
 
-def trace_metadata(trace_id: str | None) -> list[tuple[str, str]]:
-    """`x-rlgate-trace-id` (`trace_id`, else a new one) and, when an OpenTelemetry span is current, its W3C
-    context; then the span's trace id is the call's trace id, whatever `trace_id` says."""
+def trace_metadata(trace_id: str | None) -> tuple[str, list[tuple[str, str]]]:
+    """One call's trace id and metadata: `x-rlgate-trace-id` (`trace_id`, else a new one) and, when an
+    OpenTelemetry span is current, its W3C context; then the span's trace id is the call's trace id, whatever
+    `trace_id` says."""
     if trace is not None:
         ctx = trace.get_current_span().get_span_context()
         if ctx.is_valid:
+            span_trace_id = f"{ctx.trace_id:032x}"
             metadata = [
-                (TRACE_HEADER, f"{ctx.trace_id:032x}"),
-                ("traceparent", f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"),
+                (TRACE_HEADER, span_trace_id),
+                ("traceparent", f"00-{span_trace_id}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"),
             ]
             if ctx.trace_state:
                 metadata.append(("tracestate", ctx.trace_state.to_header()))
-            return metadata
-    return [(TRACE_HEADER, trace_id or new_trace_id())]
+            return span_trace_id, metadata
+    trace_id = trace_id or new_trace_id()
+    return trace_id, [(TRACE_HEADER, trace_id)]
 
 
 class EpisodeTrace:

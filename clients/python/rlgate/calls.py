@@ -118,8 +118,7 @@ class Core(Generic[C]):
         return channels
 
     def retry_state(self, call: Call[C, Any]) -> RetryState:
-        trace_id = dict(call.metadata).get(TRACE_HEADER)
-        return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=trace_id)
+        return RetryState(method=call.method, policy=self.settings.retry, timeout=call.timeout, trace_id=call.trace_id)
 
     def _timeout(self, call: str, kind: str, given: float | None) -> float:
         default = float(getattr(self.settings.timeouts, kind))
@@ -140,11 +139,18 @@ class Core(Generic[C]):
 
     # -- orchestrator calls (API key as Bearer)
     def _orchestrator_call(
-        self, call: str, method: str, request: Any, trace_id: str | None, timeout: float | None, kind: str = "other"
+        self,
+        call: str,
+        method: str,
+        request: Any,
+        trace_id: str | None,
+        timeout: float | None,
+        kind: str = "other",
+        session_id: str = "",
     ) -> Call[C, Any]:
         optional_text(call, "trace_id", trace_id)
         deadline = self._timeout(call, kind, timeout)
-        metadata = trace_metadata(trace_id)
+        trace_id, metadata = trace_metadata(trace_id)
         if self.settings.api_key:
             metadata.append(("authorization", f"Bearer {self.settings.api_key}"))
         return Call(
@@ -154,6 +160,8 @@ class Core(Generic[C]):
             request,
             metadata,
             deadline,
+            trace_id,
+            session_id=session_id,
         )
 
     def reset(
@@ -203,9 +211,7 @@ class Core(Generic[C]):
             done=done,
             client_retries=self.take_retries(session_id) if isinstance(session_id, str) else 0,
         )
-        return replace(
-            self._orchestrator_call("step", "Step", request, trace_id, timeout, "step"), session_id=session_id
-        )
+        return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step", session_id)
 
     def state(
         self,
@@ -224,7 +230,7 @@ class Core(Generic[C]):
             tool_calls_page_size=page_size,
             tool_calls_page_token=page_token,
         )
-        return replace(self._orchestrator_call("state", "State", request, trace_id, timeout), session_id=session_id)
+        return self._orchestrator_call("state", "State", request, trace_id, timeout, session_id=session_id)
 
     def tool_calls(
         self, session_id: str, page_size: int, trace_id: str | None, timeout: float | None
@@ -304,7 +310,8 @@ class Core(Generic[C]):
             )
         optional_text(call, "gateway", gateway)
         optional_text(call, "trace_id", trace_id)
-        metadata = [*trace_metadata(trace_id), ("authorization", f"Bearer {agent_token}")]
+        trace_id, metadata = trace_metadata(trace_id)
+        metadata.append(("authorization", f"Bearer {agent_token}"))
         return Call(
             self.gateway(gateway),
             toolgateway_pb2_grpc.ToolGatewayServiceStub,
@@ -312,6 +319,7 @@ class Core(Generic[C]):
             request,
             metadata,
             timeout,
+            trace_id,
             session_id=_session_of_token(agent_token),
         )
 

@@ -81,7 +81,7 @@ class EpisodeSpec:
 
     def request_fields(self) -> dict[str, Any]:
         """The ResetRequest fields this spec sets (every field but the per-call request_id)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     def next_episode(self, session_id: str) -> EpisodeSpec:
         """The spec of the next episode of `session_id` (labels, run id and turn limit kept).
@@ -111,3 +111,7 @@ class EpisodeSpec:
         if spec is None:
             return cls(**fields)
         return dataclasses.replace(spec, **fields) if fields else spec
+
+
+# Read once: `dataclasses.fields` walks the class's fields afresh on every call, and every Reset reads them.
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(EpisodeSpec))

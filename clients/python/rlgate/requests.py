@@ -6,8 +6,8 @@ one logical RPC, fully built (where it goes, what it sends, how long it may take
 
 from __future__ import annotations
 
+import os
 import reprlib
-import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -29,7 +29,7 @@ M = TypeVar("M", bound=Message)
 
 def new_request_id() -> str:
     """A fresh request id (32 hex digits): every attempt of one call reuses it, so the server runs it once."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class Call(Generic[C, R]):
         request: the request message.
         metadata: the call's metadata (credentials, trace).
         timeout: the whole call's deadline in seconds, retries included.
+        trace_id: the call's `x-rlgate-trace-id` (the one in `metadata`), carried on the errors it raises.
         session_id: the session the call concerns ("" for none): its retries after UNAVAILABLE are reported
             on that session's next Step (`StepRequest.client_retries`).
         paging: for a call read page by page, how its pages chain (`next_page`).
@@ -71,6 +72,7 @@ class Call(Generic[C, R]):
     request: Any
     metadata: list[tuple[str, str]]
     timeout: float
+    trace_id: str
     session_id: str = ""
     paging: Paging | None = None
 

@@ -161,6 +161,9 @@ def ensure_finite(obj: Any, path: str = "$") -> None:
 # ---- JSON text: how rlgate carries JSON it passes on (see common.proto) ----------------------------------
 
 MAX_JSON_TEXT_DEPTH = 64  # objects/arrays inside each other in a JSON text rlgate parses
+# `json.dumps` with any non-default option builds a new encoder per call; this one is made once (it keeps no
+# state between calls).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def json_text(value: Any) -> str:
@@ -174,7 +177,7 @@ def json_text(value: Any) -> str:
     """
     _check_depth(value, "$", 1, MAX_JSON_TEXT_DEPTH)
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(value)
     except ValueError as exc:  # NaN / Infinity
         ensure_finite(value)
         raise InvalidJsonValue(str(exc)) from exc
