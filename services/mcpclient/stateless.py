@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import select
@@ -169,14 +170,23 @@ class StatelessCalls:
         slots: asyncio.Semaphore | None = None,
     ) -> mt.CallToolResult:
         """Call tool `name` within `timeout_s`, holding one of `slots` (the caller's bound on its calls in
-        flight) if given. `header_map`: the tool's `x-mcp-header` positions (`mcp.shared.inbound.
-        x_mcp_header_map` of its input schema). Raises CallNotSent, CallLost, CallTimedOut, CallRejected
-        (ReplyTooLarge among them)."""
+        flight) if given. `header_map`: the tool's `x-mcp-header` positions (`mcp.shared.inbound.x_mcp_header_map` of
+        its input schema). Raises CallNotSent, CallLost, CallTimedOut, CallRejected (ReplyTooLarge among
+        them)."""
         request_id, body, headers = request_for(era, name, arguments, header_map)
         progress = _Progress()
         try:
-            async with asyncio.timeout(timeout_s), _held(slots), self._post(url, body, headers, progress) as response:
-                return _result(await _reply(response, request_id, self._http.max_reply_bytes))
+            async with asyncio.timeout(timeout_s), slots if slots is not None else contextlib.nullcontext():
+                response = await self._session.post(
+                    url, data=body, headers=headers, allow_redirects=False, trace_request_ctx=progress
+                )
+                try:
+                    return _result(await _reply(response, request_id, self._http.max_reply_bytes))
+                finally:
+                    if response.content.at_eof():
+                        response.release()  # read whole: the connection goes back to the pool
+                    else:
+                        response.close()  # abandoned, cut off or failed: never reused
         except (aiohttp.ClientError, httpx2.SSEError, httpx2.StreamError, OSError) as exc:
             if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
                 # The call's deadline (aiohttp's own timeouts, connecting's, are ClientErrors).
@@ -184,31 +194,6 @@ class StatelessCalls:
             if not progress.sent:  # no connection, or it failed before the request's headers were written
                 raise CallNotSent(f"{url}: request not sent: {_describe(exc)}") from exc
             raise CallLost(f"{url}: connection lost during {name!r}: {_describe(exc)}") from exc
-
-    @contextlib.asynccontextmanager
-    async def _post(
-        self, url: str, body: bytes, headers: dict[str, str], progress: _Progress
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """The POST's response; on the way out a reply not read to its end closes its connection."""
-        response = await self._session.post(
-            url, data=body, headers=headers, allow_redirects=False, trace_request_ctx=progress
-        )
-        try:
-            yield response
-        finally:
-            if response.content.at_eof():
-                response.release()  # read whole: the connection goes back to the pool
-            else:
-                response.close()  # abandoned, cut off or failed: never reused
-
-
-@contextlib.asynccontextmanager
-async def _held(slots: asyncio.Semaphore | None) -> AsyncIterator[None]:
-    if slots is None:
-        yield
-        return
-    async with slots:
-        yield
 
 
 def request_for(
@@ -265,7 +250,7 @@ async def _reply(response: aiohttp.ClientResponse, request_id: int, limit: int) 
             status,
             headers={"content-type": content_type},
             stream=_Counted(response, limit),
-            request=httpx2.Request("POST", str(response.url)),  # EventSource names it in its errors
+            request=_named_request(str(response.url)),
         )
         async for event in httpx2.EventSource(events, max_event_size=None):
             if event.event != "message" or not event.data:
@@ -276,6 +261,13 @@ async def _reply(response: aiohttp.ClientResponse, request_id: int, limit: int) 
             # Anything else (progress, log notifications, server requests) has no reader in a forwarder.
         raise CallLost(f"{response.url}: connection lost: the SSE stream ended before the reply came")
     raise CallRejected(f"unexpected content type {content_type!r} in the tools/call reply", mt.INVALID_REQUEST)
+
+
+@functools.lru_cache(maxsize=1024)
+def _named_request(url: str) -> httpx2.Request:
+    """The request an SSE reply's EventSource names in its errors (it reads nothing else of it): one per URL,
+    shared by its calls, since building one parses the URL."""
+    return httpx2.Request("POST", url)
 
 
 async def _error_reply(response: aiohttp.ClientResponse, status: int, content_type: str, limit: int) -> dict[str, Any]:

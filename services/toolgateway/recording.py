@@ -44,8 +44,23 @@ def endpoint_label(url: str) -> str:
     return path.rsplit("/", 1)[-1] or "root"
 
 
+@functools.lru_cache(maxsize=64)
 def kind_name(kind: int) -> str:
+    """The error kind's name in the log and the metrics ("" for none): computed once per kind, since looking
+    names up on a protobuf enum goes through its Python wrapper."""
     return "" if kind == Kind.TOOL_ERROR_KIND_UNSPECIFIED else Kind.Name(kind).removeprefix("TOOL_ERROR_KIND_")
+
+
+# A labelled child per label values, looked up once: `labels()` converts and checks the values and takes the
+# metric's lock on every call. Bounded like `endpoint_label`; prometheus_client keeps every child anyway.
+@functools.lru_cache(maxsize=4096)
+def _calls_of(tool: str, endpoint: str, outcome: str) -> Any:
+    return _calls.labels(tool, endpoint, outcome)
+
+
+@functools.lru_cache(maxsize=4096)
+def _latency_of(tool: str, endpoint: str) -> Any:
+    return _latency.labels(tool, endpoint)
 
 
 class Recorder:
@@ -58,11 +73,11 @@ class Recorder:
     # -- metrics ------------------------------------------------------------------------------------------
     def count(self, tool: str, endpoint: str, outcome: str) -> None:
         label = tool if endpoint else UNKNOWN_LABEL
-        _calls.labels(label, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
+        _calls_of(label, endpoint_label(endpoint) if endpoint else "-", outcome).inc()
 
     def observe(self, tool: str, endpoint: str, seconds: float) -> None:
         """The latency of one upstream call."""
-        _latency.labels(tool, endpoint_label(endpoint)).observe(seconds)
+        _latency_of(tool, endpoint_label(endpoint)).observe(seconds)
 
     @staticmethod
     def outcome_unknown() -> None:
