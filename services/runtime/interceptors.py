@@ -31,7 +31,7 @@ import hmac
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeGuard, cast
 
@@ -56,7 +56,8 @@ Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 MethodHandler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 # What an interceptor is handed: the next one's handler, None for a method nobody serves.
 Continuation: TypeAlias = Callable[[grpc.HandlerCallDetails], Awaitable["MethodHandler | None"]]
-Metadata: TypeAlias = Sequence[tuple[str, str | bytes]]
+# A call's metadata (a tuple of pairs at run time; grpc's stubs type it as their own Metadata).
+Metadata: TypeAlias = Iterable[tuple[str, str | bytes]]
 # A layer's check of one call (its context and metadata): the status refusing it, or None to let it on.
 Guard: TypeAlias = Callable[[grpc.aio.ServicerContext, Metadata], "grpc.Status | None"]
 
