@@ -27,11 +27,13 @@ auth and the reply budget (`EXEMPT_PREFIXES`), so probes and grpcurl `list` work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextvars import Token
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeGuard, cast
 
@@ -162,87 +164,111 @@ class Pipeline(grpc.aio.ServerInterceptor):
         span_name = method.lstrip("/")
         span_attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
 
-        # The call's work, one coroutine: parsing, the guards, the handler and the layers' bookkeeping, the
-        # reply serialized (once: its size is what the reply budget counts), the status the caller saw.
-        async def answer(raw: Any, context: grpc.aio.ServicerContext, metadata: Metadata, trace: str) -> Any:
+        # The call, one coroutine: the caller's trace, parsing, the guards, the handler and the layers'
+        # bookkeeping, the reply serialized (once: its size is what the reply budget counts), the status the
+        # caller saw.
+        async def answer(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+            metadata = context.invocation_metadata() or ()
             start = time.perf_counter()
             code = "OK"
-            try:
+            with _CallerTrace(context, metadata, span_name, span_attributes) as trace:
                 try:
-                    request = parse(raw) if parse is not None else raw
-                except Exception as exc:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"request is not a valid message for {method} ({type(exc).__name__})",
-                    )
-                for guard in guards:
-                    if (refusal := guard(context, metadata)) is not None:
-                        await context.abort_with_status(refusal)
-                tokens = [layer.start(context) for layer in trackers]
-                try:
-                    response = await inner(request, context)
-                except asyncio.CancelledError:
+                    try:
+                        request = parse(raw) if parse is not None else raw
+                    except Exception as exc:
+                        await context.abort(
+                            grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request is not a valid message for {method} ({type(exc).__name__})",
+                        )
+                    for guard in guards:
+                        if (refusal := guard(context, metadata)) is not None:
+                            await context.abort_with_status(refusal)
+                    tokens = [layer.start(context) for layer in trackers]
+                    try:
+                        response = await inner(request, context)
+                    except asyncio.CancelledError:
+                        for layer, token in zip(trackers, tokens, strict=True):
+                            if (instead := layer.cancelled(token)) is not None:
+                                await context.abort_with_status(instead)
+                        raise
+                    finally:
+                        for layer, token in zip(trackers, tokens, strict=True):
+                            layer.finished(token)
+                    reply = serialize(response) if serialize is not None else response
                     for layer, token in zip(trackers, tokens, strict=True):
-                        if (instead := layer.cancelled(token)) is not None:
-                            await context.abort_with_status(instead)
+                        layer.answered(token, len(reply))
+                    code = ended_code(context) or "OK"  # an answer after the deadline is never sent
+                    return reply
+                except grpc.aio.AbortError:
+                    status = context.code()
+                    code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
+                    raise
+                except Exception as exc:
+                    if (ended := ended_code(context, exc)) is not None:  # the caller has its status: no bug, no answer
+                        code = ended
+                        log.info("%s ended %s before its handler: %s: %s", method, ended, type(exc).__name__, clip(exc))
+                        raise asyncio.CancelledError from exc  # grpc notes a cancelled handler at debug
+                    code = "INTERNAL"
+                    log.exception("unhandled error in %s", method)
+                    tracing.current_span().record_exception(exc)
+                    await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
+                except BaseException as exc:  # cancelled: the caller left, its deadline passed, or the server stops
+                    code = ended_code(context, exc) or "INTERNAL"
                     raise
                 finally:
-                    for layer, token in zip(trackers, tokens, strict=True):
-                        layer.finished(token)
-                reply = serialize(response) if serialize is not None else response
-                for layer, token in zip(trackers, tokens, strict=True):
-                    layer.answered(token, len(reply))
-                code = ended_code(context) or "OK"  # an answer after the deadline is never sent
-                return reply
-            except grpc.aio.AbortError:
-                status = context.code()
-                code = status.name if isinstance(status, grpc.StatusCode) else "UNKNOWN"
-                raise
-            except Exception as exc:
-                if (ended := ended_code(context, exc)) is not None:  # the caller has its status: no bug, no answer
-                    code = ended
-                    log.info("%s ended %s before its handler: %s: %s", method, ended, type(exc).__name__, clip(exc))
-                    raise asyncio.CancelledError from exc  # grpc notes a cancelled handler at debug
-                code = "INTERNAL"
-                log.exception("unhandled error in %s", method)
-                tracing.current_span().record_exception(exc)
-                await context.abort(grpc.StatusCode.INTERNAL, f"internal error (trace id {trace})")
-            except BaseException as exc:  # cancelled: the caller left, its deadline passed, or the server stops
-                code = ended_code(context, exc) or "INTERNAL"
-                raise
-            finally:
-                if observe is not None:
-                    observe(code, time.perf_counter() - start)
-
-        # The caller's trace around the call (a span only when tracing is on).
-        async def behaviour(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-            metadata = context.invocation_metadata() or ()
-            header, remote = tracing.incoming(metadata)
-            session_id_var.set("-")
-            if tracing.recording():
-                parent = remote.parent if remote is not None else None
-                with tracing.server_span(span_name, span_attributes, parent, header) as span:
-                    trace = remote.trace_id if remote else header or tracing.trace_id_of(span)
-                    trace_id_var.set(trace)
-                    if remote is None and header:
-                        span.set_attribute("rlgate.trace_id", header)
-                    try:
-                        return await answer(raw, context, metadata, trace)
-                    finally:
-                        tracing.end_rpc(span, context.code(), session_id_var.get())
-            if remote is None:  # nothing to pass on
-                trace = header or os.urandom(16).hex()
-                trace_id_var.set(trace)
-                return await answer(raw, context, metadata, trace)
-            trace_id_var.set(remote.trace_id)
-            token = otel_context.attach(remote.context)  # the mcp SDK and the transports pass it on
-            try:
-                return await answer(raw, context, metadata, remote.trace_id)
-            finally:
-                otel_context.detach(token)
+                    if observe is not None:
+                        observe(code, time.perf_counter() - start)
 
         # Bytes both ways: `answer` parses (grpc's own parsing would answer UNKNOWN) and serializes.
-        return grpc.unary_unary_rpc_method_handler(behaviour, request_deserializer=None, response_serializer=None)
+        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=None, response_serializer=None)
+
+
+class _CallerTrace:
+    """The caller's trace for the length of one call, a `with` block rather than a coroutine: on entry the
+    trace id (the caller's trace, else its `x-rlgate-trace-id`, else a new one) goes into the logging context
+    and, with tracing on, a SERVER span starts (`tracing.server_span`); else an arriving trace is attached,
+    for upstream calls to pass on. On exit the span gets the call's status and ends, or the trace is
+    detached."""
+
+    __slots__ = ("attributes", "context", "metadata", "name", "span", "spanning", "token")
+
+    def __init__(
+        self, context: grpc.aio.ServicerContext, metadata: Metadata, name: str, attributes: dict[str, Any]
+    ) -> None:
+        self.context = context
+        self.metadata = metadata
+        self.name = name
+        self.attributes = attributes
+        self.spanning: contextlib.AbstractContextManager[Any] | None = None
+        self.span: Any = None
+        self.token: Token[otel_context.Context] | None = None
+
+    def __enter__(self) -> str:
+        header, remote = tracing.incoming(self.metadata)
+        session_id_var.set("-")
+        if tracing.recording():
+            parent = remote.parent if remote is not None else None
+            self.spanning = tracing.server_span(self.name, self.attributes, parent, header)
+            span = self.span = self.spanning.__enter__()
+            trace = remote.trace_id if remote else header or tracing.trace_id_of(span)
+            if remote is None and header:
+                span.set_attribute("rlgate.trace_id", header)
+        elif remote is None:  # nothing to pass on
+            trace = header or os.urandom(16).hex()
+        else:
+            trace = remote.trace_id
+            self.token = otel_context.attach(remote.context)  # the mcp SDK and the transports pass it on
+        trace_id_var.set(trace)
+        return trace
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.spanning is not None:
+            try:
+                tracing.end_rpc(self.span, self.context.code(), session_id_var.get())
+            finally:
+                self.spanning.__exit__(*exc)
+        elif self.token is not None:
+            otel_context.detach(self.token)
 
 
 def refused_stream(method: str, handler: MethodHandler) -> MethodHandler:
