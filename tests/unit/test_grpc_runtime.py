@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rlgate.runtime import eventloop
 from rlgate.runtime.auth import mint_agent_token
 from rlgate.runtime.grpc_server import start_server, watch_dependency
-from rlgate.runtime.interceptors import ApiKeys, Pipeline, ReplyBudget, RpcMetrics
+from rlgate.runtime.interceptors import MAX_BUILT_METHODS, ApiKeys, Pipeline, ReplyBudget, RpcMetrics
 from rlgate.runtime.logs import trace_id_var
 from rlgate.store import StoreFull
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
@@ -329,3 +329,22 @@ def test_services_run_on_uvloop_and_leave_nothing_running() -> None:
     assert issubclass(loop_type, uvloop.Loop)
     assert status == health_pb2.HealthCheckResponse.SERVING
     assert leftovers[0].cancelled()
+
+
+async def test_methods_nobody_serves_cannot_grow_the_pipeline() -> None:
+    """Each method nobody serves is answered UNIMPLEMENTED by a new handler; the behaviours a pipeline keeps
+    stay bounded (MAX_BUILT_METHODS) however many such names a caller sends, and the served methods still
+    answer."""
+    pipeline = Pipeline()
+    running = await start_server("127.0.0.1:0", _register, interceptors=[pipeline])
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            for i in range(MAX_BUILT_METHODS + 20):
+                unknown: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/nobody.Serves/M{i}")
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unknown(b"", timeout=5)
+                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            await stub_list_tools(channel)
+        assert len(pipeline._built) <= MAX_BUILT_METHODS
+    finally:
+        await running.shutdown(grace=0)
