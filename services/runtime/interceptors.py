@@ -20,8 +20,8 @@ connection's unread replies, readiness, draining) inside that behaviour, in one 
 
 rlgate's services are unary only; what a pipeline composes is a unary-unary handler, and a handler of
 another kind is refused (UNIMPLEMENTED, and an error in the log) rather than passed on unchecked. Health's
-and reflection's streams are the exception: they pass through untouched. Both services are exempt from
-auth and the reply budget (`EXEMPT_PREFIXES`), so probes and grpcurl `list` work.
+and reflection's streams are the exception: they pass through untouched. Health and reflection
+(`EXEMPT_PREFIXES`) are exempt from auth and the reply budget, so probes and grpcurl `list` work.
 """
 
 from __future__ import annotations
