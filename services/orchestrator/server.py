@@ -29,14 +29,13 @@ from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import is_loopback, redacted, split_host_port
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.interceptors import (
-    ApiKeyInterceptor,
-    ContextInterceptor,
-    Continuation,
-    Handler,
-    MethodHandler,
-    MetricsInterceptor,
-    ReplyBudgetInterceptor,
-    wrap_behaviour,
+    ApiKeys,
+    Guard,
+    Layer,
+    Metadata,
+    Pipeline,
+    ReplyBudget,
+    RpcMetrics,
 )
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
@@ -64,36 +63,34 @@ def check_listen(config: OrchestratorConfig) -> None:
         )
 
 
-class ReadinessInterceptor(grpc.aio.ServerInterceptor):
+# What a drained replica answers: new RPCs, and those still running when the drain cuts them.
+SHUTTING_DOWN = Unavailable(
+    "the orchestrator is shutting down; retry on another replica", reason="SHUTTING_DOWN", retry_after_s=0.2
+).to_grpc_status()
+
+
+class Readiness(Layer):
     """Task-dependent RPCs answer UNAVAILABLE (reason TASKS_NOT_LOADED, RetryInfo) until `ready()`."""
 
     def __init__(self, ready: Callable[[], bool]) -> None:
         self._ready = ready
+        self._refusal = Unavailable(
+            "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0
+        ).to_grpc_status()
 
-    async def intercept_service(
-        self,
-        continuation: Continuation,
-        details: grpc.HandlerCallDetails,
-    ) -> MethodHandler | None:
-        handler = await continuation(details)
-        if self._ready() or details.method not in TASK_DEPENDENT or handler is None:
-            return handler
+    def guard(self, method: str) -> Guard | None:
+        return self._check if method in TASK_DEPENDENT else None
 
-        async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await context.abort_with_status(
-                Unavailable(
-                    "tasks not loaded yet; retry", reason="TASKS_NOT_LOADED", retry_after_s=2.0
-                ).to_grpc_status()
-            )
-
-        return wrap_behaviour(handler, lambda _inner: refuse)
+    def _check(self, _context: grpc.aio.ServicerContext, _metadata: Metadata) -> grpc.Status | None:
+        return None if self._ready() else self._refusal
 
 
-class DrainInterceptor(grpc.aio.ServerInterceptor):
+class Drain(Layer):
     """Tracks the RPCs in flight. Once `draining()`, every new RPC is answered UNAVAILABLE (reason
     SHUTTING_DOWN, RetryInfo) so its client retries on another replica; `idle()` waits for the ones admitted
     before, and `cut()` answers those still running the same way (their work is cancelled: a Reset releases
-    what it made, an ending Step's record stays PENDING for another replica to take over)."""
+    what it made, an ending Step's record stays PENDING for another replica to take over). The
+    orchestrator's methods only: health and reflection answer throughout."""
 
     def __init__(self, draining: Callable[[], bool]) -> None:
         self._draining = draining
@@ -101,7 +98,6 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
         self._idle = asyncio.Event()
         self._idle.set()
         self._cut = False
-        self._wrapped: dict[str, tuple[MethodHandler, MethodHandler | None]] = {}
 
     async def idle(self) -> None:
         await self._idle.wait()
@@ -113,51 +109,32 @@ class DrainInterceptor(grpc.aio.ServerInterceptor):
             task.cancel()
         return len(self._calls)
 
-    async def intercept_service(
-        self,
-        continuation: Continuation,
-        details: grpc.HandlerCallDetails,
-    ) -> MethodHandler | None:
-        handler = await continuation(details)
-        if handler is None or not details.method.startswith(f"/{SERVICE_NAME}/"):
-            return handler  # health and reflection answer throughout
-        if self._draining():
-            return wrap_behaviour(handler, lambda _inner: _refuse_draining)
-        cached = self._wrapped.get(details.method)
-        if cached is None or cached[0] is not handler:
-            cached = self._wrapped[details.method] = (handler, wrap_behaviour(handler, self._tracked))
-        return cached[1]
+    def guard(self, method: str) -> Guard | None:
+        return self._check if method.startswith(f"/{SERVICE_NAME}/") else None
 
-    def _tracked(self, inner: Handler) -> Handler:
-        async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            task = asyncio.current_task()
-            assert task is not None
-            self._calls.add(task)
-            self._idle.clear()
-            try:
-                return await inner(request, context)
-            except asyncio.CancelledError:
-                if not self._cut:
-                    raise  # the caller went away, or the server is stopping
-                task.uncancel()  # cut by the drain: answered, not cancelled
-                await _refuse_draining(request, context)
-                raise
-            finally:
-                self._calls.discard(task)
-                if not self._calls:
-                    self._idle.set()
+    def _check(self, _context: grpc.aio.ServicerContext, _metadata: Metadata) -> grpc.Status | None:
+        return SHUTTING_DOWN if self._draining() else None
 
-        return behaviour
+    def tracks(self, method: str) -> bool:
+        return method.startswith(f"/{SERVICE_NAME}/")
 
+    def start(self, context: grpc.aio.ServicerContext) -> asyncio.Task[Any]:
+        task = asyncio.current_task()
+        assert task is not None
+        self._calls.add(task)
+        self._idle.clear()
+        return task
 
-async def _refuse_draining(_request: Any, context: grpc.aio.ServicerContext) -> Any:
-    await context.abort_with_status(
-        Unavailable(
-            "the orchestrator is shutting down; retry on another replica",
-            reason="SHUTTING_DOWN",
-            retry_after_s=0.2,
-        ).to_grpc_status()
-    )
+    def cancelled(self, token: asyncio.Task[Any]) -> grpc.Status | None:
+        if not self._cut:
+            return None  # the caller went away, or the server is stopping
+        token.uncancel()  # cut by the drain: answered, not cancelled
+        return SHUTTING_DOWN
+
+    def finished(self, token: asyncio.Task[Any]) -> None:
+        self._calls.discard(token)
+        if not self._calls:
+            self._idle.set()
 
 
 async def _serve_when_ready(orchestrator: Orchestrator, server: RunningServer) -> None:
@@ -175,7 +152,7 @@ class OrchestratorHandle:
     config: OrchestratorConfig
     server: RunningServer
     orchestrator: Orchestrator
-    gate: DrainInterceptor
+    gate: Drain
     readiness: asyncio.Task[None] | None = field(default=None, repr=False)
     store_health: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -215,16 +192,14 @@ class OrchestratorHandle:
 
 
 def interceptors(
-    config: OrchestratorConfig, ready: Callable[[], bool] = lambda: True, gate: DrainInterceptor | None = None
+    config: OrchestratorConfig, ready: Callable[[], bool] = lambda: True, gate: Drain | None = None
 ) -> Sequence[grpc.aio.ServerInterceptor]:
-    return [
-        ContextInterceptor(),
-        MetricsInterceptor("orchestrator"),
-        ReplyBudgetInterceptor(),
-        ApiKeyInterceptor(config.api_keys),
-        *([gate] if gate is not None else []),
-        ReadinessInterceptor(ready),
-    ]
+    """The orchestrator's one interceptor: its RPCs' concerns in order (the first refusal answers a call)."""
+    layers: list[Layer] = [ReplyBudget(), ApiKeys(config.api_keys)]
+    if gate is not None:
+        layers.append(gate)
+    layers.append(Readiness(ready))
+    return [Pipeline(*layers, metrics=RpcMetrics("orchestrator"))]
 
 
 async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | None = None) -> OrchestratorHandle:
@@ -233,7 +208,7 @@ async def start_orchestrator(config: OrchestratorConfig, store: SessionStore | N
     check_listen(config)
     orchestrator = await Orchestrator.create(config, store)
     config = orchestrator.config  # the run id resolved
-    gate = DrainInterceptor(lambda: orchestrator.draining)
+    gate = Drain(lambda: orchestrator.draining)
     try:
         await orchestrator.start()
 

@@ -15,7 +15,7 @@ from rlgate.runtime import eventloop, tracing
 from rlgate.runtime.config import redacted
 from rlgate.runtime.grpc_server import RunningServer, serve_until_signal, start_server, watch_dependency
 from rlgate.runtime.identity import process_identity
-from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor, ReplyBudgetInterceptor
+from rlgate.runtime.interceptors import Pipeline, ReplyBudget, RpcMetrics
 from rlgate.runtime.logs import setup_logging
 from rlgate.runtime.metrics import serve_metrics
 from rlgate.runtime.settings import default_store_url
@@ -123,7 +123,7 @@ async def start_gateway(config: GatewayConfig, store: SessionStore | None = None
         running = await start_server(
             config.listen,
             register,
-            interceptors=[ContextInterceptor(), MetricsInterceptor("toolgateway"), ReplyBudgetInterceptor()],
+            interceptors=[Pipeline(ReplyBudget(), metrics=RpcMetrics("toolgateway"))],
             tls_cert=config.tls_cert,
             tls_key=config.tls_key,
             plane="the toolgateway",

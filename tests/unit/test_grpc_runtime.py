@@ -19,13 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rlgate.runtime import eventloop
 from rlgate.runtime.auth import mint_agent_token
 from rlgate.runtime.grpc_server import start_server, watch_dependency
-from rlgate.runtime.interceptors import (
-    ApiKeyInterceptor,
-    ContextInterceptor,
-    MetricsInterceptor,
-    ReplyBudgetInterceptor,
-    wrap_behaviour,
-)
+from rlgate.runtime.interceptors import MAX_BUILT_METHODS, ApiKeys, Pipeline, ReplyBudget, RpcMetrics
 from rlgate.runtime.logs import trace_id_var
 from rlgate.store import StoreFull
 from rlgate.v1 import toolgateway_pb2, toolgateway_pb2_grpc
@@ -59,7 +53,7 @@ async def _health(channel: grpc.aio.Channel) -> int:
 
 
 async def test_health_serving_then_not_serving_during_drain() -> None:
-    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline()])
     seen_during_drain: list[int] = []
     async with grpc.aio.insecure_channel(running.address) as channel:
         assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
@@ -73,9 +67,7 @@ async def test_health_serving_then_not_serving_during_drain() -> None:
 
 async def test_reflection_lists_services() -> None:
     # Through the interceptors a server runs with: reflection's stream passes them, and needs no API key.
-    running = await start_server(
-        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(["k-123"])]
-    )
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline(ApiKeys(["k-123"]))])
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             # types-grpcio-reflection: the stub takes a blocking channel only, its method is binascii.Incomplete.
@@ -93,9 +85,7 @@ async def test_reflection_lists_services() -> None:
 
 
 async def test_api_keys_and_trace_ids(caplog: pytest.LogCaptureFixture) -> None:
-    running = await start_server(
-        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(["k-123"])]
-    )
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline(ApiKeys(["k-123"]))])
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
@@ -129,7 +119,7 @@ async def test_api_keys_and_trace_ids(caplog: pytest.LogCaptureFixture) -> None:
 
 @pytest.mark.parametrize("keys", [[], ["k-123"]])
 async def test_an_agent_token_never_reaches_the_orchestration_plane(keys: list[str]) -> None:
-    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor(), ApiKeyInterceptor(keys)])
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline(ApiKeys(keys))])
     agent_token = mint_agent_token("s-1")
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
@@ -158,7 +148,7 @@ async def test_unbindable_address_is_an_error() -> None:
 
 
 async def test_bytes_that_are_not_a_request_are_invalid_argument() -> None:
-    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline()])
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
@@ -173,7 +163,7 @@ async def test_bytes_that_are_not_a_request_are_invalid_argument() -> None:
 
 
 async def test_internal_errors_carry_the_callers_trace_id() -> None:
-    running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline()])
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             stub = toolgateway_pb2_grpc.ToolGatewayServiceStub(channel)
@@ -191,9 +181,7 @@ async def test_metrics_count_each_rpc_by_method_and_code() -> None:
     from prometheus_client import REGISTRY
 
     service = f"runtime-test-{uuid.uuid4().hex[:8]}"
-    running = await start_server(
-        "127.0.0.1:0", _register, interceptors=[ContextInterceptor(), MetricsInterceptor(service)]
-    )
+    running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline(metrics=RpcMetrics(service))])
 
     def count(method: str, code: str) -> float:
         labels = {"service": service, "method": method, "code": code}
@@ -211,31 +199,20 @@ async def test_metrics_count_each_rpc_by_method_and_code() -> None:
         await running.shutdown(grace=0)
 
 
-def test_only_unary_handlers_are_wrapped() -> None:
-    """A check added by wrapping (API key, readiness) cannot be skipped by a handler of another kind: such
-    a handler is refused (None: UNIMPLEMENTED), since rlgate serves unary RPCs only."""
-
-    async def behaviour(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return request
-
-    unary: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(behaviour)
-    wrapped = wrap_behaviour(unary, lambda inner: inner)
-    assert wrapped is not None and wrapped.unary_unary is behaviour
-    stream: grpc.RpcMethodHandler[bytes, bytes] = grpc.stream_stream_rpc_method_handler(behaviour)
-    assert wrap_behaviour(stream, lambda inner: inner) is None
-    assert wrap_behaviour(None, lambda inner: inner) is None
-
-
 @pytest.mark.parametrize(
     "interceptor",
-    [ContextInterceptor, lambda: MetricsInterceptor(f"stream-probe-{uuid.uuid4().hex[:8]}"), ReplyBudgetInterceptor],
-    ids=["context", "metrics", "reply-budget"],
+    [
+        Pipeline,
+        lambda: Pipeline(metrics=RpcMetrics(f"stream-probe-{uuid.uuid4().hex[:8]}")),
+        lambda: Pipeline(ReplyBudget(), ApiKeys([])),
+    ],
+    ids=["bare", "metrics", "layers"],
 )
 async def test_a_streaming_rlgate_method_is_refused(
     interceptor: Callable[[], grpc.aio.ServerInterceptor], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Each per-method interceptor, alone, refuses a stream it cannot wrap (UNIMPLEMENTED, and an error in
-    the log naming the method) instead of passing it on unchecked; health's stream still passes."""
+    """A pipeline, whatever its layers, refuses a stream it cannot check (UNIMPLEMENTED, and an error in the
+    log naming the method) instead of passing it on unchecked; health's stream still passes."""
     ran: list[str] = []
 
     async def watch(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -330,7 +307,7 @@ def test_services_run_on_uvloop_and_leave_nothing_running() -> None:
 
     async def main() -> tuple[type[asyncio.AbstractEventLoop], int]:
         leftovers.append(asyncio.create_task(asyncio.sleep(3600)))
-        running = await start_server("127.0.0.1:0", _register, interceptors=[ContextInterceptor()])
+        running = await start_server("127.0.0.1:0", _register, interceptors=[Pipeline()])
         try:
             async with grpc.aio.insecure_channel(running.address) as channel:
                 status = await _health(channel)
@@ -352,3 +329,22 @@ def test_services_run_on_uvloop_and_leave_nothing_running() -> None:
     assert issubclass(loop_type, uvloop.Loop)
     assert status == health_pb2.HealthCheckResponse.SERVING
     assert leftovers[0].cancelled()
+
+
+async def test_methods_nobody_serves_cannot_grow_the_pipeline() -> None:
+    """Each method nobody serves is answered UNIMPLEMENTED by a new handler; the behaviours a pipeline keeps
+    stay bounded (MAX_BUILT_METHODS) however many such names a caller sends, and the served methods still
+    answer."""
+    pipeline = Pipeline()
+    running = await start_server("127.0.0.1:0", _register, interceptors=[pipeline])
+    try:
+        async with grpc.aio.insecure_channel(running.address) as channel:
+            for i in range(MAX_BUILT_METHODS + 20):
+                unknown: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/nobody.Serves/M{i}")
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await unknown(b"", timeout=5)
+                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            await stub_list_tools(channel)
+        assert len(pipeline._built) <= MAX_BUILT_METHODS
+    finally:
+        await running.shutdown(grace=0)

@@ -3,7 +3,7 @@ caller left is DEADLINE_EXCEEDED / CANCELLED (never INTERNAL, never a traceback)
 at the deadline, answering after it (an abort that cannot be sent, a late return, an exception), or cut off
 by the caller. A bug while the RPC is live stays INTERNAL with its traceback.
 
-A real grpc.aio server on loopback with `ContextInterceptor` and `MetricsInterceptor` around one raw-bytes
+A real grpc.aio server on loopback with a `Pipeline` counting in `RpcMetrics` around one raw-bytes
 method whose request names what the handler does."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from rlgate.runtime.interceptors import ContextInterceptor, MetricsInterceptor
+from rlgate.runtime.interceptors import Pipeline, RpcMetrics
 
 DEADLINE_S = 0.3
 LATE_S = 0.6  # past the deadline
@@ -80,7 +80,7 @@ class Server:
 async def server() -> AsyncIterator[Server]:
     service = f"statuses-{uuid.uuid4().hex[:8]}"  # metrics of this test only
     handler = Handler()
-    aio = grpc.aio.server(interceptors=[ContextInterceptor(), MetricsInterceptor(service)])
+    aio = grpc.aio.server(interceptors=[Pipeline(metrics=RpcMetrics(service))])
     method: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(handler)
     aio.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.S", {"M": method})])
     port = aio.add_insecure_port("127.0.0.1:0")

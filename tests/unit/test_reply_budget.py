@@ -1,8 +1,8 @@
-"""The reply budget per connection (`ReplyBudgetInterceptor`): a reply is counted from the handler's return
+"""The reply budget per connection (`ReplyBudget`): a reply is counted from the handler's return
 until its RPC ends, whether the client reads it or goes away without reading; a connection at the budget is
 refused before any work (RESOURCE_EXHAUSTED, RetryInfo), others are served; no entry is left per peer.
 
-A real grpc.aio server on loopback with the interceptors both servers use, one method whose request says how
+A real grpc.aio server on loopback with the pipeline both servers use, one method whose request says how
 many bytes to answer, and two clients: grpc's own (it reads) and a raw HTTP/2 connection (`h2`) that never
 acknowledges a byte of DATA."""
 
@@ -26,9 +26,9 @@ from google.rpc import error_details_pb2, status_pb2
 from rlgate.runtime.interceptors import (
     REPLY_BUDGET_BYTES,
     RETRY_AFTER_S,
-    ContextInterceptor,
-    MetricsInterceptor,
-    ReplyBudgetInterceptor,
+    Pipeline,
+    ReplyBudget,
+    RpcMetrics,
 )
 from tests.support.wait import wait_until
 from tests.unit.test_interceptor_statuses import counts
@@ -54,7 +54,7 @@ class Handler:
 
 
 class Server:
-    def __init__(self, budget: ReplyBudgetInterceptor, handler: Handler, address: str) -> None:
+    def __init__(self, budget: ReplyBudget, handler: Handler, address: str) -> None:
         self.budget = budget
         self.handler = handler
         self.address = address
@@ -66,9 +66,9 @@ class Server:
 
 
 async def serve(budget: int) -> tuple[grpc.aio.Server, Server]:
-    interceptor = ReplyBudgetInterceptor(budget)
+    layer = ReplyBudget(budget)
     handler = Handler()
-    aio = grpc.aio.server(interceptors=[ContextInterceptor(), MetricsInterceptor("reply-budget"), interceptor])
+    aio = grpc.aio.server(interceptors=[Pipeline(layer, metrics=RpcMetrics("reply-budget"))])
     method: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
         handler,
         request_deserializer=wrappers_pb2.UInt64Value.FromString,
@@ -77,7 +77,7 @@ async def serve(budget: int) -> tuple[grpc.aio.Server, Server]:
     aio.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.S", {"M": method})])
     port = aio.add_insecure_port("127.0.0.1:0")
     await aio.start()
-    return aio, Server(interceptor, handler, f"127.0.0.1:{port}")
+    return aio, Server(layer, handler, f"127.0.0.1:{port}")
 
 
 @pytest.fixture
