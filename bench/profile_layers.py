@@ -55,7 +55,7 @@ CONTEXT_LAYERS = (
         ),
     ),
     ("store calls + worker thread (apsw)", re.compile(r"store/|\(apsw|_worker\.py|ledger/")),
-    ("auth + token lookup", re.compile(r"runtime/auth\.py|toolgateway/auth\.py|ApiKeyInterceptor")),
+    ("auth + token lookup", re.compile(r"runtime/auth\.py|toolgateway/auth\.py|ApiKeys")),
 )
 # Checked from the leaf up; a sample belongs to the first layer one of its frames matches.
 LEAF_LAYERS = (

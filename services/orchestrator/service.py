@@ -43,7 +43,7 @@ IN_FLIGHT_SHARE = 0.75  # of drain_s, for in-flight RPCs and endings; the rest c
 
 
 class InFlight(Protocol):
-    """The server's view of its RPCs in flight (`server.DrainInterceptor`)."""
+    """The server's view of its RPCs in flight (`server.Drain`)."""
 
     async def idle(self) -> None:
         """Until no RPC is in flight."""

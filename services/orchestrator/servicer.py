@@ -64,7 +64,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
         """Whose request ids these are: the hash of the API key that authenticated the call (the
-        ApiKeyInterceptor checked it), or "" when no keys are configured (one anonymous caller)."""
+        the ApiKeys layer checked it), or "" when no keys are configured (one anonymous caller)."""
         if not self._config.api_keys:
             return ""
         key = bearer_token(context.invocation_metadata())

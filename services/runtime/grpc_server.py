@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 # Every per-connection resource has a bound, so no client (hostile or just stuck) can take a server down:
 # - streams: at most MAX_STREAMS_PER_CONNECTION calls in flight per connection (a client with more queues
 #   them itself); what a client that never reads its replies can make the server hold for it is bounded
-#   by the reply budget (`interceptors.ReplyBudgetInterceptor`: new calls refused past it);
+#   by the reply budget (`interceptors.ReplyBudget`: new calls refused past it);
 # - connections: a TCP connection that has not finished the HTTP/2 handshake within 10 s is dropped, an
 #   idle one after 5 minutes, and past `max_connections()` new ones are refused, which leaves file
 #   descriptors for the store, upstream calls and a health probe;

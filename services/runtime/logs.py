@@ -1,7 +1,7 @@
 """Structured logging with a per-request trace id and session id carried in context variables.
 
 Every log line written while serving an RPC carries the RPC's trace id and, once known, the session id.
-`ContextInterceptor` sets the trace id: the trace-id of the caller's W3C `traceparent`, else its
+`Pipeline` sets the trace id: the trace-id of the caller's W3C `traceparent`, else its
 `x-rlgate-trace-id`, else the new trace's (tracing on) or a random one, so a line's trace id finds the
 RPC's spans (rlgate.runtime.tracing). Secrets never reach logs: configs are logged through `config.redacted`,
 and a URL in a message or a traceback is written without its userinfo and query (`redact.redact_urls`).

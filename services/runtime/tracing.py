@@ -1,7 +1,7 @@
 """OpenTelemetry for both services: W3C trace context in, spans around the work, the context out to every
 upstream (MCP calls, Fleet's HTTP API).
 
-- In: `ContextInterceptor` reads `traceparent` / `tracestate` from a call's metadata (`incoming`). With a
+- In: `Pipeline` (its caller-trace step) reads `traceparent` / `tracestate` from a call's metadata (`incoming`). With a
   valid `traceparent`, its trace id is the trace id of the call's log lines; a caller that sends only
   `x-rlgate-trace-id` keeps it in the logs, and when that id is hex (at most 32 digits) a recording
   service's spans for the call carry it as their trace id (`CallerTraceIds`), so logs and traces agree.
