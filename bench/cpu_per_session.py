@@ -90,14 +90,8 @@ async def scale_stack(ctx: BenchContext, n: int) -> AsyncIterator[ScaleStack]:
         rl = await ctx.stack(
             "cpu",
             gateway_workers=GATEWAY_WORKERS,
-            orchestrator_args=[
-                "--provider",
-                "mcp",
-                "--mcp-envs",
-                f"{ENV_KEY}=http://127.0.0.1:{port}/mcp",
-                "--max-sessions",
-                str(4 * n),
-            ],
+            mcp_envs=[f"{ENV_KEY}=http://127.0.0.1:{port}/mcp"],  # the mcp provider: no localfleet runs
+            orchestrator_args=["--max-sessions", str(4 * n)],
         )
         client = await stack.enter_async_context(AsyncClient(rl.orchestrator_address))
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(f"127.0.0.1:{echo_port}"))

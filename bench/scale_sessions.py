@@ -293,14 +293,8 @@ async def measure(
             rl = await ctx.stack(
                 "scale",
                 gateway_workers=GATEWAY_WORKERS,
-                orchestrator_args=[
-                    "--provider",
-                    "mcp",
-                    "--mcp-envs",
-                    f"{ENV_KEY}={upstream_url}",
-                    "--max-sessions",
-                    str(2 * max_n),
-                ],
+                mcp_envs=[f"{ENV_KEY}={upstream_url}"],  # the mcp provider: no localfleet runs
+                orchestrator_args=["--max-sessions", str(2 * max_n)],
             )
             client = await stack.enter_async_context(AsyncClient(rl.orchestrator_address))
             # Channels connected and first-use costs paid before the first timed batch.
