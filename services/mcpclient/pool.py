@@ -28,7 +28,7 @@ import httpx2
 
 from rlgate.mcpclient.errors import CallNotSent
 from rlgate.mcpclient.link import Link, ToolListInterner
-from rlgate.mcpclient.session import SessionCatalog, SessionUpstreams
+from rlgate.mcpclient.session import SessionUpstreams
 from rlgate.mcpclient.stateless import StatelessCalls
 from rlgate.mcpclient.transport import HttpSettings
 
@@ -41,7 +41,6 @@ JANITOR_BATCH = 500  # sessions one store call of the janitor asks about
 IDLE_BACKOFF = 8.0
 OpenOf = Callable[[list[str]], Awaitable[set[str]]]  # which of these sessions are open (one store call)
 ERAS_KEPT = 4096  # URLs whose era is remembered (least recently used forgotten first)
-CATALOGS_KEPT = 1024  # session catalogs kept for sessions to share (least recently used forgotten first)
 
 
 @dataclass
@@ -78,8 +77,6 @@ class UpstreamPool:
         )
         self._common_http = dataclasses.replace(http, limits=limits)
         self._calls: StatelessCalls | None = None  # 2026-07-28 calls, opened on the first
-        # key -> (the listings it was built from, the catalog): see `shared_catalog`.
-        self._catalogs: OrderedDict[tuple[Any, ...], tuple[tuple[object, ...], SessionCatalog]] = OrderedDict()
 
     def stateless_calls(self) -> StatelessCalls:
         """The connection pool of every 2026-07-28 call of this process."""
@@ -88,23 +85,6 @@ class UpstreamPool:
         if self._calls is None:
             self._calls = StatelessCalls(self.settings.http)
         return self._calls
-
-    def shared_catalog(
-        self, key: tuple[Any, ...], listings: Sequence[object], build: Callable[[], SessionCatalog]
-    ) -> SessionCatalog:
-        """The session catalog `key` names (endpoints, filter, and the listings by identity), built once:
-        sessions on one URL (its common link's listing) under one filter share it instead of each building
-        its own union, filtered view and wire specs."""
-        found = self._catalogs.get(key)
-        if found is not None:
-            self._catalogs.move_to_end(key)
-            return found[1]
-        cat = build()
-        # The listings (not the errors, whose tracebacks hold frames) keep the ids in the key from being reused.
-        self._catalogs[key] = (tuple(res for res in listings if isinstance(res, list)), cat)
-        while len(self._catalogs) > CATALOGS_KEPT:
-            self._catalogs.popitem(last=False)
-        return cat
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         if self._closed:

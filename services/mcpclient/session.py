@@ -57,11 +57,15 @@ class SessionUpstreams:
         self.session_id = session_id
         self.endpoints = tuple(endpoints)
         self.clients = {url: EndpointClient(url, pool) for url in self.endpoints}
-        self._pool = pool
         self.last_used = time.monotonic()
         self.confirmed_at = time.monotonic()  # last time an RPC or the janitor saw the session open
         self.last_forced_refresh = 0.0
         self.in_flight = 0  # calls running now: a long call keeps the session from idling out
+        # The last catalog and what it was built from (the endpoints' cached lists, by identity, and the
+        # filter): a call rebuilds nothing while the lists and the filter are unchanged.
+        self._memo_key: tuple[Any, ...] = ()
+        self._memo_lists: tuple[object, ...] = ()
+        self._memo: SessionCatalog | None = None
 
     def cached_catalog(self, tool_filter: Mapping[str, Any] | None = None, modality: str = "") -> SessionCatalog | None:
         """The catalog from every endpoint's fresh cached listing, or None when one must be listed."""
@@ -88,17 +92,18 @@ class SessionUpstreams:
         return self._adopt(results, tool_filter, modality)
 
     def _adopt(self, results: Sequence[object], tool_filter: Mapping[str, Any] | None, modality: str) -> SessionCatalog:
-        """The catalog of these listings under the session's filter: built once for every session with the
-        same endpoints, listings (by identity: a common link's, or an endpoint's cache) and filter, and
-        kept by the pool (`UpstreamPool.shared_catalog`)."""
-        key: list[Any] = [self.endpoints, repr(tool_filter), modality]
+        key: list[Any] = [repr(tool_filter), modality]
         for res in results:
             if isinstance(res, BaseException) and not isinstance(res, Exception):
                 raise res
             key.append(id(res) if isinstance(res, list) else (type(res).__name__, str(res)))
-        cat = self._pool.shared_catalog(tuple(key), results, lambda: self._build(results, tool_filter, modality))
-        self._retire_unused(cat)
-        return cat
+        memo = self._memo
+        if memo is None or tuple(key) != self._memo_key:
+            memo = self._memo = self._build(results, tool_filter, modality)
+            self._memo_key = tuple(key)
+            self._memo_lists = tuple(results)  # keeps the ids in the key from being reused
+        self._retire_unused(memo)
+        return memo
 
     def _build(self, results: Sequence[object], tool_filter: Mapping[str, Any] | None, modality: str) -> SessionCatalog:
         per_endpoint: list[tuple[str, Sequence[mt.Tool]]] = []

@@ -98,23 +98,3 @@ async def test_a_common_link_serves_at_most_its_share_of_sessions() -> None:
             assert upstream.methods["server/discover"] == 1 + 3
         finally:
             await pool.close()
-
-
-async def test_sessions_on_one_url_share_one_catalog_and_other_urls_keep_their_own(pool: UpstreamPool) -> None:
-    async with hostile_upstream("modern") as a, hostile_upstream("modern") as b:
-        await opened(pool, "s0", a.url)  # learns the era: the next sessions share a common link
-        s1, s2 = await opened(pool, "s1", a.url), await opened(pool, "s2", a.url)
-        shared = await s1.catalog(10.0)
-        assert await s2.catalog(10.0) is shared  # built once for both
-        # The same listing from another URL (interned: the very same list) is another catalog: its tools
-        # are called there.
-        on_b = await opened(pool, "s3", b.url)
-        assert on_b.clients[b.url].tools is s1.clients[a.url].tools
-        other = await on_b.catalog(10.0)
-        assert other is not shared
-        assert {t.endpoint for t in other.visible.tools} == {b.url}
-        assert {t.endpoint for t in shared.visible.tools} == {a.url}
-        # Another filter is another catalog.
-        only_add = await s2.catalog(10.0, {"allow": ["add"]})
-        assert [t.name for t in only_add.visible.tools] == ["add"]
-        assert len(shared.visible.tools) > 1 and await s1.catalog(10.0) is shared
