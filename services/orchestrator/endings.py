@@ -16,6 +16,7 @@ from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.verifier import Outcome, Verifier
 from rlgate.orchestrator.views import step_response
+from rlgate.runtime import tracing
 from rlgate.store import Session, ToolCallEntry, ToolCallLog, VerificationStatus, add_infra_fault
 from rlgate.v1 import orchestrator_pb2
 
@@ -110,9 +111,10 @@ class Endings:
         return True
 
     def ended_unscored(self) -> None:
-        """An episode ended with its SKIPPED outcome in the turn's write (`unscored`): counted and logged as
-        every outcome is."""
-        self.verifier.observe(Verifier.skipped())
+        """An episode ended with its SKIPPED outcome in the turn's write (`unscored`): counted, logged and
+        traced (its own `rlgate.verify` span) as every outcome is."""
+        with tracing.span("rlgate.verify"):
+            self.verifier.observe(Verifier.skipped())
 
     async def score(self, session: Session, final_answer: str | None) -> Session:
         """Run the verifier for the episode that just ended and record its outcome (once: a concurrent or
