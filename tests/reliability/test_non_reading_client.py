@@ -12,10 +12,16 @@ age (5 min, then 3 min of grace), or until the client goes, or stops answering t
 
 The gateway's RSS (psutil: before, sampled peak, after) goes to the figures file and docs/reliability.md.
 Asserted: a generous bound per held reply; the replies held within the budget (and, in the full set, the
-streams past it refused); a well-behaved client is served meanwhile; once the client goes
-its connection is dropped, a second attack reuses the memory instead of adding to it, and the RSS falls back
-(not always at once: after the first attack the allocator may keep the freed pages, see the figures); in the
-full set, a client gone silent (it stops reading the socket) is dropped by the server's keepalive.
+streams past it refused); a well-behaved client is served meanwhile; once the client goes its connection is
+dropped, and ATTACKS attacks in a row each reuse the memory the first one freed instead of adding to it (no
+later peak past the first by a quarter of its growth: replies kept past their stream's end would add up
+attack after attack); in the full set, a client gone silent (it stops reading the socket) is dropped by the
+server's keepalive.
+
+Not asserted: how far the RSS falls once the client goes. The freed replies go back to glibc's main arena,
+and what it returns to the system depends on where the last live allocation lies in the heap, which varies
+from run to run (see docs/reliability.md). That the replies are freed is shown on the Python objects
+themselves, allocator aside: `tests/unit/test_reply_budget.py` (tracemalloc).
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ BURST_BYTES = 64 * 2**20  # past the budget: replies of streams admitted togethe
 HELD_PER_REPLY = 6.0  # the gateway's growth per held reply, in reply sizes (the message, its bytes, the transport's)
 ANSWERED_S = 240.0 if FULL else 60.0  # every stream answered (the gateway builds each reply)
 SERVED_S = 5.0  # a well-behaved client's ListTools while the attack holds
-SETTLE_S = 10.0  # after the client goes, the gateway's RSS is read this much later
+SETTLE_S = 10.0  # after the client goes, the gateway's RSS is read this much later (a figure: it is flat by then)
+ATTACKS = 3  # in a row, on the same gateway: a leak adds up, memory reused does not
 SILENT_DROP_S = 240.0  # keepalive: a ping after 60 s, answered within 20 s, or the connection is dropped
 pytestmark = pytest.mark.timeout(1200 if FULL else 300)
 
@@ -182,7 +189,7 @@ class Attack:
     dropped: bool = False  # the gateway closed its side once the client went
     before_mb: float = 0.0
     peak_mb: float = 0.0
-    after_mb: float = 0.0  # SETTLE_S after the client went
+    after_mb: float = 0.0  # SETTLE_S after the client went (what the allocator kept varies: not asserted)
 
     @property
     def held(self) -> int:
@@ -219,18 +226,18 @@ def attack(gw: Gateway) -> Attack:
 
 
 def test_a_client_that_never_reads(gateway: Gateway, figures: Figures) -> None:
-    """Twice in a row: what the gateway holds for the client, that others are served meanwhile, and that it
-    lets go once the client goes (the second attack finds the memory the first one freed)."""
+    """ATTACKS times in a row: what the gateway holds for the client, that others are served meanwhile, and that
+    it lets go once the client goes (each later attack finds the memory the first one freed)."""
     assert STREAMS <= MAX_STREAMS_PER_CONNECTION
-    first = attack(gateway)
-    second = attack(gateway)
+    attacks = [attack(gateway) for _ in range(ATTACKS)]
+    first = attacks[0]
     figures.record("non_reading_client", "list_tools", {
-        "tools": TOOLS, "reply_bytes": gateway.reply_bytes, "attacks": [asdict(first), asdict(second)],
+        "tools": TOOLS, "reply_bytes": gateway.reply_bytes, "attacks": [asdict(a) for a in attacks],
         "budget_bytes": REPLY_BUDGET_BYTES,
-        "per_held_stream_mb": [round((a.peak_mb - first.before_mb) / a.held, 2) for a in (first, second)],
+        "per_held_stream_mb": [round((a.peak_mb - first.before_mb) / a.held, 2) for a in attacks],
     })  # fmt: skip
     reply_mb = gateway.reply_bytes / 2**20
-    for a in (first, second):
+    for a in attacks:
         assert a.answered == STREAMS and a.received <= WINDOW, a  # every reply built, only a window sent
         assert a.dropped, a
         assert a.served_s < SERVED_S, a
@@ -238,10 +245,10 @@ def test_a_client_that_never_reads(gateway: Gateway, figures: Figures) -> None:
         if STREAMS * gateway.reply_bytes > REPLY_BUDGET_BYTES + BURST_BYTES:
             assert a.refused > 0, a
         assert a.growth_mb < a.held * reply_mb * HELD_PER_REPLY + 64, (a, reply_mb)
-    # Once the client has gone the memory is the gateway's again: a second attack reuses it instead of adding
-    # to it, and after that one the RSS is well below the peak (the allocator returns pages when it can).
-    assert second.peak_mb < first.peak_mb + first.growth_mb / 4, (first, second)
-    assert second.after_mb < first.peak_mb - first.growth_mb / 4, (first, second)
+    # Once the client has gone the memory is the gateway's again: each later attack reuses it instead of adding
+    # to it. Replies (or streams) kept past the client would add their size to every later peak.
+    for later in attacks[1:]:
+        assert later.peak_mb < first.peak_mb + first.growth_mb / 4, attacks
 
 
 @pytest.mark.skipif(not FULL, reason="waits for the server's keepalive (about 2 min): full set only")

@@ -1,6 +1,7 @@
 """The reply budget per connection (`ReplyBudget`): a reply is counted from the handler's return
 until its RPC ends, whether the client reads it or goes away without reading; a connection at the budget is
-refused before any work (RESOURCE_EXHAUSTED, RetryInfo), others are served; no entry is left per peer.
+refused before any work (RESOURCE_EXHAUSTED, RetryInfo), others are served; no entry is left per peer; the
+replies a client left unread are freed once it goes (tracemalloc: no reference kept past the RPC's end).
 
 A real grpc.aio server on loopback with the pipeline both servers use, one method whose request says how
 many bytes to answer, and two clients: grpc's own (it reads) and a raw HTTP/2 connection (`h2`) that never
@@ -11,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gc
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -179,6 +182,51 @@ async def test_a_reply_is_released_when_the_client_goes_without_reading(server: 
     client.close()
     assert await server.drained() == 0
     assert len(server.budget.ledger) == 0
+
+
+def alive() -> int:
+    """Bytes of Python objects alive (tracemalloc's count, after a collection)."""
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+HELD = 16  # replies a non-reading client holds in the memory test (under the stream limit and the budget below)
+
+
+async def test_the_replies_a_client_left_unread_are_freed_once_it_goes() -> None:
+    """What the server's Python side holds for a client that never reads (the pipeline serializes each reply:
+    its bytes live until the RPC ends) is freed once the client goes. Measured with tracemalloc, the Python
+    objects alive, not the RSS: what the allocator keeps of freed memory or gives back to the system varies
+    from run to run, a reference kept to a reply does not."""
+    aio, server = await serve(64 * 2**20)
+    client: NonReading | None = None
+    tracemalloc.start()
+    try:
+        baseline = alive()
+        client = await NonReading.connect(server.address)
+        for _ in range(HELD):
+            await client.call(REPLY)
+        await wait_until(
+            lambda: sum(server.budget.ledger._pending.values()) == HELD * reply_size(REPLY),
+            SETTLE_S,
+            "the non-reading connection's replies held",
+        )
+        held = alive() - baseline
+        client.close()
+        client = None
+        assert await server.drained() == 0
+        with contextlib.suppress(AssertionError):  # a reference kept: the assertion below says how much
+            await wait_until(lambda: alive() - baseline < REPLY, SETTLE_S, "the held replies freed", interval=0.2)
+        left = alive() - baseline
+    finally:
+        tracemalloc.stop()
+        if client is not None:
+            client.close()
+        await aio.stop(0)
+    # While held, the replies' serialized bytes are alive (what makes this test able to fail; one reply of
+    # slack for whatever else was freed meanwhile); once the client has gone, less than one reply's worth is left.
+    assert held >= (HELD - 1) * REPLY, (held, left)
+    assert left < REPLY, (held, left)
 
 
 async def test_a_call_cancelled_before_its_reply_is_never_counted(server: Server) -> None:
