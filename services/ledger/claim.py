@@ -75,16 +75,21 @@ class Claim:
         return encode_result(self.params, self._redact(response) if self._redact is not None else response)
 
     async def commit(
-        self, *, response: Message, session: Session | None = None, tool_call: ToolCallEntry | None = None
+        self,
+        *,
+        response: Message,
+        session: Session | None = None,
+        tool_call: ToolCallEntry | None = None,
+        new_session: bool = False,
     ) -> Session | None:
-        """`SessionStore.commit` of `session` and `tool_call` with the record DONE with `response`, in one
-        atomic write (without a request_id: just the rest). Not held: the record is created only if the
-        request_id is new, else `RequestExists` and nothing is written. Held: only while this attempt still
-        holds it, else `RequestExists` (another process took it over; `taken`). A write without a session
-        that the store fails is kept and written again by the ledger (see the package docstring); the error
-        is raised all the same. Returns what `commit` returns."""
+        """`SessionStore.commit` of `session` (created, with `new_session`) and `tool_call` with the record DONE
+        with `response`, in one atomic write (without a request_id: just the rest). Not held: the record is
+        created only if the request_id is new, else `RequestExists` and nothing is written. Held: only while
+        this attempt still holds it, else `RequestExists` (another process took it over; `taken`). A write
+        without a session that the store fails is kept and written again by the ledger (see the package
+        docstring); the error is raised all the same. Returns what `commit` returns."""
         if not self.request_id:
-            return await self._store.commit(session=session, tool_call=tool_call)
+            return await self._store.commit(session=session, tool_call=tool_call, new_session=new_session)
         payload = self.payload(response)
         writes = self._writes(payload, tool_call)
         try:
@@ -94,6 +99,7 @@ class Claim:
                 new_request=writes.new_request,
                 request=writes.request,
                 held_by=writes.held_by,
+                new_session=new_session,
             )
         except RequestExists as exc:
             self._refused(exc)

@@ -37,7 +37,7 @@ from rlgate.orchestrator.views import instance_info, task_info
 from rlgate.runtime.auth import mint_agent_token, revoke_agent_token, token_hash
 from rlgate.runtime.deadline import Deadline
 from rlgate.runtime.logs import session_id_var
-from rlgate.store import ConflictError, DoneReason, Intent, RequestRecord, Session, SessionStatus
+from rlgate.store import ConflictError, DoneReason, Intent, RequestExists, RequestRecord, Session, SessionStatus
 from rlgate.v1 import common_pb2, orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class Resets:
         def work(claim: Claim) -> Awaitable[orchestrator_pb2.ResetResponse]:
             if params.session_id:
                 return self._next_episode(params, deadline, claim.prior)
-            return self._new_session(params, deadline, claim.prior)
+            return self._new_session(params, deadline, claim)
 
         return await self._ledger.run(
             scope("reset", params.caller),
@@ -118,6 +118,10 @@ class Resets:
             deadline,
             orchestrator_pb2.ResetResponse,
             work,
+            # A new session on a provider that creates no instances changes nothing before it registers the
+            # session, and that write records the answer (`_start_session`): no claim is needed first. One
+            # that creates an instance claims first, so a repeat waits for it rather than creating another.
+            lazy=not params.session_id and not self._provider.manages_instances,
             redact=_without_token,
             replay=self._replay,
         )
@@ -134,7 +138,7 @@ class Resets:
 
     # -- a new session ------------------------------------------------------------------------------------
     async def _new_session(
-        self, params: ResetParams, deadline: Deadline, prior: RequestRecord | None = None
+        self, params: ResetParams, deadline: Deadline, claim: Claim
     ) -> orchestrator_pb2.ResetResponse:
         task = self._catalog.get(params.task_key) if params.task_key else None
         env_key = task.env_key if task else params.env_key
@@ -149,11 +153,11 @@ class Resets:
         # first where that can be (a request taken over from a dead owner) or where acquiring an instance
         # costs a create; else registering finds it (a record released or pruned since) and it is resumed
         # then, so the common Reset makes no extra read.
-        look_first = prior is not None or self._provider.manages_instances
+        look_first = claim.prior is not None or self._provider.manages_instances
         existing = await self._sessions.store.get_session(session_id) if look_first else None
         if existing is None:
             try:
-                return await self._start_session(params, deadline, task, env_key, session_id, max_turns)
+                return await self._start_session(params, deadline, claim, task, env_key, session_id, max_turns)
             except _Registered as registered:
                 existing = registered.session
         _check_registered(existing, params, env_key, max_turns)
@@ -163,13 +167,15 @@ class Resets:
         self,
         params: ResetParams,
         deadline: Deadline,
+        claim: Claim,
         task: TaskDef | None,
         env_key: str,
         session_id: str,
         max_turns: int,
     ) -> orchestrator_pb2.ResetResponse:
         """Admit, acquire and reset an instance, list its tools and register the session; `_Registered` (what
-        was made released) when a session of this id exists already."""
+        was made released) when a session of this id exists already. Without an intent to bind after it, the
+        session is registered with the request's record in one write."""
         tool_filter = self._provider.session_filter(env_key, task)  # modality, allow / deny
         modality = tool_filter["modality"]
         async with self._admission.new_session():
@@ -212,8 +218,14 @@ class Resets:
                     last_active_at=now,
                     expires_at=now + self._config.session_ttl_s,
                 )
+                response = self._reset_response(session, task, tools, token)
                 try:
-                    session = await self._sessions.store.create_session(session)
+                    if intent is None:
+                        await claim.commit(response=response, session=session, new_session=True)
+                    else:
+                        await self._sessions.store.create_session(session)
+                except RequestExists:
+                    raise  # another attempt of this request_id recorded its answer first: the ledger replays it
                 except ConflictError:
                     if (existing := await self._sessions.store.get_session(session_id)) is None:
                         raise  # not the id: the token (see create_session)
@@ -227,7 +239,7 @@ class Resets:
             finally:
                 self._instances.settled(claimed)
         log.info("session %s started on %s (%s)", session_id, handle.instance_id or env_key, env_key)
-        return self._reset_response(session, task, tools, token)
+        return response
 
     # -- what a dead attempt started ----------------------------------------------------------------------
     async def _resume_registered(self, session: Session, task: TaskDef | None) -> orchestrator_pb2.ResetResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
@@ -131,3 +132,13 @@ def session_problems(session: Session) -> list[str]:
     if session.episode < 1:
         problems.append(f"session {sid}: episode {session.episode} < 1")
     return problems
+
+
+def next_version(session: Session) -> Session:
+    """What update_session writes: a copy with version + 1 and updated_at now."""
+    return session.copy(version=session.version + 1, updated_at=time.time())
+
+
+def written(session: Session, new_session: bool) -> Session:
+    """What `commit` writes for `session`: created (version 1, as `create_session` stores it) or updated."""
+    return session.copy(version=1) if new_session else next_version(session)

@@ -38,9 +38,12 @@ class SessionStore(
         tool_call: ToolCallEntry | None = None,
         new_request: bool = False,
         held_by: str = "",
+        new_session: bool = False,
     ) -> Session | None:
+        if new_session and session is None:
+            raise ValueError("new_session=True needs a session")
         # Writes: ValueError for a combination that is not one.
-        return await self._commit_writes(session, Writes(request, tool_call, new_request, held_by))
+        return await self._commit_writes(session, Writes(request, tool_call, new_request, held_by), new_session)
 
     async def change_session(
         self, session_id: str, change: Callable[[Session], Writes | None]
@@ -53,7 +56,7 @@ class SessionStore(
             if writes is None:
                 return session, False
             try:
-                written = await self._commit_writes(session, writes)
+                written = await self._commit_writes(session, writes, False)
             except RequestExists:
                 raise
             except ConflictError:
@@ -62,7 +65,7 @@ class SessionStore(
             return written, True
 
     @abc.abstractmethod
-    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes, new_session: bool) -> Session | None:
         """`commit` with its arguments checked: the backend's one round trip."""
 
 

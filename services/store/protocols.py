@@ -154,10 +154,13 @@ class RequestRecords(Protocol):
         tool_call: ToolCallEntry | None = None,
         new_request: bool = False,
         held_by: str = "",
+        new_session: bool = False,
     ) -> Session | None:
         """Several writes of one RPC in one round trip and one atomic step (one transaction / one script):
 
         - `session`: `update_session(session)`, with the same compare-and-set and the same `ConflictError`;
+          with `new_session=True`, `create_session(session)` instead (stored with version 1), with its
+          `ConflictError`: a new session registered together with its request's record;
         - `request` = (scope, request_id, result): `complete_request(scope, request_id, result)`; with
           `new_request=True` the record must not exist yet and is created DONE with `result` (owner "",
           created_at = finished_at = now): a request run without a prior `claim_request`. If any record
@@ -171,9 +174,9 @@ class RequestRecords(Protocol):
         - `tool_call`: `append_tool_call(tool_call)`, plus `touch_session(tool_call.session_id,
           tool_call.finished_at)`: a logged call is activity on its session.
 
-        All or nothing: when the session's compare-and-set loses, nothing is written (so a Step that
-        loses the race records no result for its request_id and can retry). Returns the updated session
-        as `update_session` does, or None without `session`."""
+        All or nothing: when the session's compare-and-set loses (or its id exists), nothing is written (so a
+        Step that loses the race records no result for its request_id and can retry). Returns the session as
+        written, as `update_session` or `create_session` does, or None without `session`."""
 
     @abc.abstractmethod
     async def change_session(

@@ -23,7 +23,8 @@ from tests.store.conftest import StoreFactory
 
 
 def active(sid: str, **fields: Any) -> Session:
-    return Session(session_id=sid, env_key="mail:v1", status=SessionStatus.ACTIVE, token_hash=f"tok-{sid}", **fields)
+    fields.setdefault("token_hash", f"tok-{sid}")
+    return Session(session_id=sid, env_key="mail:v1", status=SessionStatus.ACTIVE, **fields)
 
 
 async def test_step_commit_updates_and_completes(store: SessionStore) -> None:
@@ -110,6 +111,64 @@ async def test_commit_request_without_a_claim_is_recorded(store: SessionStore) -
     await store.commit(request=("reset", "lost", "payload"))
     record = await store.get_request("reset", "lost")
     assert record is not None and record.state == RequestState.DONE and record.result == "payload"
+
+
+# -- new_session: a session registered with its request's record ---------------------------------------
+async def test_a_new_session_is_created_with_its_new_record_in_one_write(store: SessionStore) -> None:
+    before = time.time()
+    created = await store.commit(
+        session=active("s1", last_active_at=100.0), request=("reset", "r1", "answer"), new_session=True
+    )
+    assert created is not None and created.version == 1 and created.last_active_at == 100.0
+    assert await store.get_session("s1") == created
+    found = await store.session_by_token("tok-s1")
+    assert found is not None and found.session_id == "s1"
+    record = await store.get_request("reset", "r1")
+    assert record is not None and record.state == RequestState.DONE and record.result == "answer"
+    assert record.owner == "" and record.created_at >= before
+    assert await store.check_invariants() == []
+
+
+async def test_a_new_session_under_a_held_record_completes_it(store: SessionStore) -> None:
+    await store.claim_request("reset", "r1", "me")
+    created = await store.commit(
+        session=active("s1"), request=("reset", "r1", "answer"), held_by="me", new_session=True
+    )
+    assert created is not None and created.version == 1
+    record = await store.get_request("reset", "r1")
+    assert record is not None and record.state == RequestState.DONE and record.result == "answer"
+
+    await store.claim_request("reset", "r2", "someone else")  # not this attempt's record: nothing written
+    with pytest.raises(RequestExists):
+        await store.commit(session=active("s2"), request=("reset", "r2", "x"), held_by="me", new_session=True)
+    assert await store.get_session("s2") is None
+    assert await store.check_invariants() == []
+
+
+async def test_a_new_session_whose_record_or_id_exists_writes_nothing(store: SessionStore) -> None:
+    await store.commit(request=("reset", "r1", "first answer"), new_request=True)
+    with pytest.raises(RequestExists) as exists:  # the record is checked first: the session is not written
+        await store.commit(session=active("s1"), request=("reset", "r1", "x"), new_request=True, new_session=True)
+    assert exists.value.record.result == "first answer"
+    assert await store.get_session("s1") is None
+
+    await store.create_session(active("s2"))
+    with pytest.raises(ConflictError) as conflict:  # the id exists: the record is not written
+        await store.commit(session=active("s2"), request=("reset", "r2", "x"), new_request=True, new_session=True)
+    assert not isinstance(conflict.value, RequestExists)
+    assert await store.get_request("reset", "r2") is None
+
+    with pytest.raises(ConflictError):  # another session's token: nothing written
+        await store.commit(
+            session=active("s3", token_hash="tok-s2"), request=("reset", "r3", "x"), new_request=True, new_session=True
+        )
+    assert await store.get_session("s3") is None and await store.get_request("reset", "r3") is None
+    assert await store.check_invariants() == []
+
+
+async def test_new_session_needs_a_session(store: SessionStore) -> None:
+    with pytest.raises(ValueError, match="needs a session"):
+        await store.commit(request=("reset", "r1", "x"), new_session=True)
 
 
 async def test_racing_steps_record_exactly_the_winners(store: SessionStore, open_another: StoreFactory) -> None:

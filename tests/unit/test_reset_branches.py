@@ -233,6 +233,89 @@ async def test_a_retry_whose_record_is_gone_resumes_the_session_registered(manag
         await orch.store.close()
 
 
+# -- static endpoints: no instance to create, so no claim before the registering write ----------------------
+async def static_orch(store: FaultyMemoryStore | None = None, owner: str = OWNER) -> Orch:
+    """An orchestrator whose provider creates no instances (the mcp provider's case): a session's tools are at
+    fixed endpoints. `store`: another view of a store already open (another replica on it)."""
+    store, provider = store or FaultyMemoryStore(), FakeProvider()
+    await store.heartbeat_owner(owner, 60)
+    provider.manages_instances = False
+    provider.endpoints_for = lambda env_key, task: ["http://127.0.0.1:1/mcp"]  # type: ignore[method-assign]
+    return Orch(make_episodes(store, provider, owner=owner), store, provider)
+
+
+def store_calls(store: FaultyMemoryStore) -> list[str]:
+    """The names of the store calls made from now on (the in-memory store runs each through `_call`)."""
+    calls: list[str] = []
+    run = store._call
+
+    async def counted(method: str, op: Any) -> Any:
+        calls.append(method)
+        return await run(method, op)
+
+    store._call = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_new_session_on_static_endpoints_is_registered_with_its_record_in_one_write() -> None:
+    orch = await static_orch()
+    try:
+        calls = store_calls(orch.store)
+        first = await orch.reset()
+        assert calls == ["count_open_sessions", "commit"]  # admission's count, then session and record together
+        session = await orch.store.get_session(first.session_id)
+        assert session is not None and session.version == 1 and session.token_hash == token_hash(first.agent_token)
+        record = await orch.store.get_request(RESETS, "r1")
+        assert record is not None and record.state == RequestState.DONE and record.owner == ""
+
+        # A repeat: its registering write finds the record first and writes nothing; the recorded answer is
+        # given with a fresh token.
+        again = await orch.reset()
+        assert (again.session_id, again.episode, again.tools) == (first.session_id, 1, first.tools)
+        assert again.agent_token != first.agent_token
+        session = await orch.store.get_session(first.session_id)
+        assert session is not None and session.token_hash == token_hash(again.agent_token)
+        assert await orch.store.count_open_sessions() == 1
+    finally:
+        await orch.store.close()
+
+
+async def test_one_request_reset_on_two_replicas_at_once_registers_one_session() -> None:
+    # Neither claims first: both do the work, one registering write wins, the other finds its record and
+    # answers as a repeat (a fresh token, so only the later answer's holder acts).
+    one = await static_orch(owner="orch-1")
+    two = await static_orch(FaultyMemoryStore(one.store.data), owner="orch-2")
+    try:
+        calls = [store_calls(one.store), store_calls(two.store)]
+        async with one.store.paused():  # both reach the store before either write lands
+            racing = [asyncio.ensure_future(orch.reset()) for orch in (one, two)]
+            await asyncio.sleep(0.05)
+        answers = await asyncio.gather(*racing)
+        assert all(c[:2] == ["count_open_sessions", "commit"] and "claim_request" not in c for c in calls), calls
+        assert {a.session_id for a in answers} == {session_id_for_request("", "r1")}
+        assert {a.episode for a in answers} == {1} and answers[0].agent_token != answers[1].agent_token
+        assert await one.store.count_open_sessions() == 1
+        session = await one.store.get_session(answers[0].session_id)
+        assert session is not None and session.token_hash in {token_hash(a.agent_token) for a in answers}
+        record = await one.store.get_request(RESETS, "r1")
+        assert record is not None and record.state == RequestState.DONE
+    finally:
+        await one.store.close()
+
+
+async def test_a_failed_registering_write_on_static_endpoints_leaves_nothing_and_a_retry_registers() -> None:
+    orch = await static_orch()
+    try:
+        orch.store.fail("commit")
+        with pytest.raises(StoreError):
+            await orch.reset()
+        assert await orch.record_state() is None and await orch.store.count_open_sessions() == 0
+        response = await orch.reset()
+        assert response.session_id == session_id_for_request("", "r1") and await orch.record_state() == "done"
+    finally:
+        await orch.store.close()
+
+
 async def test_store_failing_to_record_the_instance_deletes_it(orch: Orch) -> None:
     orch.store.fail("put_intent", after=1)  # the intent is written, the instance created, its update fails
     with pytest.raises(StoreError):

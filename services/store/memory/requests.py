@@ -7,7 +7,14 @@ import time
 
 from rlgate.store import _common
 from rlgate.store.memory.data import MemoryBase, MemoryData
-from rlgate.store.memory.sessions import apply_update, by_token, check_update, next_version, touch_record
+from rlgate.store.memory.sessions import (
+    apply_update,
+    by_token,
+    check_create,
+    check_update,
+    store_session,
+    touch_record,
+)
 from rlgate.store.memory.toolcalls import append_entry
 from rlgate.store.models import RequestExists, RequestRecord, RequestState, Session, SessionStatus, Writes, call_scope
 
@@ -36,9 +43,9 @@ def complete_record(data: MemoryData, scope: str, request_id: str, result: str, 
 class MemoryRequests(MemoryBase):
     """The `RequestRecords` of the in-memory store."""
 
-    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes, new_session: bool) -> Session | None:
         request, tool_call, new_request, held_by = writes.request, writes.tool_call, writes.new_request, writes.held_by
-        stored = next_version(session) if session is not None else None
+        stored = _common.written(session, new_session) if session is not None else None
         now = time.time()
 
         def commit() -> None:
@@ -47,9 +54,11 @@ class MemoryRequests(MemoryBase):
                 existing = self.data.requests.get((request[0], request[1]))
                 if existing is not None and (new_request or _common.held_elsewhere(existing, held_by, request[2])):
                     raise RequestExists(existing.copy())
-            current = check_update(self.data, stored) if stored is not None else None
-            if stored is not None and current is not None:
-                apply_update(self.data, stored, current)
+            if stored is not None and new_session:
+                check_create(self.data, stored)
+                store_session(self.data, stored, "")
+            elif stored is not None:
+                apply_update(self.data, stored, check_update(self.data, stored))
             if request is not None:
                 complete_record(self.data, *request, now)
             if tool_call is not None:

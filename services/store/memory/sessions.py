@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 from rlgate.store import _common
@@ -23,6 +22,14 @@ def store_session(data: MemoryData, session: Session, previous_token: str) -> No
         data.tokens[session.token_hash] = session.session_id
 
 
+def check_create(data: MemoryData, stored: Session) -> None:
+    """ConflictError if the new session `stored` may not be stored: its id exists or its token is taken."""
+    if stored.session_id in data.sessions:
+        raise ConflictError(f"session {stored.session_id} already exists")
+    if token_taken(data, stored.token_hash, stored.session_id):
+        raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+
+
 def check_update(data: MemoryData, stored: Session) -> Session:
     """The stored session `stored` (version already bumped) replaces; ConflictError if it may not."""
     sid = stored.session_id
@@ -40,10 +47,6 @@ def check_update(data: MemoryData, stored: Session) -> Session:
 def apply_update(data: MemoryData, stored: Session, current: Session) -> None:
     stored.last_active_at = max(current.last_active_at, stored.last_active_at)  # never backwards
     store_session(data, stored, current.token_hash)
-
-
-def next_version(session: Session) -> Session:
-    return session.copy(version=session.version + 1, updated_at=time.time())
 
 
 def by_token(data: MemoryData, token_hash: str) -> Session | None:
@@ -80,10 +83,7 @@ class MemorySessions(MemoryBase):
         stored = session.copy(version=1)
 
         def create() -> None:
-            if stored.session_id in self.data.sessions:
-                raise ConflictError(f"session {stored.session_id} already exists")
-            if token_taken(self.data, stored.token_hash, stored.session_id):
-                raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+            check_create(self.data, stored)
             store_session(self.data, stored, "")
 
         await self._call("create_session", create)
@@ -97,7 +97,7 @@ class MemorySessions(MemoryBase):
         return await self._call("get_session", get)
 
     async def update_session(self, session: Session) -> Session:
-        stored = next_version(session)
+        stored = _common.next_version(session)
 
         def update() -> None:
             apply_update(self.data, stored, check_update(self.data, stored))

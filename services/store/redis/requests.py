@@ -19,16 +19,16 @@ from rlgate.store.models import (
 )
 from rlgate.store.redis.codec import request_from_reply, request_key, score, session_from_fields
 from rlgate.store.redis.connection import RedisBase
-from rlgate.store.redis.sessions import update_args, updated
+from rlgate.store.redis.sessions import created, update_args, updated
 
 
 class RedisRequests(RedisBase):
     """The `RequestRecords` of the Redis store."""
 
-    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
+    async def _commit_writes(self, session: Session | None, writes: Writes, new_session: bool) -> Session | None:
         request, tool_call, new_request, held_by = writes.request, writes.tool_call, writes.new_request, writes.held_by
-        stored, args = update_args(session) if session is not None else (None, [""] * 10)
-        args = ["1" if stored is not None else "", *args]
+        stored, args = update_args(session, new_session) if session is not None else (None, [""] * 10)
+        args = [("c" if new_session else "1") if stored is not None else "", *args]
         if request is not None:
             scope, request_id, result = request
             args += ["1", request_key(scope, request_id), scope, request_id, result, score(time.time())]
@@ -51,7 +51,9 @@ class RedisRequests(RedisBase):
         if reply[0] == -3 and request is not None:
             raise RequestExists(request_from_reply(request[0], request[1], reply[1:]))
         code, last_active = reply
-        return updated(stored, code, last_active) if stored is not None else None
+        if stored is None:
+            return None
+        return created(stored, code) if new_session else updated(stored, code, last_active)
 
     async def claim_request(self, scope: str, request_id: str, owner: str) -> tuple[RequestRecord, bool]:
         return await claim_or_release(

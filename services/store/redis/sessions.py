@@ -3,7 +3,6 @@ per write."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,11 +14,22 @@ from rlgate.store.redis.connection import RedisBase
 _WALK_BATCH = 200
 
 
-def update_args(session: Session) -> tuple[Session, list[str]]:
-    """The record update_session writes (version + 1, updated_at now) and the update's script args."""
-    stored = session.copy(version=session.version + 1, updated_at=time.time())
-    args = [stored.session_id, str(session.version), str(stored.version), stored.to_json()]
+def update_args(session: Session, new_session: bool = False) -> tuple[Session, list[str]]:
+    """The record update_session (or, `new_session`, create_session) writes and the script args of the
+    update (commit's: a create's expected version is "")."""
+    stored = _common.written(session, new_session)
+    expected = "" if new_session else str(session.version)
+    args = [stored.session_id, expected, str(stored.version), stored.to_json()]
     return stored, args + session_args(stored)
+
+
+def created(stored: Session, code: int) -> Session:
+    """`stored`, or the ConflictError a create's code means."""
+    if code == 0:
+        raise ConflictError(f"session {stored.session_id} already exists")
+    if code == -1:
+        raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+    return stored
 
 
 def updated(stored: Session, code: int, last_active: str) -> Session:
@@ -56,11 +66,7 @@ class RedisSessions(RedisBase):
         code = await self._script(
             "create_session", "create_session", stored.session_id, stored.to_json(), *session_args(stored)
         )
-        if code == 0:
-            raise ConflictError(f"session {stored.session_id} already exists")
-        if code == -1:
-            raise ConflictError(f"agent token of session {stored.session_id} is already in use")
-        return stored
+        return created(stored, code)
 
     async def get_session(self, session_id: str) -> Session | None:
         return (await self._load_sessions([session_id]))[0]

@@ -15,7 +15,7 @@ from rlgate.store.sqlite.connection import SqliteBase
 from rlgate.store.sqlite.sessions import (
     SESSION_COLUMNS,
     by_token_row,
-    next_version,
+    create_rows,
     session_from_row,
     touch_rows,
     update_rows,
@@ -63,7 +63,9 @@ def complete_row(conn: apsw.Connection, scope: str, request_id: str, result: str
     )
 
 
-def commit_rows(conn: apsw.Connection, stored: Session | None, writes: Writes, now: float) -> float | None:
+def commit_rows(
+    conn: apsw.Connection, stored: Session | None, writes: Writes, now: float, new_session: bool = False
+) -> float | None:
     """`commit`'s writes inside a transaction; the session's last_active_at (None without a session)."""
     request, tool_call = writes.request, writes.tool_call
     if (writes.new_request or writes.held_by) and request is not None:
@@ -72,8 +74,13 @@ def commit_rows(conn: apsw.Connection, stored: Session | None, writes: Writes, n
             writes.new_request or _common.held_elsewhere(existing, writes.held_by, request[2])
         ):
             raise RequestExists(existing)  # rolls the (still empty) transaction back
-    # Then the session: a lost compare-and-set raises before anything else is written.
-    last = update_rows(conn, stored) if stored is not None else None
+    # Then the session: a lost compare-and-set (or an id taken) raises before anything else is written.
+    last: float | None = None
+    if stored is not None and new_session:
+        create_rows(conn, stored)
+        last = stored.last_active_at
+    elif stored is not None:
+        last = update_rows(conn, stored)
     if request is not None:
         complete_row(conn, *request, now)
     if tool_call is not None:
@@ -90,9 +97,9 @@ class SqliteRequests(SqliteBase):
         if not self._closed:
             self._background.spawn(self.release_request(scope, request_id))
 
-    async def _commit_writes(self, session: Session | None, writes: Writes) -> Session | None:
-        stored = next_version(session) if session is not None else None
-        last_active_at = await self._write(commit_rows, stored, writes, time.time())
+    async def _commit_writes(self, session: Session | None, writes: Writes, new_session: bool) -> Session | None:
+        stored = _common.written(session, new_session) if session is not None else None
+        last_active_at = await self._write(commit_rows, stored, writes, time.time(), new_session)
         if stored is not None and last_active_at is not None:
             stored.last_active_at = last_active_at
         return stored
@@ -110,7 +117,7 @@ class SqliteRequests(SqliteBase):
             writes = change(session)
             if writes is None:
                 return session, False
-            stored = next_version(session)
+            stored = _common.next_version(session)
             last_active_at = commit_rows(conn, stored, writes, time.time())
             assert last_active_at is not None
             stored.last_active_at = last_active_at

@@ -3,7 +3,6 @@ rows, written by compare-and-set on `version`."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,9 +54,14 @@ def token_taken(conn: apsw.Connection, token_hash: str, session_id: str) -> bool
     return row is not None and row[0] != session_id
 
 
-def next_version(session: Session) -> Session:
-    """What update_session writes: a copy with version + 1 and updated_at now."""
-    return session.copy(version=session.version + 1, updated_at=time.time())
+def create_rows(conn: apsw.Connection, stored: Session) -> None:
+    """Insert the new session `stored` (version 1) inside a transaction; ConflictError if its id exists or its
+    token is another session's."""
+    if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)).fetchone():
+        raise ConflictError(f"session {stored.session_id} already exists")
+    if token_taken(conn, stored.token_hash, stored.session_id):
+        raise ConflictError(f"agent token of session {stored.session_id} is already in use")
+    insert_session_rows(conn, stored)
 
 
 def update_rows(conn: apsw.Connection, stored: Session) -> float:
@@ -126,15 +130,7 @@ class SqliteSessions(SqliteBase):
 
     async def create_session(self, session: Session) -> Session:
         stored = session.copy(version=1)
-
-        def create(conn: apsw.Connection) -> None:
-            if conn.execute("SELECT 1 FROM sessions WHERE session_id = ?", (stored.session_id,)).fetchone():
-                raise ConflictError(f"session {stored.session_id} already exists")
-            if token_taken(conn, stored.token_hash, stored.session_id):
-                raise ConflictError(f"agent token of session {stored.session_id} is already in use")
-            insert_session_rows(conn, stored)
-
-        await self._write(create)
+        await self._write(create_rows, stored)
         return stored
 
     async def get_session(self, session_id: str) -> Session | None:
@@ -145,7 +141,7 @@ class SqliteSessions(SqliteBase):
         return await self._run(get)
 
     async def update_session(self, session: Session) -> Session:
-        stored = next_version(session)
+        stored = _common.next_version(session)
         stored.last_active_at = await self._write(update_rows, stored)
         return stored
 

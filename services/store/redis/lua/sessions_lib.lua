@@ -42,3 +42,18 @@ local function drop(p, id)
   redis.call('del', p .. 'tc:' .. id, p .. 'tcn:' .. id, p .. 'tcr:' .. id)
   return n
 end
+
+-- create(...): a new session's hash and indexes. 1 ok (or our own retried create: the same data stored),
+-- 0 the id exists, -1 the token is another session's.
+local function create(p, id, data, token, run, labels, created, retain, last_active)
+  local sk = p .. 's:' .. id
+  if redis.call('exists', sk) == 1 then
+    if redis.call('hget', sk, 'data') == data then return 1 end  -- our own retried create
+    return 0
+  end
+  if token_taken(p, id, token) then return -1 end
+  redis.call('hset', sk, 'data', data, 'version', '1', 'token', token, 'run', run, 'labels', labels,
+    'created', created, 'retain', retain, 'last_active', last_active)
+  index(p, id, created, token, run, labels, retain)
+  return 1
+end
