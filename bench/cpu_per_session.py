@@ -18,6 +18,11 @@ The goal is on their ratio, <= GOAL_RATIO (issue 31's target, about 4.1 ms per s
 costs about 0.25 ms): absolute CPU times move with the shared machine's speed by more than the levers
 measured here, and the echo, measured alternately with the batches, moves with it. Sizes: N = 512 (full,
 6 rounds) or 128 (quick, 2 rounds).
+
+A second entry from the same stack, `lone_reset_close_vs_grpc_echo`: a new session's Reset and its Close, one
+session at a time (no other load), against one echo call at a time, alternating, p50 latency of each: what a
+session's start and end cost beyond gRPC's floor on an idle machine, where store round trips show (issue 31:
+a Reset on the mcp provider registers its session and records its answer in one write).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import psutil
 
 from bench.echo_server import METHOD
 from bench.fixtures import RPC_TIMEOUT_S, BenchContext, BenchError, child_process
-from bench.harness import Entry, Goal, closed_loop, format_table
+from bench.harness import Entry, Goal, alternate, closed_loop, format_table, stats_table
 from bench.scale_sessions import (
     ENV_KEY,
     GATEWAY_WORKERS,
@@ -58,6 +63,9 @@ UNIT = "services' CPU ms per session"
 ECHO_PAYLOAD = uuid.uuid4().bytes * 8
 BASELINE = "bare grpc.aio unary echo server: server CPU ms per call (same run)"
 GOALS = (Goal("ratio", "<=", GOAL_RATIO),)
+LONE_NAME = "lone_reset_close_vs_grpc_echo"
+LONE_RESETS = {"quick": 100, "full": 300}  # sessions per round, one at a time
+LONE_BASELINE = "bare grpc.aio unary echo: p50 ms of one call at a time (same run, alternating)"
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -147,6 +155,7 @@ async def run(ctx: BenchContext) -> list[Entry]:
                     await closed_loop(echo_op(sut), calls, ECHO_CONCURRENCY)
                     echo_cpu += await asyncio.to_thread(_cpu_s, echo_server) - before
                     echo_calls += calls
+        lone = await lone_resets(ctx, sut)
     if failures:
         raise BenchError(f"{failures} of {sessions} sessions failed: CPU per session would be of a failing path")
     value_ms = services_cpu / sessions * 1e3
@@ -176,5 +185,36 @@ async def run(ctx: BenchContext) -> list[Entry]:
                 "echo_concurrency": ECHO_CONCURRENCY,
                 "echo_calls": echo_calls,
             },
-        )
+        ),
+        lone,
     ]
+
+
+async def lone_resets(ctx: BenchContext, sut: ScaleStack) -> Entry:
+    """Sequential new sessions (Reset, Close) against sequential echo calls, alternating rounds (p50 latency)."""
+    count = ctx.size(LONE_RESETS["quick"], LONE_RESETS["full"])
+
+    async def session_op(_slot: int) -> None:
+        reset = await sut.client.reset(env_key=ENV_KEY, run_id="lone")
+        await sut.client.close_session(reset.session_id)
+
+    stats = await alternate(
+        ctx.rounds,
+        {
+            "reset + close": lambda: closed_loop(session_op, count, 1, warmup=10),
+            "echo": lambda: closed_loop(echo_op(sut), count, 1),
+        },
+    )
+    print(stats_table(stats))
+    return Entry(
+        name=LONE_NAME,
+        value=stats["reset + close"].p50_ms,
+        baseline=stats["echo"].p50_ms,
+        unit="Reset + Close p50 ms, one session at a time",
+        baseline_name=LONE_BASELINE,
+        extra={
+            "p99_ms": stats["reset + close"].p99_ms,
+            "echo_p99_ms": stats["echo"].p99_ms,
+            "sessions": stats["reset + close"].n,
+        },
+    )

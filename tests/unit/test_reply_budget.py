@@ -193,6 +193,17 @@ def alive() -> int:
 HELD = 16  # replies a non-reading client holds in the memory test (under the stream limit and the budget below)
 
 
+async def hold_replies(client: NonReading, server: Server, count: int) -> None:
+    """`count` calls of REPLY bytes on the non-reading connection, until the server holds all their replies."""
+    for _ in range(count):
+        await client.call(REPLY)
+    await wait_until(
+        lambda: sum(server.budget.ledger._pending.values()) == count * reply_size(REPLY),
+        SETTLE_S,
+        "the connection's replies held",
+    )
+
+
 async def test_the_replies_a_client_left_unread_are_freed_once_it_goes() -> None:
     """What the server's Python side holds for a client that never reads (the pipeline serializes each reply:
     its bytes live until the RPC ends) is freed once the client goes. Measured with tracemalloc, the Python
@@ -204,13 +215,7 @@ async def test_the_replies_a_client_left_unread_are_freed_once_it_goes() -> None
     try:
         baseline = alive()
         client = await NonReading.connect(server.address)
-        for _ in range(HELD):
-            await client.call(REPLY)
-        await wait_until(
-            lambda: sum(server.budget.ledger._pending.values()) == HELD * reply_size(REPLY),
-            SETTLE_S,
-            "the non-reading connection's replies held",
-        )
+        await hold_replies(client, server, HELD)
         held = alive() - baseline
         client.close()
         client = None
@@ -247,13 +252,7 @@ async def test_a_connection_at_the_budget_is_refused_before_any_work(server: Ser
     client = await NonReading.connect(server.address)
     try:
         held = BUDGET // REPLY
-        for _ in range(held):
-            await client.call(REPLY)
-        await wait_until(
-            lambda: sum(server.budget.ledger._pending.values()) == held * reply_size(REPLY),
-            SETTLE_S,
-            "the connection's held replies counted",
-        )
+        await hold_replies(client, server, held)
         runs = server.handler.runs
         before = counts("reply-budget").get("RESOURCE_EXHAUSTED", 0)
         refused = await client.call(REPLY)
