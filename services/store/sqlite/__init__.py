@@ -17,11 +17,11 @@ Every store object owns one connection on one dedicated worker thread (`_worker.
 results handed back to the loop in batches), so SQLite never runs on the event loop and calls on one
 object are serialised. apsw has no implicit transactions: a read runs in autocommit, and every write runs
 in an explicit `BEGIN IMMEDIATE` transaction (the write lock is taken up front, waiting up to `busy_timeout`
-for other processes; writes queued together share one, each in a savepoint of its own and answered after its
-COMMIT: `connection.GroupCommit`), which makes every read-check-write below atomic across processes; compare-and-set is
-a conditional `UPDATE ... WHERE version = ?`. `synchronous=NORMAL` in WAL mode survives process crashes (not
-power loss) without an fsync per commit; checkpoints run on a thread of their own (`_checkpointer`), never
-inside a store call's commit.
+for other processes, tried again every few milliseconds: `connection.BusyWait`; writes queued together share
+one, each in a savepoint of its own and answered after its COMMIT: `connection.GroupCommit`), which makes
+every read-check-write below atomic across processes; compare-and-set is a conditional `UPDATE ... WHERE
+version = ?`. `synchronous=NORMAL` in WAL mode survives process crashes (not power loss) without an fsync per
+commit; checkpoints run on a thread of their own (`_checkpointer`), never inside a store call's commit.
 
 Damage is caught early: `open()` runs `PRAGMA quick_check` (bounded by QUICK_CHECK_BUDGET_S) and refuses a
 corrupt file with `StoreCorrupt`, which names the file and the recovery doc; a store call that meets a

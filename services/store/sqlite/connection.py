@@ -13,6 +13,7 @@ from typing import Any, Self, TypeVar
 
 import apsw
 
+from rlgate.core.backoff import Backoff
 from rlgate.store._checkpointer import JOURNAL_SIZE_LIMIT, Checkpointer
 from rlgate.store._worker import Abandoned, GroupLost, ThreadWorker, WorkerStopped
 from rlgate.store.claims import BackgroundWrites
@@ -25,6 +26,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# How long a write waits between tries for the write lock another process holds. SQLite's own busy timeout
+# sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100 ms between tries: a process that misses the lock a few
+# times sleeps tens of ms while the lock is free again within a fraction of one (another process's group
+# commit), and every store call of the process waits behind it on its worker thread. Retried in well under a
+# millisecond at first, never more than a few apart: the sleeps cost a wakeup each, the lock is seldom held long.
+BUSY_BACKOFF = Backoff(0.0002, 0.004, jitter=0.5)
 QUICK_CHECK_BUDGET_S = 5.0  # open()'s quick_check gives up (and logs) past this: it reads every page
 _QUICK_CHECK_STEPS = 1000  # how often (in SQLite's steps) the quick_check looks at the clock
 CORRUPT_ERRORS = (apsw.CorruptError, apsw.NotADBError)
@@ -52,6 +59,24 @@ def quick_check(conn: apsw.Connection, path: str) -> None:
         raise corrupt_error(path, "quick_check: " + "; ".join(problems))
 
 
+class BusyWait:
+    """The connection's busy handler: try again after a `BUSY_BACKOFF` delay until `budget_s` has passed since
+    the first refusal of this lock, then give up (SQLITE_BUSY: a `StoreError`). Runs on the worker thread."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+        self._since = 0.0
+
+    def __call__(self, prior_calls: int) -> bool:
+        now = time.monotonic()
+        if prior_calls == 0:
+            self._since = now
+        elif now - self._since >= self.budget_s:
+            return False
+        time.sleep(BUSY_BACKOFF.delay(prior_calls))
+        return True
+
+
 def connect(path: str, busy_timeout_s: float) -> apsw.Connection:
     """Open, check and migrate the database (runs on the store's worker thread)."""
     if path != ":memory:":
@@ -59,7 +84,7 @@ def connect(path: str, busy_timeout_s: float) -> apsw.Connection:
         os.makedirs(parent, exist_ok=True)
     conn = apsw.Connection(path)  # read-write, created if missing; autocommit until an explicit BEGIN
     try:
-        conn.set_busy_timeout(int(busy_timeout_s * 1000))
+        conn.set_busy_handler(BusyWait(busy_timeout_s))
         retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchall(), busy_timeout_s)
         conn.execute("PRAGMA synchronous = NORMAL")
         if path != ":memory:":
