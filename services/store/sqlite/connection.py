@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -104,16 +105,15 @@ def connect(path: str, busy_timeout_s: float) -> apsw.Connection:
 
 def retry_busy(op: Callable[[], object], budget_s: float) -> None:
     """Switching to WAL needs a moment with no other writer; retry while another process holds the lock
-    (this switch answers SQLITE_BUSY at once rather than waiting out the busy timeout)."""
-    deadline = time.monotonic() + budget_s
-    while True:
+    (this switch answers SQLITE_BUSY at once rather than calling the busy handler), on its schedule."""
+    wait = BusyWait(budget_s)
+    for tries in itertools.count():
         try:
             op()
             return
         except apsw.BusyError:
-            if time.monotonic() > deadline:
+            if not wait(tries):
                 raise
-            time.sleep(0.05)
 
 
 class GroupCommit:
