@@ -2,10 +2,10 @@
 and the janitor that closes the clients of sessions that ended or went idle.
 
 A URL whose server speaks a stateless era (2026-07-28) gets common links, each serving up to
-`common_link_sessions` sessions on that URL: one handshake, one tool listing per refresh and one connection
-pool for them instead of one of each per session. Not one link for all: httpcore's pool scans every
-connection it holds on each request and each response, which at 512 connections in one pool was a third
-of the gateway's CPU. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the
+`common_link_sessions` sessions on that URL: one handshake and one tool listing per refresh for them instead
+of one of each per session. Their calls go on the process's `StatelessCalls` pool, so the link's own
+connections carry only the handshake and listings; the bound is how many sessions one link's failure (a
+handshake to redo, a broken link rebuilt) touches at once. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the
 server keeps a session per client), each session's endpoint client has a link of its own.
 
 State here is a cache: any replica rebuilds it from the session store and the upstreams.
@@ -52,9 +52,9 @@ class PoolSettings:
     tools_refresh_s: float = 300.0  # re-list tools at most this old
     janitor_interval_s: float = 1.0  # how often idle/closed sessions are looked for
     http: HttpSettings = field(default_factory=HttpSettings.shared)
-    # Sessions one common link serves; it keeps twice as many HTTP connections (HTTP/1.1 carries one call at
-    # a time; a call finding them all busy waits for one, within its deadline).
-    common_link_sessions: int = 32
+    # Sessions one common link serves; twice as many of their calls may be in flight at once (HTTP/1.1
+    # carries one call at a time; a call finding every slot busy waits for one, within its deadline).
+    common_link_sessions: int = 256
 
 
 class UpstreamPool:

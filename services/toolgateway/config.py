@@ -46,7 +46,7 @@ class GatewayConfig:
         "HTTP connections per upstream MCP client (concurrent calls of one session endpoint beyond this queue)",
     )
     upstream_common_sessions: int = setting(
-        32,
+        256,
         "RLGATE_UPSTREAM_COMMON_SESSIONS",
         "Sessions on a stateless-era (2026-07-28) URL that share one upstream MCP client; each such client keeps "
         "up to twice as many HTTP connections (concurrent calls beyond those queue)",
