@@ -5,8 +5,9 @@ A URL whose server speaks a stateless era (2026-07-28) gets common links, each s
 `common_link_sessions` sessions on that URL: one handshake and one tool listing per refresh for them instead
 of one of each per session. Their calls go on the process's `StatelessCalls` pool, so the link's own
 connections carry only the handshake and listings; the bound is how many sessions one link's failure (a
-handshake to redo, a broken link rebuilt) touches at once. The era is learnt from a URL's first link; until then, and for legacy-era URLs (the
-server keeps a session per client), each session's endpoint client has a link of its own.
+handshake to redo, a broken link rebuilt) touches at once. The era is learnt from a URL's first link; until
+then, and for legacy-era URLs (the server keeps a session per client), each session's endpoint client has a
+link of its own.
 
 State here is a cache: any replica rebuilds it from the session store and the upstreams.
 """
