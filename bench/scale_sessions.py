@@ -192,12 +192,21 @@ async def quiesce(pids: Sequence[int], idle_cores: float = 0.15, bound_s: float 
 
 
 # -- rlgate ------------------------------------------------------------------------------------------------
-async def rlgate_session(client: AsyncClient, wait: float, run_id: str, timeout_s: float) -> Record:
+PHASES = ("reset", "call", "step", "close")  # what `rlgate_session` tells `ended` of, in order
+
+
+async def rlgate_session(
+    client: AsyncClient, wait: float, run_id: str, timeout_s: float, ended: Callable[[str], None] | None = None
+) -> Record:
+    """One session (see the module doc). `ended(phase)`, if given, is called as each of PHASES ends (for
+    bench.scale_timeline, which splits "step" into the CallTool and the Step)."""
+    mark = ended or _unmarked
     t0 = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
             reset = await client.reset(env_key=ENV_KEY, run_id=run_id)
             t1 = time.perf_counter()
+            mark("reset")
             request_id = uuid.uuid4().hex
             arguments = {"seconds": wait}
             reply = await client.call_tool(
@@ -205,6 +214,7 @@ async def rlgate_session(client: AsyncClient, wait: float, run_id: str, timeout_
             )
             if reply.result.is_error:
                 raise BenchError(f"CallTool {TOOL} returned an error: {reply.result.error_message!r}")
+            mark("call")
             await client.step(
                 reset.session_id,
                 assistant_text="waited",
@@ -216,11 +226,17 @@ async def rlgate_session(client: AsyncClient, wait: float, run_id: str, timeout_
                 ],
             )
             t2 = time.perf_counter()
+            mark("step")
             await client.close_session(reset.session_id)
             t3 = time.perf_counter()
+            mark("close")
         return (True, None, t1 - t0, t2 - t1, t3 - t2, t3 - t0, "")
     except Exception as exc:  # the session failed; the batch goes on and counts it
         return (False, None, None, None, None, time.perf_counter() - t0, describe(exc, 160))
+
+
+def _unmarked(_phase: str) -> None:
+    pass
 
 
 async def rlgate_batch(client: AsyncClient, n: int, wait: float) -> tuple[list[Record], float]:

@@ -247,3 +247,22 @@ def test_profile_hot_spots_and_layers_from_collapsed_stacks() -> None:
     assert shares["rlgate service code"] == pytest.approx(0.6)
     assert shares["SQLite store + thread hand-off"] == pytest.approx(0.3)
     assert shares["MCP client (mcp, httpx2, httpcore2, anyio)"] == pytest.approx(0.1)
+
+
+def test_scale_timeline_phase_ends_count_only_the_sessions_that_got_that_far() -> None:
+    from bench.scale_timeline import phase_rows
+
+    ends = [{"reset": 0.1 * i, "call": 1.0 + 0.1 * i, "step": 1.1 + 0.1 * i} for i in range(1, 11)]
+    ends.append({"reset": 2.0})  # failed in its CallTool
+    rows = {row[0]: row for row in phase_rows(ends)}
+    assert rows["reset"][1] == 11 and rows["reset"][-1] == 2.0
+    assert rows["call"][1:] == [10, pytest.approx(1.109), pytest.approx(1.55), pytest.approx(1.991), 2.0]
+    assert rows["close"] == ["close", 0, "-", "-", "-", "-"]
+
+
+def test_scale_timeline_windows_give_each_process_its_cores() -> None:
+    from bench.scale_timeline import window_rows
+
+    samples = [(0.0, {"a": 1.0, "b": 5.0}), (0.25, {"a": 1.25, "b": 5.0}), (0.5, {"a": 1.3, "b": 5.1})]
+    assert window_rows(samples, ["a", "b"]) == [[0.25, 1.0, 0.0], [0.5, 0.2, 0.4]]
+    assert window_rows(samples[:1], ["a", "b"]) == []
