@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.fixtures import BENCH_DIR, BenchContext, machine_info
+from bench.fixtures import BENCH_DIR, BenchContext, machine_info, run_dir
 from bench.harness import SUMMARY_HEADERS, Entry, describe, failed, format_table, merge_results, summary_rows
 
 BENCHMARKS = (
@@ -107,8 +107,7 @@ async def main(argv: list[str]) -> int:
         print(table_from_results(json.loads(await asyncio.to_thread(args.results.read_text))))
         return 0
     mode = "full" if args.full else "quick"
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    ctx = BenchContext(quick=mode == "quick", out_dir=BENCH_DIR / "out" / f"{mode}-{stamp}")
+    ctx = BenchContext(quick=mode == "quick", out_dir=run_dir(mode))
     run_info: dict[str, object] = {
         "mode": mode,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,13 @@ from rlgate.devtools.stack import LocalStack, StackSettings
 from rlgate.v1 import orchestrator_pb2, orchestrator_pb2_grpc, toolgateway_pb2, toolgateway_pb2_grpc
 
 BENCH_DIR = Path(__file__).resolve().parent
+
+
+def run_dir(name: str) -> Path:
+    """Where one run named `name` keeps its logs and raw data: bench/out/NAME-<UTC time> (not created here)."""
+    return BENCH_DIR / "out" / f"{name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+
+
 REPO_ROOT = BENCH_DIR.parent
 RPC_TIMEOUT_S = 60.0  # every RPC and MCP call carries a deadline; a benchmark never hangs on a dead service
 LINE_LIMIT = 64 * 2**20  # a helper's stdout line may carry every latency of a 10 s measurement

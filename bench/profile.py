@@ -17,10 +17,9 @@ import re
 import shutil
 import sys
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.fixtures import BENCH_DIR, BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, Session, service_pids
+from bench.fixtures import BENCH_TOOLS, ERA_ENV, BenchContext, Rlgate, Session, run_dir, service_pids
 from bench.harness import closed_loop, format_table
 
 SCENARIOS = ("step", "calltool", "turn")
@@ -116,8 +115,7 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--concurrency", type=int, default=CONCURRENT, help=f"workers (default {CONCURRENT})")
     parser.add_argument("--out", type=Path, default=None, help="where the raw profiles go (default bench/out/...)")
     args = parser.parse_args(argv)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    out = args.out or BENCH_DIR / "out" / f"profile-{args.scenario}-{stamp}"
+    out = args.out or run_dir(f"profile-{args.scenario}")
     ctx = BenchContext(quick=True, out_dir=out)
     env_key = ERA_ENV["modern"]
     call = BENCH_TOOLS[env_key]

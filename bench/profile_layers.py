@@ -27,14 +27,13 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.cpu_per_session import WAIT_S, scale_stack
-from bench.fixtures import BENCH_DIR, BenchContext, BenchError
+from bench.fixtures import BenchContext, BenchError, run_dir
 from bench.harness import format_table
 from bench.profile import py_spy_record
 from bench.scale_sessions import quiesce, rlgate_batch
@@ -280,8 +279,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = args.source
     if out is None:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        out = args.out or BENCH_DIR / "out" / f"profile-layers-{stamp}"
+        out = args.out or run_dir("profile-layers")
         out.mkdir(parents=True, exist_ok=True)
         asyncio.run(profile(args.n, args.batches, args.rate, out))
     meta = json.loads((out / "meta.json").read_text())

@@ -46,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from bench.fixtures import BENCH_DIR, BenchContext, BenchError, child_process
+from bench.fixtures import BENCH_DIR, BenchContext, BenchError, child_process, run_dir
 from bench.harness import Entry, Goal, describe, failed, format_table, percentile
 from bench.step_vs_openenv import OPENENV_VERSION, ensure_venv
 from rlgate import AsyncClient
@@ -565,8 +565,7 @@ def main(argv: list[str]) -> None:
         parser.error(f"unknown system(s): {unknown}")
     grid = [int(x) for x in args.grid.split(",")]
     waits = [float(x) for x in args.wait.split(",")]
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    ctx = BenchContext(quick=True, out_dir=BENCH_DIR / "out" / f"scale-{stamp}")
+    ctx = BenchContext(quick=True, out_dir=run_dir("scale"))
 
     async def go() -> None:
         try:

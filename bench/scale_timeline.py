@@ -25,13 +25,12 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
 from bench.cpu_per_session import WAIT_S, scale_stack
-from bench.fixtures import BENCH_DIR, BenchContext
+from bench.fixtures import BenchContext, run_dir
 from bench.harness import format_table, percentile
 from bench.scale_sessions import PHASES, quiesce, rlgate_session, timeout_for
 from rlgate import AsyncClient
@@ -121,7 +120,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.n < 1 or args.batches < 1 or args.window <= 0:
         parser.error("--n and --batches must be at least 1, --window above 0")
-    out = BENCH_DIR / "out" / f"timeline-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+    out = run_dir("timeline")
     out.mkdir(parents=True, exist_ok=True)
     asyncio.run(timeline(args.n, args.batches, args.window, out))
     return 0
