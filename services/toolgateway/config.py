@@ -48,8 +48,8 @@ class GatewayConfig:
     upstream_common_sessions: int = setting(
         256,
         "RLGATE_UPSTREAM_COMMON_SESSIONS",
-        "Sessions on a stateless-era (2026-07-28) URL that share one upstream MCP client; each such client keeps "
-        "up to twice as many HTTP connections (concurrent calls beyond those queue)",
+        "Sessions on a stateless-era (2026-07-28) URL that share one upstream MCP client (one handshake and "
+        "tool listing); up to twice as many of their calls run at once (calls beyond those queue)",
     )
     upstream_keepalive_s: float = setting(
         4.0,
