@@ -11,8 +11,10 @@ P99 <= 3 x wait; a system stops at the first N below 50 % success.
 - rlgate: one `rlgate.AsyncClient` shared by every session of the batch (what a trainer process holds;
   its channels are connected before the first batch, so there is no per-session connect). A session:
   Reset (the orchestrator's `mcp` provider on a static upstream: no instance to create), CallTool of
-  `wait` through the gateway Reset named, a final Step carrying the call's summary, Close. "step" is
-  CallTool + Step. The toolgateway runs one process per core (`gateway_workers`), as deployed on a host.
+  `wait` through the gateway Reset named, a final Step carrying the call's summary that closes the session
+  with the episode (`close_when_done`, as rlgate's SkyRL and Tinker adapters send it; `--close-rpc`: a
+  Close RPC after it instead, for a side-by-side run). "step" is CallTool + Step. The toolgateway runs one
+  process per core (`gateway_workers`), as deployed on a host.
 - OpenEnv (openenv-core, its own virtualenv, bench/openenv_scale_side.py): its WebSocket server and its
   `GenericEnvClient`, one connection per session. "forward": an `MCPEnvironment` whose tool forwards the
   `CallToolAction` to the same upstream tool (the fair comparison, both pay the tool hop); "in-process":
@@ -51,7 +53,7 @@ from bench.harness import Entry, Goal, describe, failed, format_table, percentil
 from bench.step_vs_openenv import OPENENV_VERSION, ensure_venv
 from rlgate import AsyncClient
 from rlgate.core.convert import json_text
-from rlgate.v1 import orchestrator_pb2
+from rlgate.v1 import common_pb2, orchestrator_pb2
 
 NAME = "scale_sessions"
 GRID = (32, 128, 512, 1024, 2048, 4096, 8192)
@@ -192,14 +194,21 @@ async def quiesce(pids: Sequence[int], idle_cores: float = 0.15, bound_s: float 
 
 
 # -- rlgate ------------------------------------------------------------------------------------------------
-PHASES = ("reset", "call", "step", "close")  # what `rlgate_session` tells `ended` of, in order
+PHASES = ("reset", "call", "step", "close")  # what `rlgate_session` tells `ended` of, in order (no "close"
+# when the Step closed the session)
 
 
 async def rlgate_session(
-    client: AsyncClient, wait: float, run_id: str, timeout_s: float, ended: Callable[[str], None] | None = None
+    client: AsyncClient,
+    wait: float,
+    run_id: str,
+    timeout_s: float,
+    ended: Callable[[str], None] | None = None,
+    close_rpc: bool = False,
 ) -> Record:
     """One session (see the module doc). `ended(phase)`, if given, is called as each of PHASES ends (for
-    bench.scale_timeline, which splits "step" into the CallTool and the Step)."""
+    bench.scale_timeline, which splits "step" into the CallTool and the Step). `close_rpc`: close with a
+    Close RPC after the Step instead of the Step's `close_when_done`."""
     mark = ended or _unmarked
     t0 = time.perf_counter()
     try:
@@ -215,10 +224,11 @@ async def rlgate_session(
             if reply.result.is_error:
                 raise BenchError(f"CallTool {TOOL} returned an error: {reply.result.error_message!r}")
             mark("call")
-            await client.step(
+            step = await client.step(
                 reset.session_id,
                 assistant_text="waited",
                 done=True,
+                close_when_done=not close_rpc,
                 tool_calls=[
                     orchestrator_pb2.ToolCallSummary(
                         name=TOOL, arguments_json=json_text(arguments), request_id=request_id
@@ -227,6 +237,10 @@ async def rlgate_session(
             )
             t2 = time.perf_counter()
             mark("step")
+            if not close_rpc:
+                if step.status != common_pb2.SESSION_STATUS_CLOSED:
+                    raise BenchError(f"the final Step left the session {common_pb2.SessionStatus.Name(step.status)}")
+                return (True, None, t1 - t0, t2 - t1, None, t2 - t0, "")
             await client.close_session(reset.session_id)
             t3 = time.perf_counter()
             mark("close")
@@ -239,11 +253,13 @@ def _unmarked(_phase: str) -> None:
     pass
 
 
-async def rlgate_batch(client: AsyncClient, n: int, wait: float) -> tuple[list[Record], float]:
+async def rlgate_batch(client: AsyncClient, n: int, wait: float, close_rpc: bool = False) -> tuple[list[Record], float]:
     run_id = f"scale-{uuid.uuid4().hex[:12]}"
     timeout_s = timeout_for(wait)
     start = time.perf_counter()
-    records = await asyncio.gather(*(rlgate_session(client, wait, run_id, timeout_s) for _ in range(n)))
+    records = await asyncio.gather(
+        *(rlgate_session(client, wait, run_id, timeout_s, close_rpc=close_rpc) for _ in range(n))
+    )
     wall_s = time.perf_counter() - start
     # A session given up on may still hold a slot (e.g. a Reset the server finished after the deadline).
     with contextlib.suppress(Exception):
@@ -291,9 +307,10 @@ class SystemUnderTest:
 
 
 async def measure(
-    ctx: BenchContext, grid: Sequence[int], waits: Sequence[float], systems: Sequence[str]
+    ctx: BenchContext, grid: Sequence[int], waits: Sequence[float], systems: Sequence[str], close_rpc: bool = False
 ) -> dict[str, dict[float, list[dict[str, Any]]]]:
-    """Run the grid; {system: {wait: [per-N summary, ...]}}. Everything started here is stopped again."""
+    """Run the grid; {system: {wait: [per-N summary, ...]}}. Everything started here is stopped again.
+    `close_rpc`: see `rlgate_session`."""
     raise_nofile()
     python_oe = await ensure_venv() if any(s.startswith("openenv") for s in systems) else None
     max_n = max(grid)
@@ -318,7 +335,7 @@ async def measure(
             suts.append(
                 SystemUnderTest(
                     "rlgate",
-                    lambda n, w: rlgate_batch(client, n, w),
+                    lambda n, w: rlgate_batch(client, n, w, close_rpc),
                     {
                         "client": os.getpid(),
                         "orchestrator": rl.procs["orchestrator"].pid,
@@ -559,6 +576,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--grid", default="32,128", help="comma-separated N")
     parser.add_argument("--wait", default="1.0", help="comma-separated wait seconds")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
+    parser.add_argument("--close-rpc", action="store_true", help="rlgate sessions end with a Close RPC after the Step")
     args = parser.parse_args(argv)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := sorted(set(systems) - set(SYSTEMS)):
@@ -569,7 +587,7 @@ def main(argv: list[str]) -> None:
 
     async def go() -> None:
         try:
-            print(tables(await measure(ctx, grid, waits, systems)))
+            print(tables(await measure(ctx, grid, waits, systems, close_rpc=args.close_rpc)))
         finally:
             await ctx.close()
 

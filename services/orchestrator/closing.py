@@ -83,19 +83,26 @@ class Closing:
             if not s.is_open or (only_if is not None and not only_if(s)):
                 return False
             previous["status"] = s.status
-            s.status = status
-            revoke_agent_token(s)
-            s.closed_at = time.time()
+            end_session(s, status)
             return True
 
         session, changed = await self._sessions.mutate(session_id, end)
         if changed:
-            log.info("session %s %s (%s)", session_id, status, reason)
             # Only a session closed in service returns its instance to a pool: one mid-reset may be dirty.
-            await asyncio.shield(
-                self._instances.release(
-                    session,
-                    pool_ok=status == SessionStatus.CLOSED and previous.get("status") != SessionStatus.PROVISIONING,
-                )
-            )
+            in_service = status == SessionStatus.CLOSED and previous.get("status") != SessionStatus.PROVISIONING
+            await self.ended(session, reason, pool_ok=in_service)
         return session, changed
+
+    async def ended(self, session: Session, reason: str, *, pool_ok: bool = True) -> None:
+        """After the write that ended `session` (`end_session`): logged, and its instance released (shielded:
+        a caller going away does not leave it held)."""
+        log.info("session %s %s (%s)", session.session_id, session.status, reason)
+        await asyncio.shield(self._instances.release(session, pool_ok=pool_ok))
+
+
+def end_session(session: Session, status: SessionStatus) -> None:
+    """End an open session with `status` (CLOSED, EXPIRED or FAILED): its agent token revoked, the time it
+    closed. Pure, for the write that ends it (it may run on the store's thread); `Closing.ended` follows."""
+    session.status = status
+    revoke_agent_token(session)
+    session.closed_at = time.time()

@@ -12,12 +12,13 @@ from typing import Any
 
 from rlgate.core.convert import json_text
 from rlgate.ledger import Claim
+from rlgate.orchestrator.closing import Closing, end_session
 from rlgate.orchestrator.providers.base import InstanceHandle, Provider
 from rlgate.orchestrator.sessions import Sessions
 from rlgate.orchestrator.verifier import Outcome, Verifier
 from rlgate.orchestrator.views import step_response
 from rlgate.runtime import tracing
-from rlgate.store import Session, ToolCallEntry, ToolCallLog, VerificationStatus, add_infra_fault
+from rlgate.store import Session, SessionStatus, ToolCallEntry, ToolCallLog, VerificationStatus, add_infra_fault
 from rlgate.v1 import orchestrator_pb2
 
 log = logging.getLogger(__name__)
@@ -65,24 +66,26 @@ def record_outcome(session: Session, outcome: Outcome) -> None:
 
 
 class Endings:
-    def __init__(self, sessions: Sessions, provider: Provider, verifier: Verifier) -> None:
+    def __init__(self, sessions: Sessions, provider: Provider, verifier: Verifier, closing: Closing) -> None:
         self._sessions = sessions
         self._provider = provider
         self.verifier = verifier
+        self._closing = closing
         self._running: set[asyncio.Task[orchestrator_pb2.StepResponse]] = set()
 
     def start(
-        self, session: Session, final_answer: str | None, claim: Claim
+        self, session: Session, final_answer: str | None, claim: Claim, *, close: bool = False
     ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
-        """Score the episode `session` has just ended and record the request's answer (the claim is held)."""
-        return self._spawn(self._end(session, final_answer, claim))
+        """Score the episode `session` has just ended and record the request's answer (the claim is held);
+        with `close` (the Step's close_when_done), the session is closed by the write of its outcome."""
+        return self._spawn(self._end(session, final_answer, claim, close))
 
     def start_after(
-        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim
+        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim, *, close: bool = False
     ) -> asyncio.Task[orchestrator_pb2.StepResponse]:
         """The ending of a turn whose caller left during the write that ends the episode: scored if the
         write lands, the request's record released if it fails."""
-        return self._spawn(self._end_after(written, final_answer, claim))
+        return self._spawn(self._end_after(written, final_answer, claim, close))
 
     async def wait(self) -> None:
         """Until every episode ending of this process is scored and recorded (shutdown: an ending whose
@@ -116,9 +119,10 @@ class Endings:
         with tracing.span("rlgate.verify"):
             self.verifier.observe(Verifier.skipped())
 
-    async def score(self, session: Session, final_answer: str | None) -> Session:
+    async def score(self, session: Session, final_answer: str | None, *, close: bool = False) -> Session:
         """Run the verifier for the episode that just ended and record its outcome (once: a concurrent or
-        later scoring of the same episode leaves the first outcome)."""
+        later scoring of the same episode leaves the first outcome). With `close`, the same write closes
+        the session (once scored: the verifier reads the instance), and its instance is released after."""
         task = self._sessions.task_of(session)
         handle = (
             InstanceHandle.from_record(session.instance)
@@ -139,9 +143,13 @@ class Endings:
             if s.episode != episode or s.verification is not None:
                 return False
             record_outcome(s, outcome)
+            if close and s.status == SessionStatus.DONE:
+                end_session(s, SessionStatus.CLOSED)
             return True
 
-        updated, _ = await self._sessions.mutate(session.session_id, record, start=session)
+        updated, changed = await self._sessions.mutate(session.session_id, record, start=session)
+        if changed and close and updated.status == SessionStatus.CLOSED:
+            await self._closing.ended(updated, "its last Step, close_when_done")
         return updated
 
     def _spawn(
@@ -158,7 +166,7 @@ class Endings:
             log.warning("scoring the episode failed: %s", task.exception())
 
     async def _end_after(
-        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim
+        self, written: asyncio.Future[Session], final_answer: str | None, claim: Claim, close: bool
     ) -> orchestrator_pb2.StepResponse:
         try:
             session = await written
@@ -167,11 +175,13 @@ class Endings:
         except BaseException:
             await asyncio.shield(self._sessions.store.release_request(claim.scope, claim.request_id))  # nothing written
             raise
-        return await self._end(session, final_answer, claim)
+        return await self._end(session, final_answer, claim, close)
 
-    async def _end(self, session: Session, final_answer: str | None, claim: Claim) -> orchestrator_pb2.StepResponse:
+    async def _end(
+        self, session: Session, final_answer: str | None, claim: Claim, close: bool
+    ) -> orchestrator_pb2.StepResponse:
         try:
-            response = step_response(await self.score(session, final_answer))
+            response = step_response(await self.score(session, final_answer, close=close))
         except asyncio.CancelledError:
             # Shutdown: the record stays PENDING, handed back with this process (`Orchestrator.stop`). A
             # released record would make a retry elsewhere find the episode done with no record of its

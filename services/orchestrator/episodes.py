@@ -70,7 +70,7 @@ class Episodes:
         admission = Admission(config, store)
         instances = Instances(config, provider, provisioner, pool)
         closing = Closing(sessions, instances)
-        endings = Endings(sessions, provider, verifier)
+        endings = Endings(sessions, provider, verifier, closing)
         resets = Resets(config, sessions, admission, instances, closing, provider, catalog, tools, ledger)
         return cls(
             sessions=sessions,
@@ -78,7 +78,7 @@ class Episodes:
             instances=instances,
             resets=resets,
             forks=Forks(config, sessions, admission, instances, closing, provider, tools, ledger, resets),
-            steps=Steps(sessions, endings, ledger),
+            steps=Steps(sessions, endings, closing, ledger),
             endings=endings,
             closing=closing,
             queries=Queries(config, sessions, catalog),

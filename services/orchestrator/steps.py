@@ -4,9 +4,10 @@ answer, says done or reaches max_turns (its scoring is then `endings`').
 With a request_id the turn goes through the request ledger, lazily claimed: an ordinary turn is one store
 call that reads the session, counts the turn and records its response together, only if the request_id is
 new (`SessionStore.change_session`). So is a turn that ends an episode no verifier scores: its SKIPPED
-outcome is known at once and written with it. A turn that ends an episode a verifier scores claims the
-request_id before its write, since it is scored after it (a repeat waits for the verifier's outcome instead
-of replaying a turn without it).
+outcome is known at once and written with it, as is the close `close_when_done` asks for. A turn that ends
+an episode a verifier scores claims the request_id before its write, since it is scored after it (a repeat
+waits for the verifier's outcome instead of replaying a turn without it); its close is written with the
+outcome.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rlgate.core.convert import InvalidJsonValue, arguments_of
 from rlgate.core.errors import FailedPrecondition, InvalidArgument, clip
 from rlgate.core.faults import MAX_CLIENT_RETRIES
 from rlgate.ledger import Claim, RequestLedger, scope
+from rlgate.orchestrator.closing import Closing, end_session
 from rlgate.orchestrator.endings import Endings
 from rlgate.orchestrator.sessions import Sessions, unknown_session
 from rlgate.orchestrator.views import step_response
@@ -32,9 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class Steps:
-    def __init__(self, sessions: Sessions, endings: Endings, ledger: RequestLedger) -> None:
+    def __init__(self, sessions: Sessions, endings: Endings, closing: Closing, ledger: RequestLedger) -> None:
         self._sessions = sessions
         self._endings = endings
+        self._closing = closing
         self._ledger = ledger
 
     async def step(
@@ -57,16 +60,17 @@ class Steps:
 
     async def _turn(self, request: orchestrator_pb2.StepRequest, claim: Claim) -> orchestrator_pb2.StepResponse:
         final_answer = request.final_answer if request.HasField("final_answer") else None
+        close = request.close_when_done
         if claim.prior is not None:
             current = await self._sessions.get(request.session_id)
-            if current.status == SessionStatus.DONE and current.updated_at >= claim.prior.created_at:
+            if _ended_by(current, close) and current.updated_at >= claim.prior.created_at:
                 # The dead attempt ended the episode (or was ending it): answer with that ending and
                 # finish its verification if it never ran, instead of FAILED_PRECONDITION.
                 log.warning(
                     "step %s taken over after its owner died: returning the episode's ending", clip(request.request_id)
                 )
                 if current.verification is None:
-                    current = await self._endings.score(current, final_answer)
+                    current = await self._endings.score(current, final_answer, close=close)
                 return step_response(current)
 
         def count(s: Session) -> bool:
@@ -89,9 +93,12 @@ class Steps:
             must score (an episode without one is recorded SKIPPED here, ending and all)."""
             before = s.copy()  # `count` sets fields only: a shallow copy stays as read
             count(s)
-            if s.status == SessionStatus.DONE and not self._endings.unscored(s):
-                as_read.append(before)
-                return None
+            if s.status == SessionStatus.DONE:
+                if not self._endings.unscored(s):
+                    as_read.append(before)
+                    return None
+                if close:
+                    end_session(s, SessionStatus.CLOSED)
             responses.append(step_response(s))  # the write changes no field of it (version, updated_at)
             return responses[-1]
 
@@ -102,8 +109,10 @@ class Steps:
             raise unknown_session(request.session_id)
         if written:
             _log_turn(session, request)
-            if session.status == SessionStatus.DONE:
+            if session.done_reason != DoneReason.NONE:
                 self._endings.ended_unscored()
+            if session.status == SessionStatus.CLOSED:
+                await self._closing.ended(session, "its last Step, close_when_done")
             return responses[-1]
 
         # This turn ends an episode a verifier scores: the request_id is held first, since the episode is
@@ -119,7 +128,7 @@ class Steps:
                     # The caller went away (or a drain cut the call) mid-write: the write lands or fails
                     # regardless, and the record follows it in the background (scored, or released).
                     claim.keep()
-                    self._endings.start_after(written, final_answer, claim)
+                    self._endings.start_after(written, final_answer, claim, close=close)
                     raise
             return await claim.commit(session=s, response=step_response(s))
 
@@ -133,7 +142,7 @@ class Steps:
         # The episode has ended: its verification and the request's record finish even if this caller goes
         # away now (a retry then gets the outcome instead of FAILED_PRECONDITION on an unscored episode).
         claim.keep()
-        return await asyncio.shield(self._endings.start(session, final_answer, claim))
+        return await asyncio.shield(self._endings.start(session, final_answer, claim, close=close))
 
 
 def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
@@ -164,9 +173,18 @@ def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
         "tool_calls": calls,
         "final_answer": request.final_answer if request.HasField("final_answer") else None,
         "done": request.done,
+        # Bound only when asked for, so a request_id recorded before the field existed still matches.
+        **({"close_when_done": True} if request.close_when_done else {}),
         # not client_retries: a report about the calls before this Step, not part of the turn. A caller that
         # repeats a Step may have counted more retries meanwhile; the repeat still gets the recorded answer.
     }
+
+
+def _ended_by(session: Session, close: bool) -> bool:
+    """Whether `session` is as a turn that ended its episode left it: DONE, or CLOSED with it (`close`)."""
+    if session.status == SessionStatus.DONE:
+        return True
+    return close and session.status == SessionStatus.CLOSED and session.done_reason != DoneReason.NONE
 
 
 def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:

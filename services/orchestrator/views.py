@@ -164,7 +164,7 @@ def tool_call_entry(entry: ToolCallEntry) -> orchestrator_pb2.ToolCallLogEntry:
 def step_response(session: Session) -> orchestrator_pb2.StepResponse:
     response = orchestrator_pb2.StepResponse(
         turn=session.turn,
-        done=session.status == SessionStatus.DONE,
+        done=session.done_reason != DoneReason.NONE,  # CLOSED with it too, by close_when_done
         truncated=session.done_reason == DoneReason.MAX_TURNS,
         done_reason=DONE_REASON[session.done_reason],
         verification=verification(session.verification),

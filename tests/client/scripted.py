@@ -215,3 +215,18 @@ class ScriptedServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+def close_when_done(server: ScriptedServer) -> None:
+    """Make `server`'s Steps answer as rlgate's do for `close_when_done`: an ending that asked for it closes
+    the session (status CLOSED); the others as before."""
+    answer = server.script.defaults["Step"]
+
+    def step(req: orchestrator_pb2.StepRequest) -> orchestrator_pb2.StepResponse:
+        response: orchestrator_pb2.StepResponse = answer(req)
+        if response.done:
+            closed = req.close_when_done
+            response.status = common_pb2.SESSION_STATUS_CLOSED if closed else common_pb2.SESSION_STATUS_DONE
+        return response
+
+    server.script.defaults["Step"] = step

@@ -13,7 +13,7 @@ import pytest
 
 import rlgate
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
-from tests.client.scripted import ScriptedServer, default_responses
+from tests.client.scripted import ScriptedServer, close_when_done, default_responses
 from tests.client.tinker_support import ScriptedPolicy, renderer
 
 if TYPE_CHECKING:
@@ -83,6 +83,19 @@ def test_skyrl_episode_like_the_generator(skyrl_env: Callable[..., Any], server:
     env.close()
     assert server.script.count("Close") == 1
     assert server.script.seen["Reset"][0].request.max_turns == 4
+
+
+def test_skyrl_asks_the_ending_step_to_close_and_then_sends_no_close(
+    skyrl_env: Callable[..., Any], server: ScriptedServer
+) -> None:
+    close_when_done(server)
+    env = skyrl_env()
+    env.init([])
+    assert not env.step("thinking")["done"]
+    assert env.step("<final_answer>42</final_answer>")["done"]
+    env.close()
+    assert [s.request.close_when_done for s in server.script.seen["Step"]] == [True, True]
+    assert server.script.count("Close") == 0  # the ending Step closed the session: one round trip fewer
 
 
 def test_skyrl_verifier_error_raises_and_closes(skyrl_env: Callable[..., Any], server: ScriptedServer) -> None:
@@ -203,6 +216,18 @@ async def test_tinker_builder_is_lazy_picklable_and_closes_in_cleanup(server: Sc
     assert server.script.seen["Reset"][0].request.max_turns == 5
     await builder.cleanup()  # idempotent
     assert server.script.count("Close") == 3
+
+
+async def test_tinker_sessions_close_with_their_ending_steps(server: ScriptedServer) -> None:
+    from tinker_cookbook.rl.rollouts import do_group_rollout
+
+    close_when_done(server)
+    builder = _builder(server, group_size=2, max_turns=5)
+    group = await do_group_rollout(builder, ScriptedPolicy(_answer_on_turn_two))
+    assert group.get_total_rewards() == [1.0, 1.0]
+    await builder.cleanup()
+    assert all(s.request.close_when_done for s in server.script.seen["Step"])
+    assert server.script.count("Reset") == 2 and server.script.count("Close") == 0
 
 
 async def test_tinker_lenient_parse_of_calls_the_renderer_rejects(server: ScriptedServer) -> None:

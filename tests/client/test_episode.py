@@ -15,7 +15,7 @@ from rlgate.core.convert import arguments_of
 from rlgate.episode import RESET_LABEL
 from rlgate.messages import Message
 from rlgate.v1 import common_pb2, orchestrator_pb2, toolgateway_pb2
-from tests.client.scripted import ScriptedServer, Sleep
+from tests.client.scripted import ScriptedServer, Sleep, close_when_done
 from tests.support.wait import wait_until
 
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05)
@@ -110,6 +110,27 @@ def test_outcome_unknown_reaches_the_model_and_is_not_retried(server: ScriptedSe
     assert result.tool_calls[0].is_error and result.tool_calls[0].replayed
     seen = server.script.seen["CallTool"]
     assert len(seen) == 2 and seen[0].request.request_id == seen[1].request.request_id
+
+
+@pytest.mark.parametrize("server_closes", [True, False])
+def test_close_when_done_saves_the_close_when_the_step_closed(server: ScriptedServer, server_closes: bool) -> None:
+    if server_closes:
+        close_when_done(server)
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t", close_when_done=True) as ep:
+        assert not ep.turn("thinking").done
+        assert ep.turn("<final_answer>42</final_answer>").done
+    assert [s.request.close_when_done for s in server.script.seen["Step"]] == [True, True]
+    # A server that left the session open (status DONE) still gets its Close.
+    assert server.script.count("Close") == (0 if server_closes else 1)
+
+
+async def test_async_close_when_done_saves_the_close(server: ScriptedServer) -> None:
+    close_when_done(server)
+    client = AsyncClient(server.address, retry=FAST)
+    async with client, client.episode(task_key="t", close_when_done=True) as ep:
+        step = await ep.step(done=True)
+        assert step.done and step.raw.status == common_pb2.SESSION_STATUS_CLOSED
+    assert server.script.seen["Step"][0].request.close_when_done and server.script.count("Close") == 0
 
 
 def test_verifier_failure_raises_and_the_episode_still_closes(server: ScriptedServer) -> None:

@@ -86,3 +86,16 @@ class FaultyMemoryStore(MemoryStore):
                 self._open()  # a closed store says so first, as the store itself does
                 raise error
         return await super()._call(method, op)
+
+
+def store_calls(store: FaultyMemoryStore) -> list[str]:
+    """The names of the store calls made from now on (the in-memory store runs each through `_call`)."""
+    calls: list[str] = []
+    run = store._call
+
+    async def counted(method: str, op: Any) -> Any:
+        calls.append(method)
+        return await run(method, op)
+
+    store._call = counted  # type: ignore[method-assign]
+    return calls

@@ -26,7 +26,7 @@ from rlgate.runtime.deadline import Deadline
 from rlgate.store import IntentState, RequestState, SessionStatus, StoreError
 from rlgate.v1 import orchestrator_pb2
 from tests.fakes import FakeProvider, make_episodes
-from tests.fakes.store import FaultyMemoryStore
+from tests.fakes.store import FaultyMemoryStore, store_calls
 
 OWNER = "orch-1"
 RESETS = scope("reset", "")
@@ -242,19 +242,6 @@ async def static_orch(store: FaultyMemoryStore | None = None, owner: str = OWNER
     provider.manages_instances = False
     provider.endpoints_for = lambda env_key, task: ["http://127.0.0.1:1/mcp"]  # type: ignore[method-assign]
     return Orch(make_episodes(store, provider, owner=owner), store, provider)
-
-
-def store_calls(store: FaultyMemoryStore) -> list[str]:
-    """The names of the store calls made from now on (the in-memory store runs each through `_call`)."""
-    calls: list[str] = []
-    run = store._call
-
-    async def counted(method: str, op: Any) -> Any:
-        calls.append(method)
-        return await run(method, op)
-
-    store._call = counted  # type: ignore[method-assign]
-    return calls
 
 
 async def test_a_new_session_on_static_endpoints_is_registered_with_its_record_in_one_write() -> None:

@@ -22,7 +22,8 @@ from rlgate.runtime.deadline import Deadline
 from rlgate.store import RequestState, StoreError
 from rlgate.v1 import common_pb2, orchestrator_pb2
 from tests.fakes import HANG, FakeProvider, make_episodes
-from tests.fakes.store import FaultyMemoryStore
+from tests.fakes.episodes import task
+from tests.fakes.store import FaultyMemoryStore, store_calls
 
 OWNER = "orch-1"
 STEPS = scope("step", "")
@@ -166,6 +167,69 @@ async def test_a_repeat_while_the_ending_is_scored_gets_the_same_ending(ep: Epis
     gate.set()
     ending, again = await asyncio.wait_for(asyncio.gather(first, repeat), 5)
     assert again == ending and ending.reward == 1.0 and len(ep.provider.verifications) == 1
+
+
+# -- close_when_done: the ending closes the session too ---------------------------------------------------------
+async def test_close_when_done_closes_after_the_verifier_ran_and_releases_the_instance_once(ep: Episode) -> None:
+    gate = asyncio.Event()
+    ep.provider.verifies.then(gate)
+    session = await ep.store.get_session(ep.session_id)
+    assert session is not None and session.instance_id
+    going = await ep.step("s1", close_when_done=True)
+    assert going.status == common_pb2.SESSION_STATUS_ACTIVE and not ep.provider.deleted  # nothing ended
+    ending = asyncio.create_task(ep.step("end", final_answer="42", close_when_done=True))
+    await asyncio.wait_for(ep.provider.hung.wait(), 5)  # being scored: the instance is the verifier's still
+    assert not ep.provider.deleted
+    live = await ep.store.get_session(ep.session_id)
+    assert live is not None and live.status == "done" and live.token_hash  # not closed before its score
+    gate.set()
+    response = await asyncio.wait_for(ending, 5)
+    assert (response.done, response.status, response.reward) == (True, common_pb2.SESSION_STATUS_CLOSED, 1.0)
+    assert ep.provider.deleted == [session.instance_id]
+    closed = await ep.store.get_session(ep.session_id)
+    assert closed is not None and closed.status == "closed" and not closed.token_hash and closed.closed_at
+    assert await ep.step("end", final_answer="42", close_when_done=True) == response  # replayed
+    assert len(ep.provider.verifications) == 1 and ep.provider.deleted == [session.instance_id]
+    again = await ep.episodes.closing.close(ep.session_id)
+    assert again.already_closed and ep.provider.deleted == [session.instance_id]
+
+
+async def test_close_when_done_on_an_episode_no_verifier_scores_is_one_write() -> None:
+    store = FaultyMemoryStore()
+    ep = await episode_on(store, FakeProvider(), tasks=[task(verifier=False)])
+    session = await store.get_session(ep.session_id)
+    assert session is not None
+    calls = store_calls(store)
+    ending = await ep.step("end", done=True, close_when_done=True)
+    assert ending.status == common_pb2.SESSION_STATUS_CLOSED
+    assert ending.verification.status == Verified.VERIFICATION_STATUS_SKIPPED
+    # The turn, its SKIPPED outcome, the close and the request's record: one write (the in-memory store's
+    # change_session is a read and a commit), as for an ending without close_when_done; then the release.
+    assert calls == ["get_session", "commit", "get_intent", "put_intent", "delete_intent"], calls
+    assert ep.provider.deleted == [session.instance_id]
+    await store.close()
+
+
+# -- the process scoring the ending died ------------------------------------------------------------------------
+async def test_a_closing_ending_whose_owner_died_is_scored_and_closed_by_the_retry() -> None:
+    store, provider = FaultyMemoryStore(), FakeProvider()
+    dying = await episode_on(store, provider)
+    provider.verifies.then(HANG)
+    first = asyncio.create_task(dying.step("end", final_answer="42", close_when_done=True))
+    await asyncio.wait_for(provider.hung.wait(), 5)
+    await dying.episodes.abandon()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await store.heartbeat_owner(OWNER, 0)
+    assert not provider.deleted
+
+    other = FaultyMemoryStore(store.data)
+    await other.heartbeat_owner("orch-2", 60)
+    replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
+    ending = await replica.step("end", final_answer="42", close_when_done=True)
+    assert (ending.done, ending.status, ending.reward, ending.turn) == (True, common_pb2.SESSION_STATUS_CLOSED, 1.0, 1)
+    assert len(provider.deleted) == 1
+    assert await replica.step("end", final_answer="42", close_when_done=True) == ending
 
 
 # -- the process scoring the ending died ------------------------------------------------------------------------

@@ -199,6 +199,7 @@ class Core(Generic[C]):
         final_answer: str | None,
         done: bool,
         request_id: str | None,
+        close_when_done: bool = False,
     ) -> Call[C, orchestrator_pb2.StepResponse]:
         request = build(
             orchestrator_pb2.StepRequest,
@@ -209,6 +210,7 @@ class Core(Generic[C]):
             tool_calls=tool_calls,
             final_answer=final_answer,  # None leaves it unset: no answer, the episode goes on
             done=done,
+            close_when_done=close_when_done,
             client_retries=self.take_retries(session_id) if isinstance(session_id, str) else 0,
         )
         return self._orchestrator_call("step", "Step", request, trace_id, timeout, "step", session_id)

@@ -202,6 +202,7 @@ class Client:
         tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
         final_answer: str | None = None,
         done: bool = False,
+        close_when_done: bool = False,
         request_id: str | None = None,
         trace_id: str | None = None,
         timeout: float | None = None,
@@ -214,6 +215,9 @@ class Client:
             tool_calls: the calls it made, in order.
             final_answer: the answer that ends the episode and is scored (even ""); None: no answer.
             done: end the episode without an answer.
+            close_when_done: if this turn ends the episode, close the session with it (after scoring): the
+                Close round trip saved, for a session that runs no further episode; the reply's status is
+                then CLOSED.
             request_id: the idempotency key every attempt reuses (generated when None).
             trace_id: the call's trace id (a new one when None).
             timeout: the call's deadline in seconds (None: `Timeouts.step`).
@@ -230,6 +234,7 @@ class Client:
             final_answer=final_answer,
             done=done,
             request_id=request_id,
+            close_when_done=close_when_done,
         )
         try:
             return self._run(call)
@@ -410,6 +415,7 @@ class Client:
         instructions: str = DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        close_when_done: bool = False,
         **fields: Unpack[ResetFields],
     ) -> Episode:
         """An `Episode` (not yet reset): `with client.episode(task_key=...) as ep:` resets on enter, closes on exit.
@@ -420,6 +426,7 @@ class Client:
             instructions: see `Episode`.
             raise_on_verifier_error: see `Episode`.
             tool_timeout_s: see `Episode`.
+            close_when_done: see `Episode`.
             **fields: `EpisodeSpec` fields, replacing the spec's.
         """
         from rlgate.episode import Episode
@@ -431,6 +438,7 @@ class Client:
             instructions=instructions,
             raise_on_verifier_error=raise_on_verifier_error,
             tool_timeout_s=tool_timeout_s,
+            close_when_done=close_when_done,
         )
 
     def close(self) -> None:
@@ -562,6 +570,7 @@ class AsyncClient:
         tool_calls: Sequence[orchestrator_pb2.ToolCallSummary] = (),
         final_answer: str | None = None,
         done: bool = False,
+        close_when_done: bool = False,
         request_id: str | None = None,
         trace_id: str | None = None,
         timeout: float | None = None,
@@ -574,6 +583,7 @@ class AsyncClient:
             tool_calls: see `Client.step`.
             final_answer: see `Client.step`.
             done: see `Client.step`.
+            close_when_done: see `Client.step`.
             request_id: see `Client.step`.
             trace_id: see `Client.step`.
             timeout: see `Client.step`.
@@ -587,6 +597,7 @@ class AsyncClient:
             final_answer=final_answer,
             done=done,
             request_id=request_id,
+            close_when_done=close_when_done,
         )
         try:
             return await self._run(call)
@@ -759,6 +770,7 @@ class AsyncClient:
         instructions: str = DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        close_when_done: bool = False,
         **fields: Unpack[ResetFields],
     ) -> AsyncEpisode:
         """An `AsyncEpisode` (not yet reset): `async with client.episode(task_key=...) as ep:`.
@@ -771,6 +783,7 @@ class AsyncClient:
             instructions: see `Episode`.
             raise_on_verifier_error: see `Episode`.
             tool_timeout_s: see `Episode`.
+            close_when_done: see `Episode`.
             **fields: see `Client.episode`.
         """
         from rlgate.episode import AsyncEpisode
@@ -782,6 +795,7 @@ class AsyncClient:
             instructions=instructions,
             raise_on_verifier_error=raise_on_verifier_error,
             tool_timeout_s=tool_timeout_s,
+            close_when_done=close_when_done,
         )
 
     async def close(self) -> None:

@@ -218,6 +218,7 @@ class _EpisodeBase(Generic[ClientT]):
         instructions: str = protocol.DEFAULT_INSTRUCTIONS,
         raise_on_verifier_error: bool = True,
         tool_timeout_s: float | None = None,
+        close_when_done: bool = False,
         **fields: Unpack[ResetFields],
     ) -> None:
         self.client: ClientT = client
@@ -231,6 +232,8 @@ class _EpisodeBase(Generic[ClientT]):
         self._trace = EpisodeTrace()
         self.instructions = instructions
         self.raise_on_verifier_error = raise_on_verifier_error
+        # Every Step asks the orchestrator to close the session with the turn that ends the episode.
+        self.close_when_done = close_when_done
         self._reset_request_id = new_request_id()
         self.reset_result: ResetResult | None = None
         self.last_step: StepResult | None = None
@@ -239,6 +242,7 @@ class _EpisodeBase(Generic[ClientT]):
         self.parent_session_id = ""
         self.branch_index = 0
         self.closed = False
+        self._closed_by_step = False  # a Step with close_when_done ended the episode: `close` sends nothing
         self._close_lock = threading.Lock()
 
     def _next_reset(self) -> tuple[EpisodeSpec, str]:
@@ -267,7 +271,7 @@ class _EpisodeBase(Generic[ClientT]):
         self._trace.set("rlgate.session_id", response.session_id)
         result = ResetResult.from_proto(response, env_key=self.spec.env_key)
         self.reset_result = result
-        self.closed = False
+        self.closed = self._closed_by_step = False
         self.last_step = None
         if result.task_key:
             self.task_key = result.task_key
@@ -292,6 +296,7 @@ class _EpisodeBase(Generic[ClientT]):
                 instructions=self.instructions,
                 raise_on_verifier_error=self.raise_on_verifier_error,
                 tool_timeout_s=self.tool_timeout_s,
+                close_when_done=self.close_when_done,
             )
             episode._begin_trace()
             episode._reset_done(
@@ -448,6 +453,8 @@ class _EpisodeBase(Generic[ClientT]):
 
     def _stepped(self, response: orchestrator_pb2.StepResponse) -> StepResult:
         self.last_step = StepResult.from_proto(response)
+        if response.status == common_pb2.SESSION_STATUS_CLOSED:
+            self._closed_by_step = True
         return self.last_step
 
     def _check_verification(self, step: StepResult) -> None:
@@ -491,6 +498,8 @@ class Episode(_EpisodeBase["Client"]):
             ERROR or TIMEOUT); False returns it in the result (`reward` None).
         tool_timeout_s: the bound of each tool call `turn` makes (else $RLGATE_TOOL_TIMEOUT_S, else the
             client's call_tool timeout).
+        close_when_done: one episode per session: each Step asks the orchestrator to close the session
+            with the turn that ends the episode (`Client.step`), and `close()` then sends nothing.
         **fields: `EpisodeSpec` fields, replacing the spec's.
     """
 
@@ -609,6 +618,7 @@ class Episode(_EpisodeBase["Client"]):
                 tool_calls=tool_calls,
                 final_answer=final_answer,
                 done=done,
+                close_when_done=self.close_when_done,
                 request_id=request_id,
                 trace_id=self.trace_id,
                 timeout=timeout,
@@ -679,16 +689,23 @@ class Episode(_EpisodeBase["Client"]):
                 response = self._call_refused(err, self.client.settings)
             records.append(self._record(call, request_id, response))
         with self._trace.active():
-            step = self.client.step(self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records))
+            step = self.client.step(
+                self.session_id,
+                trace_id=self.trace_id,
+                close_when_done=self.close_when_done,
+                **self._step_fields(text, parsed, records),
+            )
         return self._finish(text, parsed, records, step)
 
     def close(self) -> None:
-        """Close the session and release its instance (idempotent; the context manager calls it)."""
+        """Close the session and release its instance (idempotent; the context manager calls it). Nothing is
+        sent when a Step already closed it (`close_when_done`)."""
         session_id = self._start_close()
         if session_id is not None:
             try:
-                with self._trace.active():
-                    self.client.close_session(session_id, trace_id=self.trace_id)
+                if not self._closed_by_step:
+                    with self._trace.active():
+                        self.client.close_session(session_id, trace_id=self.trace_id)
             finally:
                 self._trace.end()
 
@@ -719,6 +736,7 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         instructions: see `Episode`.
         raise_on_verifier_error: see `Episode`.
         tool_timeout_s: see `Episode`.
+        close_when_done: see `Episode`.
         **fields: see `Episode`.
     """
 
@@ -830,6 +848,7 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
                 tool_calls=tool_calls,
                 final_answer=final_answer,
                 done=done,
+                close_when_done=self.close_when_done,
                 request_id=request_id,
                 trace_id=self.trace_id,
                 timeout=timeout,
@@ -893,7 +912,10 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
             records.append(self._record(call, request_id, response))
         with self._trace.active():
             step = await self.client.step(
-                self.session_id, trace_id=self.trace_id, **self._step_fields(text, parsed, records)
+                self.session_id,
+                trace_id=self.trace_id,
+                close_when_done=self.close_when_done,
+                **self._step_fields(text, parsed, records),
             )
         return self._finish(text, parsed, records, step)
 
@@ -902,8 +924,9 @@ class AsyncEpisode(_EpisodeBase["AsyncClient"]):
         session_id = self._start_close()
         if session_id is not None:
             try:
-                with self._trace.active():
-                    await self.client.close_session(session_id, trace_id=self.trace_id)
+                if not self._closed_by_step:
+                    with self._trace.active():
+                        await self.client.close_session(session_id, trace_id=self.trace_id)
             finally:
                 self._trace.end()
 

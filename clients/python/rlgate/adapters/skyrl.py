@@ -176,6 +176,7 @@ class RlgateTextEnv(BaseTextEnv):
             instructions=instructions,
             raise_on_verifier_error=self.on_verifier_error == "raise",
             tool_timeout_s=self.tool_timeout_s,
+            close_when_done=True,  # one episode per session: the Step that ends it closes it (no Close)
         )
         episode.reset()
         self.episode = episode

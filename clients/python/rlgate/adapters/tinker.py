@@ -349,6 +349,7 @@ class RlgateEnvGroupBuilder(EnvGroupBuilder):
             run_id=self.run_id,
             labels=dict(self.labels),
             tool_timeout_s=self.tool_timeout_s,
+            close_when_done=True,  # one episode per session: the Step that ends it closes it (no Close)
         )
         self.track(episode)  # before Reset: cleanup closes it even if this task dies mid-Reset
         await episode.reset()

@@ -42,8 +42,10 @@ def _empty_requests() -> dict[str, Any]:
 class OrchestratorServiceCompliance(ComplianceHarness):
     """Compliance tests of `rlgate.v1.OrchestratorService`. Subclass it (see rlgate.compliance)."""
 
-    def _check_final_verdict(self, step: orchestrator_pb2.StepResponse) -> None:
-        assert step.done and step.status == Status.SESSION_STATUS_DONE, step
+    def _check_final_verdict(
+        self, step: orchestrator_pb2.StepResponse, status: common_pb2.SessionStatus = Status.SESSION_STATUS_DONE
+    ) -> None:
+        assert step.done and step.status == status, step
         assert step.verification.status != Verification.VERIFICATION_STATUS_UNSPECIFIED, step
         # reward is set exactly when the verifier produced a score
         assert step.HasField("reward") == (step.verification.status == Verification.VERIFICATION_STATUS_OK), step
@@ -303,6 +305,54 @@ class OrchestratorServiceCompliance(ComplianceHarness):
         self.expect_status(PRECONDITION, lambda: self.step(episode.session_id, assistant_text="more"))
         following = self.reset(session_id=episode.session_id)  # a done session takes its next episode
         assert (following.episode, self.step(following.session_id, assistant_text="again").turn) == (2, 1)
+
+    def test_step_close_when_done_closes_with_the_ending(self) -> None:
+        episode = self.reset()
+        going = self.step(episode.session_id, assistant_text="still going", close_when_done=True)
+        assert (going.done, going.status) == (False, Status.SESSION_STATUS_ACTIVE), "a turn that ends nothing"
+        request_id = self.new_request_id()
+        final = self.step(episode.session_id, request_id=request_id, final_answer="compliance", close_when_done=True)
+        assert (final.turn, final.done_reason) == (2, Done.DONE_REASON_FINAL_ANSWER), final
+        self._check_final_verdict(final, Status.SESSION_STATUS_CLOSED)  # scored first, then closed
+        again = self.step(episode.session_id, request_id=request_id, final_answer="compliance", close_when_done=True)
+        assert again == final, "a repeat replays the recorded answer"
+        session = self.state(episode.session_id).session
+        assert (session.status, session.turn, session.done_reason) == (
+            Status.SESSION_STATUS_CLOSED,
+            2,
+            Done.DONE_REASON_FINAL_ANSWER,
+        )
+        assert session.verification == final.verification
+        closed = self.close(episode.session_id)
+        assert (closed.already_closed, closed.status) == (True, Status.SESSION_STATUS_CLOSED), closed
+        self.expect_statuses(
+            [
+                (
+                    "the request_id again without close_when_done (other contents)",
+                    INVALID,
+                    lambda: self.step(episode.session_id, request_id=request_id, final_answer="compliance"),
+                    "close_when_done",
+                ),
+                (
+                    "a next episode of the closed session",
+                    PRECONDITION,
+                    lambda: self.reset(session_id=episode.session_id),
+                    None,
+                ),
+            ]
+        )
+        self.expect_status(
+            PRECONDITION,
+            lambda: self.list_tools(episode),
+            mentions="closed",
+            what="the agent token of a session its last Step closed",
+        )
+
+    def test_step_close_when_done_at_the_turn_limit(self) -> None:
+        episode = self.reset(max_turns=1)
+        step = self.step(episode.session_id, assistant_text="no answer", close_when_done=True)
+        assert (step.truncated, step.done_reason) == (True, Done.DONE_REASON_MAX_TURNS), step
+        self._check_final_verdict(step, Status.SESSION_STATUS_CLOSED)
 
     def test_step_never_executes_tools(self) -> None:
         tool = self.the_tool_call()

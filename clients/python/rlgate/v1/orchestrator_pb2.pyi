@@ -100,7 +100,7 @@ class ToolCallSummary(_message.Message):
     def __init__(self, name: _Optional[str] = ..., arguments: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., arguments_json: _Optional[str] = ..., request_id: _Optional[str] = ..., is_error: _Optional[bool] = ..., error_kind: _Optional[_Union[_common_pb2.ToolErrorKind, str]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("request_id", "session_id", "assistant_text", "tool_calls", "final_answer", "done", "client_retries")
+    __slots__ = ("request_id", "session_id", "assistant_text", "tool_calls", "final_answer", "done", "client_retries", "close_when_done")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ASSISTANT_TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,7 @@ class StepRequest(_message.Message):
     FINAL_ANSWER_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_WHEN_DONE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     session_id: str
     assistant_text: str
@@ -115,7 +116,8 @@ class StepRequest(_message.Message):
     final_answer: str
     done: bool
     client_retries: int
-    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., assistant_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallSummary, _Mapping]]] = ..., final_answer: _Optional[str] = ..., done: _Optional[bool] = ..., client_retries: _Optional[int] = ...) -> None: ...
+    close_when_done: bool
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., assistant_text: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallSummary, _Mapping]]] = ..., final_answer: _Optional[str] = ..., done: _Optional[bool] = ..., client_retries: _Optional[int] = ..., close_when_done: _Optional[bool] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("turn", "done", "truncated", "done_reason", "reward", "verification", "status", "infra_faults")

@@ -146,6 +146,12 @@ class OrchestratorServiceServicer:
         runs the task's verifier under its own timeout; reward is set only when the
         verifier produced a score.
 
+        With close_when_done, a turn that ends the episode also closes the
+        session, as Close does, once the verifier has run: the agent token is
+        revoked, the instance released, and the response's status is CLOSED. The
+        turn, its score and the close are recorded together, so a repeat gets
+        the same answer.
+
         Retries: a request_id seen before from the same caller returns the
         recorded response; reused with another session or other contents it is
         INVALID_ARGUMENT.
