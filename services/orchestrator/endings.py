@@ -138,17 +138,20 @@ class Endings:
             log.warning("session %s: %s", session.session_id, exc)
             outcome = Outcome(VerificationStatus.ERROR, message=str(exc))
         episode = session.episode
+        closed: list[bool] = []  # set when this write closes the session (not a Close that came first: it released)
 
         def record(s: Session) -> bool:
             if s.episode != episode or s.verification is not None:
                 return False
             record_outcome(s, outcome)
+            closed.clear()
             if close and s.status == SessionStatus.DONE:
                 end_session(s, SessionStatus.CLOSED)
+                closed.append(True)
             return True
 
         updated, changed = await self._sessions.mutate(session.session_id, record, start=session)
-        if changed and close and updated.status == SessionStatus.CLOSED:
+        if changed and closed:
             await self._closing.ended(updated, "its last Step, close_when_done")
         return updated
 

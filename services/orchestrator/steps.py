@@ -181,10 +181,12 @@ def step_params(request: orchestrator_pb2.StepRequest) -> dict[str, Any]:
 
 
 def _ended_by(session: Session, close: bool) -> bool:
-    """Whether `session` is as a turn that ended its episode left it: DONE, or CLOSED with it (`close`)."""
+    """Whether `session` is as a turn that ended its episode left it: DONE, or closed by the write that
+    recorded its outcome (`close`: a close_when_done close is never written without one). A session a Close
+    ended before its outcome was written is neither: its instance is gone, so there is nothing to score."""
     if session.status == SessionStatus.DONE:
         return True
-    return close and session.status == SessionStatus.CLOSED and session.done_reason != DoneReason.NONE
+    return close and session.status == SessionStatus.CLOSED and session.verification is not None
 
 
 def _count_turn(session: Session, request: orchestrator_pb2.StepRequest) -> None:

@@ -124,6 +124,15 @@ def test_close_when_done_saves_the_close_when_the_step_closed(server: ScriptedSe
     assert server.script.count("Close") == (0 if server_closes else 1)
 
 
+def test_a_session_its_step_closed_takes_no_next_episode(server: ScriptedServer) -> None:
+    close_when_done(server)
+    with Client(server.address, retry=FAST) as client, client.episode(task_key="t", close_when_done=True) as ep:
+        ep.turn("<done/>")
+        with pytest.raises(RuntimeError, match="closed by the Step that ended its episode"):
+            ep.reset()
+    assert server.script.count("Reset") == 1 and server.script.count("Close") == 0
+
+
 async def test_async_close_when_done_saves_the_close(server: ScriptedServer) -> None:
     close_when_done(server)
     client = AsyncClient(server.address, retry=FAST)

@@ -194,6 +194,40 @@ async def test_close_when_done_closes_after_the_verifier_ran_and_releases_the_in
     assert again.already_closed and ep.provider.deleted == [session.instance_id]
 
 
+async def test_a_close_while_the_ending_is_scored_releases_the_instance_once(ep: Episode) -> None:
+    gate = asyncio.Event()
+    ep.provider.verifies.then(gate)
+    ending = asyncio.create_task(ep.step("end", final_answer="42", close_when_done=True))
+    await asyncio.wait_for(ep.provider.hung.wait(), 5)
+    closed = await ep.episodes.closing.close(ep.session_id)  # the caller gave up on the Step and closed
+    assert not closed.already_closed and len(ep.provider.deleted) == 1
+    gate.set()
+    response = await asyncio.wait_for(ending, 5)
+    assert response.done and response.status == common_pb2.SESSION_STATUS_CLOSED and response.reward == 1.0
+    assert len(ep.provider.deleted) == 1  # the outcome's write found it closed: no second release
+
+
+async def test_a_takeover_after_an_outside_close_does_not_score_a_released_instance() -> None:
+    store, provider = FaultyMemoryStore(), FakeProvider()
+    dying = await episode_on(store, provider)
+    provider.verifies.then(HANG)
+    first = asyncio.create_task(dying.step("end", final_answer="42", close_when_done=True))
+    await asyncio.wait_for(provider.hung.wait(), 5)
+    await dying.episodes.abandon()  # died mid-scoring: DONE written, no outcome
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await store.heartbeat_owner(OWNER, 0)
+    await dying.episodes.closing.close(dying.session_id)  # the trainer closed it meanwhile
+    assert len(provider.deleted) == 1
+
+    other = FaultyMemoryStore(store.data)
+    await other.heartbeat_owner("orch-2", 60)
+    replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
+    with pytest.raises(FailedPrecondition):
+        await replica.step("end", final_answer="42", close_when_done=True)
+    assert len(provider.verifications) == 1 and len(provider.deleted) == 1  # not scored, not released again
+
+
 async def test_close_when_done_on_an_episode_no_verifier_scores_is_one_write() -> None:
     store = FaultyMemoryStore()
     ep = await episode_on(store, FakeProvider(), tasks=[task(verifier=False)])

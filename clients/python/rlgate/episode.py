@@ -251,6 +251,11 @@ class _EpisodeBase(Generic[ClientT]):
         if self.reset_result is None:
             labels = {**self.spec.labels, RESET_LABEL: self._reset_request_id}
             return EpisodeSpec.of(self.spec, {"labels": labels}), self._reset_request_id
+        if self._closed_by_step:
+            raise RuntimeError(
+                f"session {self.session_id} was closed by the Step that ended its episode (close_when_done): "
+                "it runs no next episode; start another Episode"
+            )
         return self.spec.next_episode(self.session_id), new_request_id()
 
     def _begin_trace(self) -> None:

@@ -147,10 +147,11 @@ class OrchestratorServiceServicer:
         verifier produced a score.
 
         With close_when_done, a turn that ends the episode also closes the
-        session, as Close does, once the verifier has run: the agent token is
-        revoked, the instance released, and the response's status is CLOSED. The
-        turn, its score and the close are recorded together, so a repeat gets
-        the same answer.
+        session as Close does (the agent token revoked, the instance released)
+        and the response's status is CLOSED. Without a verifier the close is
+        written with the turn; with one, with the verifier's outcome, once it
+        has run (until then the session is DONE and its token valid). A repeat
+        gets the same answer.
 
         Retries: a request_id seen before from the same caller returns the
         recorded response; reused with another session or other contents it is
