@@ -401,6 +401,18 @@ async def test_vagen_settings_and_misuse(server: ScriptedServer, monkeypatch: py
     assert server.script.count("Close") == 2
 
 
+async def test_vagen_sessions_close_with_their_ending_steps(server: ScriptedServer) -> None:
+    from rlgate.adapters.vagen import RlgateImageEnv
+
+    close_when_done(server)
+    env = RlgateImageEnv({"orchestrator": server.address, "task_key": "t1"})
+    await env.reset()
+    _obs, _reward, done, _info = await env.step("<done/>")
+    assert done and env.episode is None
+    await env.close()
+    assert server.script.seen["Step"][0].request.close_when_done and server.script.count("Close") == 0
+
+
 async def test_vagen_verifier_error_raises_and_closes(server: ScriptedServer) -> None:
     from rlgate.adapters.vagen import RlgateImageEnv
 

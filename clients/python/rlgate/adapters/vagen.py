@@ -157,6 +157,7 @@ class RlgateImageEnv:
             labels={"rlgate-trainer": "vagen"},
             instructions=self.instructions,
             tool_timeout_s=self.tool_timeout_s,
+            close_when_done=True,  # one episode per session: the Step that ends it closes it (no Close)
         )
         self.episode = episode  # before Reset: close() releases a session whose Reset answer was lost
         self.last = None
