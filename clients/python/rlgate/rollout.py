@@ -253,6 +253,7 @@ def _episode(client: AsyncClient, task: common_pb2.TaskInfo, config: RolloutConf
         run_id=config.run_id,
         labels={"rlgate-tool": "rollout"},
         tool_timeout_s=config.tool_timeout,
+        close_when_done=True,  # one episode per session: the Step that ends it closes it (no Close)
     )
 
 
