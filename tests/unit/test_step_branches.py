@@ -80,6 +80,28 @@ async def ep() -> AsyncIterator[Episode]:
     await store.close()
 
 
+async def died_mid_scoring(store: FaultyMemoryStore, provider: FakeProvider, **fields: Any) -> Episode:
+    """An episode of owner orch-1 whose ending Step ("end", final answer "42", `fields`) was being scored when
+    its process went away (its record left PENDING) and whose lease has lapsed."""
+    dying = await episode_on(store, provider)
+    provider.verifies.then(HANG)  # the first scoring never finishes: the process dies during it
+    first = asyncio.create_task(dying.step("end", final_answer="42", **fields))
+    await asyncio.wait_for(provider.hung.wait(), 5)
+    await dying.episodes.abandon()  # the process goes away mid-scoring: DONE written, no outcome
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await dying.record_state("end") == RequestState.PENDING
+    await store.heartbeat_owner(OWNER, 0)  # and its lease lapses
+    return dying
+
+
+async def replica_of(store: FaultyMemoryStore, provider: FakeProvider, session_id: str) -> Episode:
+    """The same session seen from another replica (owner orch-2) on the same store."""
+    other = FaultyMemoryStore(store.data)
+    await other.heartbeat_owner("orch-2", 60)
+    return Episode(make_episodes(other, provider, owner="orch-2"), other, provider, session_id)
+
+
 # -- ordinary turns ------------------------------------------------------------------------------------------
 async def test_a_turn_is_counted_once_and_replayed(ep: Episode) -> None:
     first = await ep.step("s1")
@@ -207,27 +229,6 @@ async def test_a_close_while_the_ending_is_scored_releases_the_instance_once(ep:
     assert len(ep.provider.deleted) == 1  # the outcome's write found it closed: no second release
 
 
-async def test_a_takeover_after_an_outside_close_does_not_score_a_released_instance() -> None:
-    store, provider = FaultyMemoryStore(), FakeProvider()
-    dying = await episode_on(store, provider)
-    provider.verifies.then(HANG)
-    first = asyncio.create_task(dying.step("end", final_answer="42", close_when_done=True))
-    await asyncio.wait_for(provider.hung.wait(), 5)
-    await dying.episodes.abandon()  # died mid-scoring: DONE written, no outcome
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    await store.heartbeat_owner(OWNER, 0)
-    await dying.episodes.closing.close(dying.session_id)  # the trainer closed it meanwhile
-    assert len(provider.deleted) == 1
-
-    other = FaultyMemoryStore(store.data)
-    await other.heartbeat_owner("orch-2", 60)
-    replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
-    with pytest.raises(FailedPrecondition):
-        await replica.step("end", final_answer="42", close_when_done=True)
-    assert len(provider.verifications) == 1 and len(provider.deleted) == 1  # not scored, not released again
-
-
 async def test_close_when_done_on_an_episode_no_verifier_scores_is_one_write() -> None:
     store = FaultyMemoryStore()
     ep = await episode_on(store, FakeProvider(), tasks=[task(verifier=False)])
@@ -245,43 +246,10 @@ async def test_close_when_done_on_an_episode_no_verifier_scores_is_one_write() -
 
 
 # -- the process scoring the ending died ------------------------------------------------------------------------
-async def test_a_closing_ending_whose_owner_died_is_scored_and_closed_by_the_retry() -> None:
-    store, provider = FaultyMemoryStore(), FakeProvider()
-    dying = await episode_on(store, provider)
-    provider.verifies.then(HANG)
-    first = asyncio.create_task(dying.step("end", final_answer="42", close_when_done=True))
-    await asyncio.wait_for(provider.hung.wait(), 5)
-    await dying.episodes.abandon()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    await store.heartbeat_owner(OWNER, 0)
-    assert not provider.deleted
-
-    other = FaultyMemoryStore(store.data)
-    await other.heartbeat_owner("orch-2", 60)
-    replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
-    ending = await replica.step("end", final_answer="42", close_when_done=True)
-    assert (ending.done, ending.status, ending.reward, ending.turn) == (True, common_pb2.SESSION_STATUS_CLOSED, 1.0, 1)
-    assert len(provider.deleted) == 1
-    assert await replica.step("end", final_answer="42", close_when_done=True) == ending
-
-
-# -- the process scoring the ending died ------------------------------------------------------------------------
 async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
     store, provider = FaultyMemoryStore(), FakeProvider()
-    dying = await episode_on(store, provider)  # owner orch-1
-    provider.verifies.then(HANG)  # the first scoring never finishes: the process dies during it
-    first = asyncio.create_task(dying.step("end", final_answer="42"))
-    await asyncio.wait_for(provider.hung.wait(), 5)
-    await dying.episodes.abandon()  # the process goes away mid-scoring: its record stays PENDING
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    assert await dying.record_state("end") == RequestState.PENDING
-    await store.heartbeat_owner(OWNER, 0)  # and its lease lapses
-
-    other = FaultyMemoryStore(store.data)  # another replica on the same store
-    await other.heartbeat_owner("orch-2", 60)
-    replica = Episode(make_episodes(other, provider, owner="orch-2"), other, provider, dying.session_id)
+    dying = await died_mid_scoring(store, provider)
+    replica = await replica_of(store, provider, dying.session_id)
     ending = await replica.step("end", final_answer="42")
     assert ending.done and ending.done_reason == Done.DONE_REASON_FINAL_ANSWER and ending.reward == 1.0
     assert ending.turn == 1 and await replica.turn() == 1  # the dead attempt's turn, not a second one
@@ -289,6 +257,28 @@ async def test_an_ending_whose_owner_died_is_scored_by_the_retry() -> None:
     assert await replica.record_state("end") == RequestState.DONE
     assert await replica.step("end", final_answer="42") == ending
     assert len(provider.verifications) == 2
+
+
+async def test_a_closing_ending_whose_owner_died_is_scored_and_closed_by_the_retry() -> None:
+    store, provider = FaultyMemoryStore(), FakeProvider()
+    dying = await died_mid_scoring(store, provider, close_when_done=True)
+    assert not provider.deleted
+    replica = await replica_of(store, provider, dying.session_id)
+    ending = await replica.step("end", final_answer="42", close_when_done=True)
+    assert (ending.done, ending.status, ending.reward, ending.turn) == (True, common_pb2.SESSION_STATUS_CLOSED, 1.0, 1)
+    assert len(provider.deleted) == 1
+    assert await replica.step("end", final_answer="42", close_when_done=True) == ending
+
+
+async def test_a_takeover_after_an_outside_close_does_not_score_a_released_instance() -> None:
+    store, provider = FaultyMemoryStore(), FakeProvider()
+    dying = await died_mid_scoring(store, provider, close_when_done=True)
+    await dying.episodes.closing.close(dying.session_id)  # the trainer closed it meanwhile
+    assert len(provider.deleted) == 1
+    replica = await replica_of(store, provider, dying.session_id)
+    with pytest.raises(FailedPrecondition):
+        await replica.step("end", final_answer="42", close_when_done=True)
+    assert len(provider.verifications) == 1 and len(provider.deleted) == 1  # not scored, not released again
 
 
 # -- the store refuses the ending's DONE record ------------------------------------------------------------------
@@ -302,9 +292,8 @@ async def test_an_ending_whose_done_write_fails_is_answered_from_memory_and_reco
     ending = await ep.step("end", final_answer="42")  # a retry here gets the ending this process holds
     assert ending.done and ending.reward == 1.0 and len(ep.provider.verifications) == 1
 
-    other = FaultyMemoryStore(ep.store.data)  # another replica cannot have it: bounded by its deadline, with RetryInfo
-    await other.heartbeat_owner("orch-2", 60)
-    replica = Episode(make_episodes(other, ep.provider, owner="orch-2"), other, ep.provider, ep.session_id)
+    # another replica cannot have it: bounded by its deadline, with RetryInfo
+    replica = await replica_of(ep.store, ep.provider, ep.session_id)
     with pytest.raises(DeadlineExceeded) as err:
         await replica.step("end", final_answer="42", deadline_s=0.3)
     assert err.value.retry_after_s
